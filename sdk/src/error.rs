@@ -1,0 +1,99 @@
+//! The one error type every plugin returns.
+
+use std::error::Error as StdError;
+
+/// Boxed source error carried by [`PluginError::Failed`].
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why a plugin could not do what it was asked.
+///
+/// A wrong answer is never an error: a verifier returns `Ok` with a zero reward. `Err` means the
+/// plugin itself failed (bad config, broken backend, an operation it does not support).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PluginError {
+    /// The plugin does not implement an optional capability.
+    #[error("{plugin}: `{operation}` is not supported")]
+    Unsupported {
+        /// Name of the plugin.
+        plugin: String,
+        /// The operation that was asked for.
+        operation: &'static str,
+    },
+    /// A config value is missing or wrong; `key` is the full dotted path, e.g. `generator.top_p`.
+    #[error("config key `{key}`: {message}")]
+    Config {
+        /// Full dotted path of the offending key.
+        key: String,
+        /// What is wrong with it, naming the bad value.
+        message: String,
+    },
+    /// A plugin name that nothing registered.
+    #[error("unknown {kind} plugin `{name}` at `{key}` (known: {})", known.join(", "))]
+    UnknownPlugin {
+        /// Which kind of plugin was asked for.
+        kind: &'static str,
+        /// The name given in the config.
+        name: String,
+        /// The config key that named it.
+        key: String,
+        /// Every registered name of that kind.
+        known: Vec<String>,
+    },
+    /// The plugin ran and failed.
+    #[error("{plugin}: {message}")]
+    Failed {
+        /// Name of the plugin.
+        plugin: String,
+        /// What went wrong.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl PluginError {
+    /// A failure of `plugin` described by `message`.
+    pub fn failed(plugin: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Failed {
+            plugin: plugin.into(),
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A failure of `plugin` caused by `source`.
+    pub fn caused_by(
+        plugin: impl Into<String>,
+        message: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Self::Failed {
+            plugin: plugin.into(),
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// An optional operation `operation` that `plugin` does not implement.
+    pub fn unsupported(plugin: impl Into<String>, operation: &'static str) -> Self {
+        Self::Unsupported {
+            plugin: plugin.into(),
+            operation,
+        }
+    }
+
+    /// A bad config value at `key`.
+    pub fn config(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::Config {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Whether this is [`PluginError::Unsupported`].
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Self::Unsupported { .. })
+    }
+}

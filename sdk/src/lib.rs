@@ -1,0 +1,70 @@
+//! The plugin SDK of areal-rs.
+//!
+//! areal-rs trains language models with fully asynchronous reinforcement learning. Its moving
+//! parts are plugins: a [`Generator`] produces completions with per-token behaviour logprobs
+//! and policy versions, a [`RewardVerifier`] turns a completion into a [`Reward`], and a
+//! [`Task`] supplies prompts. This crate holds those contracts and the plain data they
+//! exchange; it has no tensor library, async runtime or sandbox in its API, so a reward plugin
+//! compiles in seconds. The training contract (the `Algorithm` and `Policy` traits, the one
+//! place tensors appear) lives in `areal-sdk-train`.
+//!
+//! A reward plugin is a struct, a trait impl and one registration line:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use areal_sdk::{
+//!     register_reward, BuildContext, PluginConfig, PluginError, Reward, RewardInput,
+//!     RewardVerifier, Verdict, VerifyContext,
+//! };
+//!
+//! /// Reward 1 when the completion contains the reference string.
+//! struct Contains;
+//!
+//! impl RewardVerifier for Contains {
+//!     fn name(&self) -> &str {
+//!         "contains"
+//!     }
+//!
+//!     fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {
+//!         let want = input.reference.as_str().unwrap_or_default();
+//!         Ok(if input.completion.contains(want) {
+//!             Reward::new(1.0, Verdict::Accepted)
+//!         } else {
+//!             Reward::new(0.0, Verdict::WrongAnswer)
+//!         })
+//!     }
+//! }
+//!
+//! fn build(_: &PluginConfig, _: &BuildContext) -> Result<Arc<dyn RewardVerifier>, PluginError> {
+//!     Ok(Arc::new(Contains))
+//! }
+//!
+//! register_reward!("contains", "reward 1 when the completion contains the reference", build);
+//! ```
+//!
+//! The config then selects it with `reward = { kind = "contains" }`.
+
+mod config;
+mod error;
+mod generator;
+pub mod registry;
+mod reward;
+mod rollout;
+mod task;
+
+pub use config::{BuildContext, PluginConfig};
+pub use error::{BoxError, PluginError};
+pub use generator::Generator;
+pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin};
+pub use reward::{Provenance, Reward, RewardInput, RewardVerifier, Verdict, VerifyContext};
+pub use rollout::{
+    Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,
+    SamplingParams, Trajectory, TrajectoryGroup, WeightUpdate,
+};
+pub use task::{Split, Task, TaskItem, Tokenizer};
+
+/// Re-exports for the registration macros; not part of the public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+}

@@ -1,0 +1,191 @@
+//! Rewards and the [`RewardVerifier`] trait.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::PluginError;
+use crate::rollout::FinishReason;
+
+/// The outcome of verifying one sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Fully correct.
+    Accepted,
+    /// Partly correct (a reward strictly between the minimum and the maximum).
+    Partial,
+    /// An answer was found and it is wrong.
+    WrongAnswer,
+    /// No answer could be extracted from the completion.
+    NoAnswer,
+    /// No code block could be extracted from the completion.
+    NoCode,
+    /// The graded program raised an error.
+    RuntimeError,
+    /// The graded program ran past its time limit.
+    TimeLimit,
+    /// The graded program ran past its memory limit.
+    MemoryLimit,
+    /// The graded program printed more than allowed.
+    OutputLimit,
+    /// The verifier did not finish before its deadline (set by the engine; costs the sample).
+    VerifierTimeout,
+    /// The verifier panicked (set by the engine; costs the sample).
+    VerifierCrashed,
+    /// The verifier failed (returned `Err`); costs the sample.
+    Error,
+}
+
+impl Verdict {
+    /// Whether the verifier, not the sample, failed: such samples are not trained on.
+    pub fn is_failure(self) -> bool {
+        matches!(
+            self,
+            Verdict::VerifierTimeout | Verdict::VerifierCrashed | Verdict::Error
+        )
+    }
+
+    /// The verdict as it is written in JSON (`"wrong_answer"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Accepted => "accepted",
+            Verdict::Partial => "partial",
+            Verdict::WrongAnswer => "wrong_answer",
+            Verdict::NoAnswer => "no_answer",
+            Verdict::NoCode => "no_code",
+            Verdict::RuntimeError => "runtime_error",
+            Verdict::TimeLimit => "time_limit",
+            Verdict::MemoryLimit => "memory_limit",
+            Verdict::OutputLimit => "output_limit",
+            Verdict::VerifierTimeout => "verifier_timeout",
+            Verdict::VerifierCrashed => "verifier_crashed",
+            Verdict::Error => "error",
+        }
+    }
+}
+
+/// Where a reward came from: enough to audit or reproduce it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// Registered name of the verifier.
+    pub verifier: String,
+    /// Version of the verifier (and of anything it embeds, such as an interpreter hash).
+    pub verifier_version: String,
+    /// Wall time of the verification in milliseconds, measured by the engine.
+    pub wall_ms: f64,
+    /// Fuel spent, for verifiers that meter execution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fuel: Option<u64>,
+    /// Limits that applied (time, memory, output...).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub limits: Map<String, Value>,
+    /// Anything else worth recording (parsed answers, failing test...).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub details: Map<String, Value>,
+}
+
+/// A reward: a scalar for training plus what it means and where it came from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reward {
+    /// The scalar the trainer sees.
+    pub value: f64,
+    /// What the verifier concluded.
+    pub verdict: Verdict,
+    /// How it was obtained.
+    pub provenance: Provenance,
+}
+
+impl Reward {
+    /// A reward of `value` with `verdict` and empty provenance.
+    pub fn new(value: f64, verdict: Verdict) -> Self {
+        Self {
+            value,
+            verdict,
+            provenance: Provenance::default(),
+        }
+    }
+
+    /// Record a limit that applied.
+    pub fn with_limit(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.provenance.limits.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// Record a detail.
+    pub fn with_detail(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.provenance.details.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// Record the verifier's version.
+    pub fn with_version(mut self, version: impl Into<String>) -> Self {
+        self.provenance.verifier_version = version.into();
+        self
+    }
+}
+
+/// What a verifier is given for one sample.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RewardInput {
+    /// Unique id of the sample in the run.
+    pub sample_id: u64,
+    /// Id of the task item.
+    pub item_id: String,
+    /// The prompt text.
+    pub prompt: String,
+    /// The decoded completion.
+    pub completion: String,
+    /// The completion's token ids.
+    pub completion_ids: Vec<u32>,
+    /// Why generation ended (a truncated answer may deserve less).
+    pub finish_reason: FinishReason,
+    /// The task's reference for this item: an answer, unit tests...
+    pub reference: Value,
+}
+
+/// Call context of one verification.
+#[derive(Clone, Debug)]
+pub struct VerifyContext {
+    deadline: Instant,
+}
+
+impl VerifyContext {
+    /// A context whose deadline is `timeout` from now.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        Self {
+            deadline: Instant::now() + timeout,
+        }
+    }
+
+    /// When the engine stops waiting. Past it, the sample is lost to a `verifier_timeout`
+    /// whatever the verifier returns later, so long verifications should check it.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Time left before the deadline.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the deadline has passed.
+    pub fn expired(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+}
+
+/// Turns a sample into a [`Reward`].
+///
+/// Runs on the engine's reward threads, never on the generation path. A wrong answer is
+/// `Ok` with a low reward; `Err` (or a panic, or missing the deadline) means the verifier
+/// failed, and costs that one sample.
+pub trait RewardVerifier: Send + Sync + 'static {
+    /// Registered name.
+    fn name(&self) -> &str;
+
+    /// Verify one sample.
+    fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError>;
+}

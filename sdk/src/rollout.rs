@@ -1,0 +1,212 @@
+//! What flows from generation to training: requests, completions, trajectories, weights.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::reward::Reward;
+
+/// A policy version: 0 for the initial weights, +1 for every optimizer step.
+pub type PolicyVersion = i64;
+
+/// The version recorded for prompt tokens, which no policy sampled.
+pub const PROMPT_VERSION: PolicyVersion = -1;
+
+/// How to sample the next token.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingParams {
+    /// Softmax temperature; `0.0` means greedy (arg-max) decoding.
+    pub temperature: f32,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability reaches `top_p`.
+    pub top_p: f32,
+    /// Seed of this request's random stream, so a run is reproducible.
+    pub seed: u64,
+}
+
+impl SamplingParams {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+        }
+    }
+
+    /// Whether this asks for greedy decoding.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+}
+
+/// One call to a [`Generator`](crate::Generator).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    /// Identifies the sample across resubmissions (for logs and seeds).
+    pub sample_id: u64,
+    /// The prompt, followed by any output already generated before an interruption.
+    pub input_ids: Vec<u32>,
+    /// How many new tokens may be generated at most.
+    pub max_new_tokens: usize,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+    /// Generation stops after emitting any of these (the stop token is part of the output).
+    pub stop_token_ids: Vec<u32>,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token was emitted.
+    Stop,
+    /// `max_new_tokens` was reached.
+    Length,
+    /// The generator was paused for a weight update; the caller resubmits the prompt plus this
+    /// partial output once it resumes.
+    Interrupted,
+}
+
+/// Output of a generator: one entry per generated token in each of the three vectors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    /// Generated token ids.
+    pub token_ids: Vec<u32>,
+    /// Log-probability of each token under the policy that sampled it (the behaviour policy),
+    /// at the sampling temperature.
+    pub behaviour_logprobs: Vec<f32>,
+    /// Version of the policy that sampled each token.
+    pub versions: Vec<PolicyVersion>,
+    /// Why generation ended.
+    pub finish_reason: FinishReason,
+}
+
+impl Completion {
+    /// An empty completion that ended for `finish_reason`.
+    pub fn empty(finish_reason: FinishReason) -> Self {
+        Self {
+            token_ids: Vec::new(),
+            behaviour_logprobs: Vec::new(),
+            versions: Vec::new(),
+            finish_reason,
+        }
+    }
+
+    /// Number of generated tokens.
+    pub fn len(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Whether no token was generated.
+    pub fn is_empty(&self) -> bool {
+        self.token_ids.is_empty()
+    }
+
+    /// Append a continuation generated after an interruption; the finish reason becomes the
+    /// continuation's. Earlier tokens keep their logprobs and versions.
+    pub fn extend(&mut self, continuation: Completion) {
+        self.token_ids.extend(continuation.token_ids);
+        self.behaviour_logprobs
+            .extend(continuation.behaviour_logprobs);
+        self.versions.extend(continuation.versions);
+        self.finish_reason = continuation.finish_reason;
+    }
+
+    /// Check that the three per-token vectors have the same length and the logprobs are finite
+    /// and not positive; describes the first problem found.
+    pub fn check(&self) -> Result<(), String> {
+        let n = self.token_ids.len();
+        if self.behaviour_logprobs.len() != n || self.versions.len() != n {
+            return Err(format!(
+                "completion has {n} tokens but {} logprobs and {} versions",
+                self.behaviour_logprobs.len(),
+                self.versions.len()
+            ));
+        }
+        if let Some((i, lp)) = self
+            .behaviour_logprobs
+            .iter()
+            .enumerate()
+            .find(|(_, lp)| !lp.is_finite() || **lp > 1e-4)
+        {
+            return Err(format!("token {i} has behaviour logprob {lp}"));
+        }
+        if let Some((i, v)) = self.versions.iter().enumerate().find(|(_, v)| **v < 0) {
+            return Err(format!("token {i} has policy version {v}"));
+        }
+        Ok(())
+    }
+}
+
+/// One rewarded sample.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Trajectory {
+    /// Unique id of the sample within a run.
+    pub sample_id: u64,
+    /// The generated tokens with their behaviour logprobs and versions.
+    pub completion: Completion,
+    /// Its reward.
+    pub reward: Reward,
+}
+
+impl Trajectory {
+    /// Version of the policy that sampled the first token (`None` for an empty completion).
+    pub fn head_version(&self) -> Option<PolicyVersion> {
+        self.completion.versions.first().copied()
+    }
+}
+
+/// The samples generated for one prompt; the unit of admission, buffering and training.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrajectoryGroup {
+    /// Submission order of the group: the replay buffer hands out the smallest first.
+    pub group_id: u64,
+    /// Id of the task item the prompt came from.
+    pub item_id: String,
+    /// Prompt token ids.
+    pub prompt_ids: Vec<u32>,
+    /// Policy version of the generators when the group was admitted.
+    pub admitted_at: PolicyVersion,
+    /// The samples that were rewarded (a sample whose verifier failed is left out).
+    pub samples: Vec<Trajectory>,
+}
+
+impl TrajectoryGroup {
+    /// Rewards of the samples, in order.
+    pub fn rewards(&self) -> Vec<f64> {
+        self.samples.iter().map(|s| s.reward.value).collect()
+    }
+
+    /// Generated tokens over all samples.
+    pub fn completion_tokens(&self) -> usize {
+        self.samples.iter().map(|s| s.completion.len()).sum()
+    }
+}
+
+/// One named parameter tensor, as plain data (row-major `f32`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NamedTensor {
+    /// Parameter name, e.g. `layers.0.attention.wq.weight`.
+    pub name: String,
+    /// Dimensions.
+    pub shape: Vec<usize>,
+    /// Values, row-major.
+    pub data: Vec<f32>,
+}
+
+/// New policy weights for the generators.
+#[derive(Clone, Debug)]
+pub struct WeightUpdate {
+    /// Version these weights are.
+    pub version: PolicyVersion,
+    /// The parameters; shared, so that several generators receive them without copies.
+    pub tensors: Arc<Vec<NamedTensor>>,
+}
+
+impl WeightUpdate {
+    /// The tensor named `name`.
+    pub fn tensor(&self, name: &str) -> Option<&NamedTensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}

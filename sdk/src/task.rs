@@ -1,0 +1,65 @@
+//! Tasks (prompt sources) and tokenizers.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::PluginError;
+
+/// Which part of a task's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    /// Prompts to train on.
+    Train,
+    /// Held-out prompts, disjoint from `Train`, for evaluation.
+    Eval,
+}
+
+impl Split {
+    /// `"train"` or `"eval"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Train => "train",
+            Split::Eval => "eval",
+        }
+    }
+}
+
+/// One prompt with what its verifier needs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskItem {
+    /// Stable id, unique within its split.
+    pub id: String,
+    /// The prompt text given to the model.
+    pub prompt: String,
+    /// What the verifier checks against (an answer, unit tests...); opaque to the engine.
+    pub reference: Value,
+}
+
+/// A source of prompts: a dataset file or a procedural generator.
+pub trait Task: Send + Sync + 'static {
+    /// Registered name.
+    fn name(&self) -> &str;
+
+    /// Number of items in `split`, or `None` for an unbounded procedural split. The eval split
+    /// must be finite.
+    fn len(&self, split: Split) -> Option<usize>;
+
+    /// The item at `index` of `split`: the same index always gives the same item.
+    fn item(&self, split: Split, index: u64) -> Result<TaskItem, PluginError>;
+}
+
+/// Text to token ids and back; provided by the model so prompts and outputs agree with it.
+pub trait Tokenizer: Send + Sync + 'static {
+    /// Encode a prompt.
+    fn encode(&self, text: &str) -> Result<Vec<u32>, PluginError>;
+
+    /// Decode generated ids (stop tokens may be included and are dropped from the text).
+    fn decode(&self, ids: &[u32]) -> Result<String, PluginError>;
+
+    /// Tokens that end a generation.
+    fn stop_token_ids(&self) -> Vec<u32>;
+
+    /// Size of the vocabulary.
+    fn vocab_size(&self) -> usize;
+}

@@ -1,0 +1,207 @@
+//! Advantage estimation helpers shared by algorithms: reward shaping, baselines and scaling,
+//! and broadcasting a sequence-level advantage to its tokens.
+//!
+//! All functions work on plain numbers in the order the engine hands groups over: groups in
+//! order, samples in order within each group ("flat order").
+
+use areal_sdk::TrajectoryGroup;
+use serde::{Deserialize, Serialize};
+
+/// Reward shaping `clip((r + bias) · scale, −clip, +clip)`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardShaping {
+    /// Added to the raw reward. By default 0.
+    pub bias: f64,
+    /// Multiplies the biased reward. By default 1.
+    pub scale: f64,
+    /// Symmetric bound on the shaped reward; `None` (the default) leaves it unbounded.
+    pub clip: Option<f64>,
+}
+
+impl Default for RewardShaping {
+    fn default() -> Self {
+        Self {
+            bias: 0.0,
+            scale: 1.0,
+            clip: None,
+        }
+    }
+}
+
+impl RewardShaping {
+    /// The shaped reward.
+    pub fn apply(&self, reward: f64) -> f64 {
+        let shaped = (reward + self.bias) * self.scale;
+        match self.clip {
+            Some(c) => shaped.clamp(-c.abs(), c.abs()),
+            None => shaped,
+        }
+    }
+}
+
+/// What is subtracted from a sample's shaped reward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Baseline {
+    /// Nothing.
+    None,
+    /// Mean reward of the sample's group (same prompt).
+    GroupMean,
+    /// Mean reward of the whole batch.
+    BatchMean,
+    /// Mean reward of the other samples of the group (RLOO); 0 for a group of one.
+    LeaveOneOut,
+}
+
+/// What the centred reward is divided by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scale {
+    /// Nothing.
+    None,
+    /// Standard deviation of the group's shaped rewards (+ [`STD_EPS`]).
+    GroupStd,
+    /// Standard deviation of the batch's shaped rewards (+ [`STD_EPS`]).
+    BatchStd,
+}
+
+/// Added to a standard deviation before dividing by it.
+pub const STD_EPS: f64 = 1e-6;
+
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        0.0
+    } else {
+        values.iter().sum::<f64>() / values.len() as f64
+    }
+}
+
+/// Unbiased (n − 1) standard deviation, as PyTorch's `Tensor.std()`; 0 for fewer than two
+/// values.
+pub fn std_unbiased(values: &[f64]) -> f64 {
+    if values.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(values);
+    let var = values.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (values.len() - 1) as f64;
+    var.sqrt()
+}
+
+/// One scalar advantage per sample, in flat order: `(shape(r) − baseline) / scale`.
+pub fn sequence_advantages(
+    groups: &[TrajectoryGroup],
+    shaping: &RewardShaping,
+    baseline: Baseline,
+    scale: Scale,
+) -> Vec<f64> {
+    let shaped: Vec<Vec<f64>> = groups
+        .iter()
+        .map(|g| g.samples.iter().map(|s| shaping.apply(s.reward.value)).collect())
+        .collect();
+    let all: Vec<f64> = shaped.iter().flatten().copied().collect();
+    let batch_mean = mean(&all);
+    let batch_std = std_unbiased(&all);
+
+    let mut out = Vec::with_capacity(all.len());
+    for rewards in &shaped {
+        let group_mean = mean(rewards);
+        let group_std = std_unbiased(rewards);
+        let n = rewards.len();
+        for &r in rewards {
+            let b = match baseline {
+                Baseline::None => 0.0,
+                Baseline::GroupMean => group_mean,
+                Baseline::BatchMean => batch_mean,
+                Baseline::LeaveOneOut if n > 1 => (group_mean * n as f64 - r) / (n - 1) as f64,
+                Baseline::LeaveOneOut => 0.0,
+            };
+            let s = match scale {
+                Scale::None => 1.0,
+                Scale::GroupStd => group_std + STD_EPS,
+                Scale::BatchStd => batch_std + STD_EPS,
+            };
+            out.push((r - b) / s);
+        }
+    }
+    out
+}
+
+/// Give every generated token of each sample its sample's scalar advantage (γ = λ = 1 without
+/// a critic, where the return of every token is the final reward).
+pub fn broadcast(groups: &[TrajectoryGroup], per_sample: &[f64]) -> Vec<Vec<f32>> {
+    groups
+        .iter()
+        .flat_map(|g| g.samples.iter())
+        .zip(per_sample)
+        .map(|(s, &a)| vec![a as f32; s.completion.len()])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use areal_sdk::{Completion, FinishReason, Reward, Trajectory, Verdict};
+
+    fn group(rewards: &[f64]) -> TrajectoryGroup {
+        TrajectoryGroup {
+            group_id: 0,
+            item_id: "x".into(),
+            prompt_ids: vec![1],
+            admitted_at: 0,
+            samples: rewards
+                .iter()
+                .enumerate()
+                .map(|(i, &r)| Trajectory {
+                    sample_id: i as u64,
+                    completion: Completion {
+                        token_ids: vec![1; i + 1],
+                        behaviour_logprobs: vec![-0.5; i + 1],
+                        versions: vec![0; i + 1],
+                        finish_reason: FinishReason::Stop,
+                    },
+                    reward: Reward::new(r, Verdict::Partial),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn group_mean_and_std() {
+        let groups = [group(&[1.0, 0.0, 0.0, 1.0]), group(&[2.0, 2.0])];
+        let adv = sequence_advantages(
+            &groups,
+            &RewardShaping::default(),
+            Baseline::GroupMean,
+            Scale::GroupStd,
+        );
+        // group 1: mean 0.5, unbiased std sqrt(1/3)
+        let s = (1.0f64 / 3.0).sqrt() + STD_EPS;
+        let want = [0.5 / s, -0.5 / s, -0.5 / s, 0.5 / s, 0.0, 0.0];
+        for (a, w) in adv.iter().zip(want) {
+            assert!((a - w).abs() < 1e-12, "{adv:?}");
+        }
+    }
+
+    #[test]
+    fn leave_one_out_and_batch() {
+        let groups = [group(&[1.0, 0.0, 0.5])];
+        let adv = sequence_advantages(
+            &groups,
+            &RewardShaping::default(),
+            Baseline::LeaveOneOut,
+            Scale::None,
+        );
+        assert_eq!(adv, vec![1.0 - 0.25, 0.0 - 0.75, 0.5 - 0.5]);
+        let shaping = RewardShaping {
+            bias: -0.5,
+            scale: 4.0,
+            clip: Some(1.5),
+        };
+        let adv = sequence_advantages(&groups, &shaping, Baseline::BatchMean, Scale::None);
+        // shaped: 1.5 (clipped from 2), -1.5 (clipped from -2), 0; mean 0
+        assert_eq!(adv, vec![1.5, -1.5, 0.0]);
+        let tokens = broadcast(&groups, &adv);
+        assert_eq!(tokens, vec![vec![1.5], vec![-1.5, -1.5], vec![0.0, 0.0, 0.0]]);
+    }
+}

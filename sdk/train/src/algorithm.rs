@@ -1,0 +1,147 @@
+//! The [`Algorithm`] trait: a PPO variant as advantages plus a loss.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use areal_sdk::{PluginError, PolicyVersion, TrajectoryGroup};
+use burn::tensor::Tensor;
+
+/// log π_θ(token): the policy being optimised, tracked for gradients.
+#[derive(Clone, Debug)]
+pub struct CurrentLogprobs(pub Tensor<1>);
+
+/// log π_prox(token): the trainer's weights before this update (version k when the step
+/// produces k+1), or an approximation of them; a constant for the gradient.
+#[derive(Clone, Debug)]
+pub struct ProximalLogprobs(pub Tensor<1>);
+
+/// log π_behav(token): the policy that sampled the token, as the generator reported it; a
+/// constant for the gradient.
+#[derive(Clone, Debug)]
+pub struct BehaviourLogprobs(pub Tensor<1>);
+
+/// How the engine obtains the proximal logprobs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProximalMode {
+    /// Recompute them with a no-grad forward pass before the update (decoupled PPO).
+    #[default]
+    Recompute,
+    /// Use the behaviour logprobs (standard PPO: π_prox = π_behav). No extra pass.
+    Behaviour,
+    /// Interpolate in log space between behaviour and current logprobs by version:
+    /// `logπ_prox ≈ logπ_behav + α·(sg(logπ_θ) − logπ_behav)`,
+    /// `α = clamp((k − v_behav)/(k + 1 − v_behav), 0, 1)` for trainer version k. No extra pass.
+    LogLinear,
+}
+
+/// What an algorithm needs from the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Requirements {
+    /// How proximal logprobs are produced.
+    pub proximal: ProximalMode,
+}
+
+impl Requirements {
+    /// Requirements with the given proximal mode.
+    pub fn new(proximal: ProximalMode) -> Self {
+        Self { proximal }
+    }
+}
+
+/// One micro-batch, packed, with everything a loss needs. Every tensor has one entry per token
+/// of the packed sequences (prompt tokens included, masked out by `loss_mask`).
+#[derive(Clone, Debug)]
+pub struct LossInput {
+    /// Current logprobs (with gradient).
+    pub current: CurrentLogprobs,
+    /// Proximal logprobs (constant).
+    pub proximal: ProximalLogprobs,
+    /// Behaviour logprobs (constant; 0 on prompt tokens).
+    pub behaviour: BehaviourLogprobs,
+    /// Per-token advantages (0 on prompt tokens).
+    pub advantages: Tensor<1>,
+    /// 1.0 on generated tokens, 0.0 on prompt tokens.
+    pub loss_mask: Tensor<1>,
+    /// Version of the policy that sampled each token (`PROMPT_VERSION` on prompt tokens).
+    pub versions: Vec<PolicyVersion>,
+    /// Range of each sequence's generated tokens in the packed layout.
+    pub completions: Vec<Range<usize>>,
+    /// Generated tokens in the whole mini-batch (all its micro-batches): the token-mean
+    /// normaliser, so that summing micro-batch losses gives the mini-batch loss.
+    pub minibatch_tokens: usize,
+    /// Sequences in the whole mini-batch: the normaliser of per-sequence averaging.
+    pub minibatch_sequences: usize,
+    /// Version k of the weights being updated (the step produces k + 1).
+    pub trainer_version: PolicyVersion,
+}
+
+/// Named statistics accumulated as sums and counts, reported as means.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LossStats {
+    entries: BTreeMap<String, (f64, f64)>,
+}
+
+impl LossStats {
+    /// Add `sum` over `count` items to statistic `name` (e.g. clipped tokens over all tokens).
+    pub fn add(&mut self, name: &str, sum: f64, count: f64) {
+        let entry = self.entries.entry(name.to_owned()).or_insert((0.0, 0.0));
+        entry.0 += sum;
+        entry.1 += count;
+    }
+
+    /// Fold another set of statistics into this one.
+    pub fn merge(&mut self, other: &LossStats) {
+        for (name, (sum, count)) in &other.entries {
+            self.add(name, *sum, *count);
+        }
+    }
+
+    /// Mean of each statistic (0 where nothing was counted).
+    pub fn means(&self) -> BTreeMap<String, f64> {
+        self.entries
+            .iter()
+            .map(|(name, (sum, count))| {
+                (
+                    name.clone(),
+                    if *count > 0.0 { sum / count } else { 0.0 },
+                )
+            })
+            .collect()
+    }
+}
+
+/// A loss for one micro-batch with its statistics.
+#[derive(Clone, Debug)]
+pub struct LossOutput {
+    /// One-element tensor; the engine calls backward on it. Normalise by the mini-batch
+    /// (see [`LossInput::minibatch_tokens`]), not by the micro-batch.
+    pub loss: Tensor<1>,
+    /// Statistics such as the clipped fraction.
+    pub stats: LossStats,
+}
+
+/// A policy-gradient algorithm: how rewards become advantages, and the loss.
+pub trait Algorithm: Send + Sync + 'static {
+    /// Registered name.
+    fn name(&self) -> &str;
+
+    /// What the engine must provide; by default proximal logprobs are recomputed.
+    fn requirements(&self) -> Requirements {
+        Requirements::default()
+    }
+
+    /// Whether a finished group is worth training on (e.g. DAPO drops groups whose rewards
+    /// are all equal). A dropped group counts as rejected: it frees its admission slot.
+    fn keep_group(&self, group: &TrajectoryGroup) -> bool {
+        let _ = group;
+        true
+    }
+
+    /// Per-token advantages of every sample: one vector per sample, groups in order and
+    /// samples in order within each group, each as long as the sample's completion.
+    fn advantages(&self, groups: &[TrajectoryGroup]) -> Result<Vec<Vec<f32>>, PluginError>;
+
+    /// The loss of one micro-batch.
+    fn loss(&self, input: &LossInput) -> Result<LossOutput, PluginError>;
+}

@@ -1,0 +1,114 @@
+//! The [`Policy`] trait: the model as the trainer sees it.
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use areal_sdk::{NamedTensor, PluginError, Tokenizer};
+use burn::optim::ModuleOptimizer;
+use burn::tensor::{Device, Tensor};
+
+/// Sequences concatenated without padding, delimited by cumulative lengths.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PackedBatch {
+    /// All tokens of all sequences, back to back.
+    pub tokens: Vec<u32>,
+    /// `cu_seqlens[i]..cu_seqlens[i + 1]` is sequence `i`; starts with 0, ends with
+    /// `tokens.len()`.
+    pub cu_seqlens: Vec<usize>,
+    /// Logits are divided by this before the softmax, as the generator did when sampling.
+    pub temperature: f32,
+}
+
+impl PackedBatch {
+    /// An empty batch at `temperature`.
+    pub fn new(temperature: f32) -> Self {
+        Self {
+            tokens: Vec::new(),
+            cu_seqlens: vec![0],
+            temperature,
+        }
+    }
+
+    /// Append one sequence.
+    pub fn push(&mut self, sequence: &[u32]) {
+        self.tokens.extend_from_slice(sequence);
+        self.cu_seqlens.push(self.tokens.len());
+    }
+
+    /// Number of sequences.
+    pub fn num_sequences(&self) -> usize {
+        self.cu_seqlens.len().saturating_sub(1)
+    }
+
+    /// Number of tokens.
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Token range of each sequence.
+    pub fn ranges(&self) -> impl Iterator<Item = Range<usize>> + '_ {
+        self.cu_seqlens.windows(2).map(|w| w[0]..w[1])
+    }
+
+    /// Length of the longest sequence.
+    pub fn max_len(&self) -> usize {
+        self.ranges().map(|r| r.len()).max().unwrap_or(0)
+    }
+}
+
+/// What an optimizer step reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepStats {
+    /// Global L2 norm of the gradient before clipping.
+    pub grad_norm: f64,
+    /// Whether the gradient was scaled down to the clipping norm.
+    pub clipped: bool,
+}
+
+/// A trainable language model.
+///
+/// `logprobs` returns one value per input token: entry `t` is
+/// `log softmax(logits(tokens[..t]) / temperature)[tokens[t]]` within its sequence, and the
+/// first token of every sequence gets 0. Gradients of successive [`backward`](Policy::backward)
+/// calls accumulate until [`step`](Policy::step) applies them.
+///
+/// [`TrainableModule`](crate::TrainableModule) implements the backward/step/weights part for
+/// any burn module, so a model usually only writes the forward pass.
+pub trait Policy: Send + 'static {
+    /// Registered name.
+    fn name(&self) -> &str;
+
+    /// Device the model lives on (with autodiff enabled).
+    fn device(&self) -> Device;
+
+    /// The tokenizer that matches the model's vocabulary.
+    fn tokenizer(&self) -> Arc<dyn Tokenizer>;
+
+    /// Per-token logprobs, tracked for gradients.
+    fn logprobs(&self, batch: &PackedBatch) -> Result<Tensor<1>, PluginError>;
+
+    /// Per-token logprobs without building a graph (proximal recompute, evaluation).
+    fn logprobs_no_grad(&self, batch: &PackedBatch) -> Result<Tensor<1>, PluginError>;
+
+    /// Accumulate the gradient of `loss` (a one-element tensor).
+    fn backward(&mut self, loss: Tensor<1>) -> Result<(), PluginError>;
+
+    /// Apply the accumulated gradient with `optimizer` at learning rate `lr`, after scaling it
+    /// to a global L2 norm of at most `max_grad_norm`; clears the accumulated gradient.
+    fn step(
+        &mut self,
+        optimizer: &mut ModuleOptimizer,
+        lr: f64,
+        max_grad_norm: Option<f64>,
+    ) -> Result<StepStats, PluginError>;
+
+    /// Current weights as plain data, for the generators.
+    fn weights(&self) -> Vec<NamedTensor>;
+
+    /// Write a checkpoint into `dir`.
+    fn save(&self, dir: &Path) -> Result<(), PluginError> {
+        let _ = dir;
+        Err(PluginError::unsupported(self.name(), "save"))
+    }
+}
