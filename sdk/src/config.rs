@@ -146,15 +146,14 @@ mod tests {
 
     #[test]
     fn errors_name_the_full_key_and_value() {
-        let cfg = PluginConfig::from_value("generator", json!({"kind": "x", "top_p": "high"}))
-            .unwrap();
+        let cfg =
+            PluginConfig::from_value("generator", json!({"kind": "x", "top_p": "high"})).unwrap();
         let err = cfg.parse::<Opts>().unwrap_err().to_string();
         assert!(err.contains("`generator.top_p`"), "{err}");
         assert!(err.contains("\"high\""), "{err}");
 
-        let cfg =
-            PluginConfig::from_value("generator", json!({"kind": "x", "inner": {"dpth": 3}}))
-                .unwrap();
+        let cfg = PluginConfig::from_value("generator", json!({"kind": "x", "inner": {"dpth": 3}}))
+            .unwrap();
         let err = cfg.parse::<Opts>().unwrap_err().to_string();
         assert!(err.contains("`generator.inner.dpth`"), "{err}");
 
@@ -166,7 +165,10 @@ mod tests {
             PluginConfig::from_value("generator", json!({"kind": "x", "inner": {"depth": -3}}))
                 .unwrap();
         let err = cfg.parse::<Opts>().unwrap_err().to_string();
-        assert!(err.contains("`generator.inner.depth`") && err.contains("-3"), "{err}");
+        assert!(
+            err.contains("`generator.inner.depth`") && err.contains("-3"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -43,4 +43,3 @@ pub trait Generator: Send + Sync + 'static {
         Err(PluginError::unsupported(self.name(), "resume"))
     }
 }
-

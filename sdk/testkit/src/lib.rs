@@ -1,1 +1,70 @@
-//! placeholder
+//! Test support for areal-rs: conformance checks every plugin of a kind should pass, and small
+//! fake plugins that really work, so the engine can be tested end to end in seconds.
+//!
+//! The fakes are registered like any plugin:
+//!
+//! | kind | name | what |
+//! |---|---|---|
+//! | policy | `testkit-bigram` | a burn bigram model (one table of logits) |
+//! | generator | `testkit-bigram` | samples from the same table in plain Rust; pausable |
+//! | task | `testkit-successor` | prompts are letters; continue with the following letters |
+//! | reward | `testkit-successor` | fraction of the ideal continuation produced |
+//! | reward | `testkit-faulty` | the same, but panics, fails or hangs on chosen samples |
+//!
+//! ```
+//! use areal_sdk::{RewardInput, FinishReason, Tokenizer};
+//! use areal_testkit::{LetterTokenizer, SuccessorVerifier, conformance};
+//!
+//! let input = |completion: &str| RewardInput {
+//!     sample_id: 1,
+//!     item_id: "x".into(),
+//!     prompt: "c".into(),
+//!     completion: completion.into(),
+//!     completion_ids: vec![],
+//!     finish_reason: FinishReason::Stop,
+//!     reference: serde_json::json!({"letters": 8, "length": 4}),
+//! };
+//! conformance::check_verifier(&SuccessorVerifier, &[(input("defg"), 1.0), (input("dex"), 0.5)]);
+//! assert_eq!(LetterTokenizer::new(8).encode("bad").unwrap(), vec![1, 0, 3]);
+//! ```
+
+mod bigram;
+pub mod conformance;
+mod successor;
+mod tokenizer;
+
+pub use bigram::{
+    BigramGenerator, BigramGeneratorOptions, BigramModel, BigramPolicy, BigramPolicyOptions, TABLE,
+    mix_seed, sample_token,
+};
+pub use successor::{
+    FaultyOptions, FaultyVerifier, SuccessorTask, SuccessorTaskOptions, SuccessorVerifier,
+    successor_reward,
+};
+pub use tokenizer::LetterTokenizer;
+
+areal_sdk::register_generator!(
+    "testkit-bigram",
+    "testkit: bigram sampler in plain Rust, pausable, optional per-token delay",
+    bigram::build_generator
+);
+areal_sdk_train::register_policy!(
+    "testkit-bigram",
+    "testkit: bigram model (one table of logits) in burn",
+    bigram::build_policy
+);
+areal_sdk::register_task!(
+    "testkit-successor",
+    "testkit: continue a letter with the letters after it",
+    successor::build_task
+);
+areal_sdk::register_reward!(
+    "testkit-successor",
+    "testkit: fraction of the ideal continuation produced",
+    successor::build_verifier
+);
+areal_sdk::register_reward!(
+    "testkit-faulty",
+    "testkit: successor reward that panics, fails or hangs on chosen samples",
+    successor::build_faulty
+);

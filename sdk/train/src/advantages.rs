@@ -97,7 +97,12 @@ pub fn sequence_advantages(
 ) -> Vec<f64> {
     let shaped: Vec<Vec<f64>> = groups
         .iter()
-        .map(|g| g.samples.iter().map(|s| shaping.apply(s.reward.value)).collect())
+        .map(|g| {
+            g.samples
+                .iter()
+                .map(|s| shaping.apply(s.reward.value))
+                .collect()
+        })
         .collect();
     let all: Vec<f64> = shaped.iter().flatten().copied().collect();
     let batch_mean = mean(&all);
@@ -202,6 +207,9 @@ mod tests {
         // shaped: 1.5 (clipped from 2), -1.5 (clipped from -2), 0; mean 0
         assert_eq!(adv, vec![1.5, -1.5, 0.0]);
         let tokens = broadcast(&groups, &adv);
-        assert_eq!(tokens, vec![vec![1.5], vec![-1.5, -1.5], vec![0.0, 0.0, 0.0]]);
+        assert_eq!(
+            tokens,
+            vec![vec![1.5], vec![-1.5, -1.5], vec![0.0, 0.0, 0.0]]
+        );
     }
 }

@@ -102,10 +102,7 @@ impl LossStats {
         self.entries
             .iter()
             .map(|(name, (sum, count))| {
-                (
-                    name.clone(),
-                    if *count > 0.0 { sum / count } else { 0.0 },
-                )
+                (name.clone(), if *count > 0.0 { sum / count } else { 0.0 })
             })
             .collect()
     }

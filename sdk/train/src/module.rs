@@ -38,12 +38,17 @@ impl<M: Module + 'static> TrainableModule<M> {
 
     /// The module.
     pub fn module(&self) -> &M {
-        self.module.as_ref().expect("module is only taken during a step")
+        self.module
+            .as_ref()
+            .expect("module is only taken during a step")
     }
 
     /// Accumulate the gradient of `loss`.
     pub fn backward(&mut self, loss: Tensor<1>) {
-        let module = self.module.as_ref().expect("module is only taken during a step");
+        let module = self
+            .module
+            .as_ref()
+            .expect("module is only taken during a step");
         let grads = GradientsParams::from_grads(loss.backward(), module);
         self.accumulator.accumulate(module, grads);
         self.pending += 1;
@@ -64,7 +69,10 @@ impl<M: Module + 'static> TrainableModule<M> {
         }
         self.pending = 0;
         let mut grads = self.accumulator.grads();
-        let module = self.module.take().expect("module is only taken during a step");
+        let module = self
+            .module
+            .take()
+            .expect("module is only taken during a step");
 
         let mut norm = SquaredNorm {
             grads: &grads,
