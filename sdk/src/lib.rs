@@ -63,6 +63,15 @@ pub use rollout::{
 };
 pub use task::{Split, Task, TaskItem, Tokenizer};
 
+/// Derive an independent seed for `stream` (a sample id, an epoch...) from `seed`
+/// (splitmix64 finaliser), so every random stream of a run follows from its one seed.
+pub fn mix_seed(seed: u64, stream: u64) -> u64 {
+    let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Re-exports for the registration macros; not part of the public API.
 #[doc(hidden)]
 pub mod __private {

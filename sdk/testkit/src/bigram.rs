@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use areal_sdk::{
     BuildContext, Completion, FinishReason, GenerateRequest, Generator, NamedTensor, PluginConfig,
-    PluginError, PolicyVersion, Tokenizer, WeightUpdate,
+    PluginError, PolicyVersion, Tokenizer, WeightUpdate, mix_seed,
 };
 use areal_sdk_train::burn::module::{Module, Param};
 use areal_sdk_train::burn::optim::ModuleOptimizer;
@@ -321,14 +321,6 @@ pub fn sample_token(logits: &[f32], temperature: f32, top_p: f32, rng: &mut StdR
         chosen
     };
     (token as u32, logprobs[token] as f32)
-}
-
-/// Mix a seed with a stream index (splitmix64).
-pub fn mix_seed(seed: u64, stream: u64) -> u64 {
-    let mut z = seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 #[async_trait]

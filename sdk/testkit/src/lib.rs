@@ -35,7 +35,7 @@ mod tokenizer;
 
 pub use bigram::{
     BigramGenerator, BigramGeneratorOptions, BigramModel, BigramPolicy, BigramPolicyOptions, TABLE,
-    mix_seed, sample_token,
+    sample_token,
 };
 pub use successor::{
     FaultyOptions, FaultyVerifier, SuccessorTask, SuccessorTaskOptions, SuccessorVerifier,

@@ -10,12 +10,10 @@ use std::time::Duration;
 
 use areal_sdk::{
     BuildContext, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, Split, Task,
-    TaskItem, Verdict, VerifyContext,
+    TaskItem, Verdict, VerifyContext, mix_seed,
 };
 use serde::Deserialize;
 use serde_json::json;
-
-use crate::bigram::mix_seed;
 
 /// Options of the `testkit-successor` task.
 #[derive(Clone, Debug, Deserialize)]

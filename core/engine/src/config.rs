@@ -1,0 +1,779 @@
+//! The run configuration: one serde tree, built-in defaults, a TOML file on top, then
+//! `--set key=value` overrides; every error names the key, where it came from and the value.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use areal_sdk::PluginConfig;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The plugin sections of the config, in the order they are built.
+pub const PLUGIN_SECTIONS: [&str; 5] = ["policy", "generator", "task", "reward", "algorithm"];
+
+/// The whole run configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Seed of everything random in the run. By default 1.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// The trainable model (`kind` = a policy plugin). By default `testkit-bigram`.
+    pub policy: Value,
+    /// Rollout generation (`kind` = a generator plugin). By default `testkit-bigram`.
+    pub generator: Value,
+    /// The prompts (`kind` = a task plugin). By default `testkit-successor`.
+    pub task: Value,
+    /// The reward verifier (`kind` = a reward plugin). By default `testkit-successor`.
+    pub reward: Value,
+    /// The policy-gradient algorithm (`kind` = an algorithm plugin). By default
+    /// `decoupled-ppo`.
+    pub algorithm: Value,
+    /// Rollout generation and admission control.
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+    /// The reward service.
+    #[serde(default)]
+    pub reward_service: RewardServiceConfig,
+    /// The trainer.
+    #[serde(default)]
+    pub train: TrainConfig,
+    /// Held-out evaluation.
+    #[serde(default)]
+    pub eval: EvalConfig,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+
+fn plugin(kind: &str) -> Value {
+    serde_json::json!({ "kind": kind })
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            seed: default_seed(),
+            policy: plugin("testkit-bigram"),
+            generator: plugin("testkit-bigram"),
+            task: plugin("testkit-successor"),
+            reward: plugin("testkit-successor"),
+            algorithm: plugin("decoupled-ppo"),
+            rollout: RolloutConfig::default(),
+            reward_service: RewardServiceConfig::default(),
+            train: TrainConfig::default(),
+            eval: EvalConfig::default(),
+        }
+    }
+}
+
+/// `[rollout]`: what is generated and how far generation may run ahead of training.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// B: prompts (groups) per training step. By default 8.
+    pub batch_size: usize,
+    /// n: samples generated per prompt. By default 4.
+    pub group_size: usize,
+    /// η: how many policy versions generation may run ahead of training; 0 is synchronous RL.
+    /// A rollout starts only while `accepted + running + 1 ≤ (η + version + 1) · B`. By
+    /// default 4.
+    pub max_staleness: u64,
+    /// Most groups generating at once. By default 32.
+    pub max_concurrent: usize,
+    /// Most tokens generated per sample. By default 8.
+    pub max_new_tokens: usize,
+    /// Sampling temperature (must be positive: the loss needs the sampling distribution). By
+    /// default 1.
+    pub temperature: f32,
+    /// Nucleus sampling threshold in (0, 1]. By default 1.
+    pub top_p: f32,
+    /// Abort the run after this many groups in a row fail to generate. By default 32.
+    pub max_consecutive_failures: usize,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 8,
+            group_size: 4,
+            max_staleness: 4,
+            max_concurrent: 32,
+            max_new_tokens: 8,
+            temperature: 1.0,
+            top_p: 1.0,
+            max_consecutive_failures: 32,
+        }
+    }
+}
+
+/// `[reward_service]`: the threads verifiers run on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardServiceConfig {
+    /// Verifier threads. By default 2.
+    pub threads: usize,
+    /// Per-sample deadline in milliseconds; a verifier that has not answered by then costs
+    /// that sample (verdict `verifier_timeout`). By default 10000.
+    pub deadline_ms: u64,
+}
+
+impl Default for RewardServiceConfig {
+    fn default() -> Self {
+        Self {
+            threads: 2,
+            deadline_ms: 10_000,
+        }
+    }
+}
+
+/// `[train]`: the trainer loop and optimizer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Optimizer steps (policy versions) to train. By default 40.
+    pub steps: u64,
+    /// AdamW learning rate. By default 0.1.
+    pub lr: f64,
+    /// AdamW weight decay. By default 0.
+    pub weight_decay: f64,
+    /// AdamW β1. By default 0.9.
+    pub beta1: f64,
+    /// AdamW β2. By default 0.999.
+    pub beta2: f64,
+    /// Clip the gradient to this global L2 norm; 0 disables clipping. By default 1.
+    pub max_grad_norm: f64,
+    /// Optimizer steps per training batch (PPO mini-batches); each produces a version. By
+    /// default 1.
+    pub minibatches: usize,
+    /// Token budget of one packed micro-batch (forward/backward pass). By default 4096.
+    pub token_budget: usize,
+    /// At least this many micro-batches per mini-batch. By default 1.
+    pub min_microbatches: usize,
+    /// Device: `cpu`, or `cuda:N` when built with the `cuda` feature. By default `cpu`.
+    pub device: String,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 40,
+            lr: 0.1,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            max_grad_norm: 1.0,
+            minibatches: 1,
+            token_budget: 4096,
+            min_microbatches: 1,
+            device: "cpu".into(),
+        }
+    }
+}
+
+/// `[eval]`: greedy evaluation on the task's held-out split.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Evaluate before training, every `every` steps and after the last; 0 evaluates only
+    /// before and after. By default 10.
+    pub every: u64,
+    /// Evaluate at most this many held-out items; 0 means all. By default 0.
+    pub max_items: usize,
+    /// Whether to evaluate at all. By default true.
+    pub enabled: bool,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            every: 10,
+            max_items: 0,
+            enabled: true,
+        }
+    }
+}
+
+impl Config {
+    /// The plugin section `name` (one of [`PLUGIN_SECTIONS`]).
+    pub fn plugin(&self, name: &str) -> Result<PluginConfig, areal_sdk::PluginError> {
+        let value = match name {
+            "policy" => &self.policy,
+            "generator" => &self.generator,
+            "task" => &self.task,
+            "reward" => &self.reward,
+            "algorithm" => &self.algorithm,
+            other => panic!("{other} is not a plugin section"),
+        };
+        PluginConfig::from_value(name, value.clone())
+    }
+
+    /// Check the engine's own settings; returns every problem as (key, message).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut check = |ok: bool, key: &str, message: String| {
+            if !ok {
+                out.push((key.to_owned(), message));
+            }
+        };
+        let r = &self.rollout;
+        check(
+            r.batch_size >= 1,
+            "rollout.batch_size",
+            format!("must be at least 1, found {}", r.batch_size),
+        );
+        check(
+            r.group_size >= 1,
+            "rollout.group_size",
+            format!("must be at least 1, found {}", r.group_size),
+        );
+        check(
+            r.max_concurrent >= 1,
+            "rollout.max_concurrent",
+            format!("must be at least 1, found {}", r.max_concurrent),
+        );
+        check(
+            r.max_new_tokens >= 1,
+            "rollout.max_new_tokens",
+            format!("must be at least 1, found {}", r.max_new_tokens),
+        );
+        check(
+            r.temperature > 0.0 && r.temperature.is_finite(),
+            "rollout.temperature",
+            format!(
+                "must be positive (training needs the sampling distribution), found {}",
+                r.temperature
+            ),
+        );
+        check(
+            r.top_p > 0.0 && r.top_p <= 1.0,
+            "rollout.top_p",
+            format!("must be in (0, 1], found {}", r.top_p),
+        );
+        check(
+            r.max_consecutive_failures >= 1,
+            "rollout.max_consecutive_failures",
+            format!("must be at least 1, found {}", r.max_consecutive_failures),
+        );
+        let s = &self.reward_service;
+        check(
+            s.threads >= 1,
+            "reward_service.threads",
+            format!("must be at least 1, found {}", s.threads),
+        );
+        check(
+            s.deadline_ms >= 1,
+            "reward_service.deadline_ms",
+            format!("must be at least 1, found {}", s.deadline_ms),
+        );
+        let t = &self.train;
+        check(
+            t.steps >= 1,
+            "train.steps",
+            format!("must be at least 1, found {}", t.steps),
+        );
+        check(
+            t.lr > 0.0 && t.lr.is_finite(),
+            "train.lr",
+            format!("must be positive, found {}", t.lr),
+        );
+        check(
+            t.weight_decay >= 0.0,
+            "train.weight_decay",
+            format!("must not be negative, found {}", t.weight_decay),
+        );
+        check(
+            (0.0..1.0).contains(&t.beta1),
+            "train.beta1",
+            format!("must be in [0, 1), found {}", t.beta1),
+        );
+        check(
+            (0.0..1.0).contains(&t.beta2),
+            "train.beta2",
+            format!("must be in [0, 1), found {}", t.beta2),
+        );
+        check(
+            t.max_grad_norm >= 0.0,
+            "train.max_grad_norm",
+            format!("must not be negative, found {}", t.max_grad_norm),
+        );
+        check(
+            t.minibatches >= 1,
+            "train.minibatches",
+            format!("must be at least 1, found {}", t.minibatches),
+        );
+        check(
+            t.minibatches <= r.batch_size * r.group_size,
+            "train.minibatches",
+            format!(
+                "{} mini-batches cannot be cut from {} samples (rollout.batch_size × rollout.group_size)",
+                t.minibatches,
+                r.batch_size * r.group_size
+            ),
+        );
+        check(
+            t.token_budget >= 1,
+            "train.token_budget",
+            format!("must be at least 1, found {}", t.token_budget),
+        );
+        check(
+            t.min_microbatches >= 1,
+            "train.min_microbatches",
+            format!("must be at least 1, found {}", t.min_microbatches),
+        );
+        if let Err(message) = crate::device::parse_device(&t.device) {
+            out.push(("train.device".into(), message));
+        }
+        out
+    }
+
+    /// The config as TOML, as written to a run folder.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a config always serialises to TOML")
+    }
+}
+
+/// Where a config value came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// The built-in default.
+    Default,
+    /// A config file.
+    File(PathBuf),
+    /// A `--set key=value` argument.
+    Override(String),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Default => write!(f, "built-in default"),
+            Origin::File(path) => write!(f, "config file {}", path.display()),
+            Origin::Override(arg) => write!(f, "--set {arg}"),
+        }
+    }
+}
+
+/// One problem in a config.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigProblem {
+    /// Dotted key, e.g. `rollout.max_staleness`.
+    pub key: String,
+    /// Where the offending value came from.
+    pub origin: Origin,
+    /// What is wrong, naming the value.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}` ({}): {}", self.key, self.origin, self.message)
+    }
+}
+
+/// Why a config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("config file {} is not valid TOML: {message}", path.display())]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A `--set` argument is malformed.
+    #[error("--set {arg}: {message}")]
+    Override {
+        /// The argument as given.
+        arg: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// Values are wrong; every problem found is listed.
+    #[error("invalid config:\n{}", problems.iter().map(|p| format!("  {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        /// The problems.
+        problems: Vec<ConfigProblem>,
+    },
+}
+
+/// Builds a [`Config`] from the defaults, an optional file and overrides, remembering where
+/// each value came from.
+#[derive(Clone, Debug)]
+pub struct ConfigLoader {
+    tree: Value,
+    file: Option<(PathBuf, BTreeSet<String>)>,
+    overrides: Vec<(String, String)>,
+}
+
+impl Default for ConfigLoader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConfigLoader {
+    /// Start from the built-in defaults.
+    pub fn new() -> Self {
+        Self {
+            tree: serde_json::to_value(Config::default()).expect("the default config serialises"),
+            file: None,
+            overrides: Vec::new(),
+        }
+    }
+
+    /// Merge a TOML file over the current values.
+    pub fn file(mut self, path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        self = self.toml(&text, path)?;
+        Ok(self)
+    }
+
+    /// Merge TOML text over the current values; `path` names it in errors.
+    pub fn toml(mut self, text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let value = serde_json::to_value(table).expect("TOML converts to JSON");
+        let mut keys = BTreeSet::new();
+        collect_keys(&value, "", &mut keys);
+        merge(&mut self.tree, value, "");
+        self.file = Some((path.to_owned(), keys));
+        Ok(self)
+    }
+
+    /// Apply one `key=value` override. The value is read as TOML (`3`, `true`, `"x"`,
+    /// `[1, 2]`), and as a plain string if it is not valid TOML.
+    pub fn set(mut self, arg: &str) -> Result<Self, ConfigError> {
+        let (key, raw) = arg.split_once('=').ok_or_else(|| ConfigError::Override {
+            arg: arg.to_owned(),
+            message: "expected key=value".into(),
+        })?;
+        let key = key.trim();
+        if key.is_empty() || key.split('.').any(str::is_empty) {
+            return Err(ConfigError::Override {
+                arg: arg.to_owned(),
+                message: format!("`{key}` is not a dotted key like rollout.max_staleness"),
+            });
+        }
+        let value = parse_override_value(raw.trim());
+        let mut overlay = value;
+        for segment in key.rsplit('.') {
+            let mut table = Map::new();
+            table.insert(segment.to_owned(), overlay);
+            overlay = Value::Object(table);
+        }
+        let mut node = &self.tree;
+        for segment in key.split('.').take(key.split('.').count() - 1) {
+            match node.get(segment) {
+                Some(next) if next.is_object() => node = next,
+                Some(other) => {
+                    return Err(ConfigError::Override {
+                        arg: arg.to_owned(),
+                        message: format!("`{segment}` is {other}, not a table"),
+                    });
+                }
+                None => break,
+            }
+        }
+        merge(&mut self.tree, overlay, "");
+        self.overrides.push((key.to_owned(), arg.to_owned()));
+        Ok(self)
+    }
+
+    /// Apply several overrides in order.
+    pub fn set_all<I, S>(mut self, args: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        for arg in args {
+            self = self.set(arg.as_ref())?;
+        }
+        Ok(self)
+    }
+
+    /// Where the value at `key` came from: the last override that covers it, else the file
+    /// if it has it, else the defaults.
+    pub fn origin(&self, key: &str) -> Origin {
+        let covers = |k: &str| {
+            key == k || key.starts_with(&format!("{k}.")) || k.starts_with(&format!("{key}."))
+        };
+        if let Some((_, arg)) = self.overrides.iter().rev().find(|(k, _)| covers(k)) {
+            return Origin::Override(arg.clone());
+        }
+        if let Some((path, keys)) = &self.file
+            && keys.iter().any(|k| covers(k))
+        {
+            return Origin::File(path.clone());
+        }
+        Origin::Default
+    }
+
+    /// Deserialise and validate, reporting every problem with its key and origin.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let config: Config = serde_path_to_error::deserialize(self.tree.clone()).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Invalid {
+                problems: vec![ConfigProblem {
+                    origin: self.origin(&key),
+                    key,
+                    message: e.inner().to_string(),
+                }],
+            }
+        })?;
+        let mut problems: Vec<ConfigProblem> = config
+            .problems()
+            .into_iter()
+            .map(|(key, message)| ConfigProblem {
+                origin: self.origin(&key),
+                key,
+                message,
+            })
+            .collect();
+        for section in PLUGIN_SECTIONS {
+            if let Err(e) = config.plugin(section) {
+                problems.push(self.problem_from_plugin_error(&e));
+            }
+        }
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid { problems })
+        }
+    }
+
+    /// Turn a plugin's config error into a problem with an origin.
+    pub fn problem_from_plugin_error(&self, error: &areal_sdk::PluginError) -> ConfigProblem {
+        let key = match error {
+            areal_sdk::PluginError::Config { key, .. } => key.clone(),
+            areal_sdk::PluginError::UnknownPlugin { key, .. } => key.clone(),
+            _ => String::new(),
+        };
+        let message = match error {
+            areal_sdk::PluginError::Config { message, .. } => message.clone(),
+            other => other.to_string(),
+        };
+        ConfigProblem {
+            origin: self.origin(&key),
+            key,
+            message,
+        }
+    }
+}
+
+fn parse_override_value(raw: &str) -> Value {
+    match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
+        Ok(mut table) => serde_json::to_value(table.remove("v").expect("parsed key"))
+            .expect("TOML converts to JSON"),
+        Err(_) => Value::String(raw.to_owned()),
+    }
+}
+
+fn collect_keys(value: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+    if let Value::Object(map) = value {
+        for (k, v) in map {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            collect_keys(v, &key, out);
+            out.insert(key);
+        }
+    }
+}
+
+/// Merge `overlay` into `base`. Tables merge key by key, except that a plugin section whose
+/// `kind` changes is replaced whole (the old plugin's options mean nothing to the new one).
+fn merge(base: &mut Value, overlay: Value, path: &str) {
+    match (base, overlay) {
+        (Value::Object(base), Value::Object(overlay)) => {
+            for (k, v) in overlay {
+                let key = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let is_plugin = PLUGIN_SECTIONS.contains(&key.as_str());
+                match base.get_mut(&k) {
+                    Some(existing) if is_plugin && kind_changes(existing, &v) => {
+                        *existing = v;
+                    }
+                    Some(existing) => merge(existing, v, &key),
+                    None => {
+                        base.insert(k, v);
+                    }
+                }
+            }
+        }
+        (base, overlay) => *base = overlay,
+    }
+}
+
+fn kind_changes(existing: &Value, overlay: &Value) -> bool {
+    match (existing.get("kind"), overlay.get("kind")) {
+        (Some(old), Some(new)) => old != new,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_round_trip_through_toml() {
+        let config = ConfigLoader::new().load().unwrap();
+        assert_eq!(config, Config::default());
+        let text = config.to_toml();
+        let again = ConfigLoader::new()
+            .toml(&text, Path::new("resolved.toml"))
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(again, config);
+    }
+
+    #[test]
+    fn file_then_overrides() {
+        let file =
+            "seed = 7\n[rollout]\nmax_staleness = 2\n[algorithm]\nkind = \"ppo\"\neps_clip = 0.3\n";
+        let loader = ConfigLoader::new()
+            .toml(file, Path::new("run.toml"))
+            .unwrap()
+            .set_all([
+                "rollout.max_staleness=0",
+                "rollout.group_size=2",
+                "task.length=3",
+            ])
+            .unwrap();
+        let c = loader.load().unwrap();
+        assert_eq!(c.seed, 7);
+        assert_eq!(c.rollout.max_staleness, 0);
+        assert_eq!(c.rollout.group_size, 2);
+        assert_eq!(c.rollout.batch_size, 8);
+        assert_eq!(
+            c.algorithm,
+            serde_json::json!({"kind": "ppo", "eps_clip": 0.3})
+        );
+        assert_eq!(
+            c.task,
+            serde_json::json!({"kind": "testkit-successor", "length": 3})
+        );
+        assert_eq!(
+            loader.origin("rollout.max_staleness"),
+            Origin::Override("rollout.max_staleness=0".into())
+        );
+        assert_eq!(loader.origin("seed"), Origin::File("run.toml".into()));
+        assert_eq!(loader.origin("train.lr"), Origin::Default);
+    }
+
+    #[test]
+    fn changing_a_plugin_kind_drops_the_old_options() {
+        let file = "[algorithm]\nkind = \"ppo\"\neps_clip = 0.3\n";
+        let c = ConfigLoader::new()
+            .toml(file, Path::new("run.toml"))
+            .unwrap()
+            .set("algorithm.kind=decoupled-ppo")
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(c.algorithm, serde_json::json!({"kind": "decoupled-ppo"}));
+    }
+
+    fn problems(e: ConfigError) -> Vec<ConfigProblem> {
+        match e {
+            ConfigError::Invalid { problems } => problems,
+            other => panic!("expected invalid config, got {other}"),
+        }
+    }
+
+    #[test]
+    fn errors_name_key_origin_and_value() {
+        let e = ConfigLoader::new()
+            .set("rollout.max_staleness=abc")
+            .unwrap()
+            .load()
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("`rollout.max_staleness`"), "{text}");
+        assert!(text.contains("--set rollout.max_staleness=abc"), "{text}");
+        assert!(text.contains("\"abc\""), "{text}");
+
+        let e = ConfigLoader::new()
+            .toml("[rollout]\nmax_stalenes = 3\n", Path::new("my.toml"))
+            .unwrap()
+            .load()
+            .unwrap_err();
+        let p = problems(e);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].key, "rollout.max_stalenes");
+        assert_eq!(p[0].origin, Origin::File("my.toml".into()));
+        assert!(p[0].message.contains("unknown field"), "{}", p[0].message);
+
+        let e = ConfigLoader::new()
+            .toml("[rollout\n", Path::new("bad.toml"))
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("bad.toml") && text.contains("line 1"),
+            "{text}"
+        );
+
+        let e = ConfigLoader::new().set("rollout").unwrap_err();
+        assert!(e.to_string().contains("key=value"), "{e}");
+    }
+
+    #[test]
+    fn every_validation_problem_is_reported() {
+        let e = ConfigLoader::new()
+            .set_all([
+                "rollout.batch_size=0",
+                "train.lr=-1",
+                "rollout.top_p=1.5",
+                "train.device=tpu",
+            ])
+            .unwrap()
+            .load()
+            .unwrap_err();
+        let keys: Vec<String> = problems(e).into_iter().map(|p| p.key).collect();
+        for k in [
+            "rollout.batch_size",
+            "train.lr",
+            "rollout.top_p",
+            "train.device",
+        ] {
+            assert!(keys.contains(&k.to_owned()), "{k} missing from {keys:?}");
+        }
+    }
+
+    #[test]
+    fn plugin_sections_must_be_tables() {
+        let e = ConfigLoader::new()
+            .toml("reward = \"math\"\n", Path::new("r.toml"))
+            .unwrap()
+            .load()
+            .unwrap_err();
+        let p = problems(e);
+        assert_eq!(p[0].key, "reward");
+        assert_eq!(p[0].origin, Origin::File("r.toml".into()));
+        assert!(p[0].message.contains("kind"), "{}", p[0].message);
+    }
+}

@@ -1,0 +1,779 @@
+//! A whole run: plugins built from the config, the rollout controller on the async runtime,
+//! the trainer on its own thread, weight updates pushed back to the generators.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use areal_sdk::{
+    BuildContext, GeneratorPlugin, PluginError, PolicyVersion, RewardPlugin, SamplingParams, Split,
+    Task, TaskPlugin, TrajectoryGroup, Verdict, WeightUpdate, mix_seed,
+};
+use areal_sdk_train::burn::optim::AdamWConfig;
+use areal_sdk_train::{Algorithm, AlgorithmPlugin, Policy, PolicyContext, PolicyPlugin};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use serde::Serialize;
+use tokio::runtime::Handle;
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::buffer::ReplayBuffer;
+use crate::config::Config;
+use crate::device::parse_device;
+use crate::error::EngineError;
+use crate::metrics::{EvalMetrics, MetricsWriter, StepMetrics, percentile, staleness};
+use crate::reward_service::RewardService;
+use crate::rollout::{GroupSpec, Rollout};
+use crate::staleness::{AdmissionCounts, StalenessManager};
+use crate::trainer::{TrainerSettings, train_step};
+
+/// The plugins of a run.
+pub struct Plugins {
+    /// The trainable model.
+    pub policy: Box<dyn Policy>,
+    /// Rollout generation.
+    pub generator: Arc<dyn areal_sdk::Generator>,
+    /// Prompt source.
+    pub task: Arc<dyn Task>,
+    /// Reward verifier.
+    pub verifier: Arc<dyn areal_sdk::RewardVerifier>,
+    /// Loss and advantages.
+    pub algorithm: Arc<dyn Algorithm>,
+}
+
+impl Plugins {
+    /// Build every plugin section of `config`; all failures are reported together.
+    pub fn build(config: &Config) -> Result<Self, EngineError> {
+        let mut errors: Vec<PluginError> = Vec::new();
+        let ctx = |i: u64, threads: usize| BuildContext::new(mix_seed(config.seed, i), threads);
+        let mut section = |name: &str| match config.plugin(name) {
+            Ok(section) => Some(section),
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        };
+        let (p, g, t, r, a) = (
+            section("policy"),
+            section("generator"),
+            section("task"),
+            section("reward"),
+            section("algorithm"),
+        );
+        let device = parse_device(&config.train.device)
+            .map_err(|message| errors.push(PluginError::config("train.device", message)))
+            .ok();
+        let mut keep = |result| match result {
+            Ok(plugin) => Some(plugin),
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        };
+        let policy = match (p, device) {
+            (Some(p), Some(device)) => keep(
+                PolicyPlugin::build_from(&p, &PolicyContext::new(ctx(1, 1), device))
+                    .map(Built::Policy),
+            ),
+            _ => None,
+        };
+        let generator =
+            g.and_then(|g| keep(GeneratorPlugin::build_from(&g, &ctx(2, 1)).map(Built::Generator)));
+        let task = t.and_then(|t| keep(TaskPlugin::build_from(&t, &ctx(3, 1)).map(Built::Task)));
+        let verifier = r.and_then(|r| {
+            keep(
+                RewardPlugin::build_from(&r, &ctx(4, config.reward_service.threads))
+                    .map(Built::Reward),
+            )
+        });
+        let algorithm =
+            a.and_then(|a| keep(AlgorithmPlugin::build_from(&a, &ctx(5, 1)).map(Built::Algorithm)));
+        match (policy, generator, task, verifier, algorithm) {
+            (
+                Some(Built::Policy(policy)),
+                Some(Built::Generator(generator)),
+                Some(Built::Task(task)),
+                Some(Built::Reward(verifier)),
+                Some(Built::Algorithm(algorithm)),
+            ) if errors.is_empty() => Ok(Self {
+                policy,
+                generator,
+                task,
+                verifier,
+                algorithm,
+            }),
+            _ => Err(EngineError::Build { errors }),
+        }
+    }
+}
+
+/// One built plugin of any kind (lets [`Plugins::build`] collect errors uniformly).
+enum Built {
+    Policy(Box<dyn Policy>),
+    Generator(Arc<dyn areal_sdk::Generator>),
+    Task(Arc<dyn Task>),
+    Reward(Arc<dyn areal_sdk::RewardVerifier>),
+    Algorithm(Arc<dyn Algorithm>),
+}
+
+/// Hooks to follow a run (progress bars, tests). Called from the controller and trainer
+/// threads, hence `&self`.
+pub trait Observer: Send + Sync {
+    /// The run starts and will train `steps` steps.
+    fn on_start(&self, steps: u64) {
+        let _ = steps;
+    }
+
+    /// A rollout was admitted; `counts` are the counters right after admission.
+    fn on_admission(&self, counts: &AdmissionCounts) {
+        let _ = counts;
+    }
+
+    /// A step trained on `groups` with the weights at `version`.
+    fn on_trained(&self, groups: &[TrajectoryGroup], version: PolicyVersion) {
+        let _ = (groups, version);
+    }
+
+    /// A step finished.
+    fn on_step(&self, metrics: &StepMetrics) {
+        let _ = metrics;
+    }
+
+    /// An evaluation finished.
+    fn on_eval(&self, metrics: &EvalMetrics) {
+        let _ = metrics;
+    }
+}
+
+/// An observer that does nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Quiet;
+
+impl Observer for Quiet {}
+
+/// How to run.
+#[derive(Clone)]
+pub struct RunOptions {
+    /// Run folder for `config.toml`, `metrics.jsonl`, `summary.json` and the checkpoint.
+    pub out_dir: Option<PathBuf>,
+    /// Progress hooks.
+    pub observer: Arc<dyn Observer>,
+    /// When the run started, for `wall_seconds` (the process start, say). By default now.
+    pub started: Instant,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            out_dir: None,
+            observer: Arc::new(Quiet),
+            started: Instant::now(),
+        }
+    }
+}
+
+/// The outcome of a run; written to `summary.json`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSummary {
+    /// Held-out accuracy before training (if evaluated).
+    pub baseline_accuracy: Option<f64>,
+    /// Held-out accuracy after training (if evaluated).
+    pub final_accuracy: Option<f64>,
+    /// Seconds from the start of the run to the end.
+    pub wall_seconds: f64,
+    /// Training steps done.
+    pub steps: u64,
+    /// Final policy version.
+    pub policy_version: PolicyVersion,
+    /// η.
+    pub max_staleness: u64,
+    /// Algorithm name.
+    pub algorithm: String,
+    /// Run seed.
+    pub seed: u64,
+    /// Mean reward of the first step's batch.
+    pub reward_mean_first: f64,
+    /// Mean reward of the last step's batch.
+    pub reward_mean_last: f64,
+    /// Largest per-token version lag trained on.
+    pub token_lag_max: i64,
+    /// Mean per-token version lag over all trained tokens.
+    pub token_lag_mean: f64,
+    /// Groups accepted.
+    pub groups_accepted: u64,
+    /// Groups rejected (failed or filtered).
+    pub groups_rejected: u64,
+    /// Samples lost to verifier failures.
+    pub reward_failures: u64,
+    /// Every evaluation.
+    pub evals: Vec<EvalMetrics>,
+}
+
+struct Shared {
+    config: Config,
+    rollout: Arc<Rollout>,
+    task: Arc<dyn Task>,
+    algorithm: Arc<dyn Algorithm>,
+    observer: Arc<dyn Observer>,
+    admission: Mutex<StalenessManager>,
+    admission_changed: Notify,
+    buffer: ReplayBuffer,
+    stop: watch::Sender<bool>,
+    fatal: Mutex<Option<EngineError>>,
+    consecutive_failures: AtomicUsize,
+    started: Instant,
+}
+
+impl Shared {
+    fn fail(&self, error: EngineError) {
+        let mut fatal = self.fatal.lock().expect("fatal lock poisoned");
+        if fatal.is_none() {
+            tracing::error!(target: "areal::engine", error = %error, "run aborted");
+            *fatal = Some(error);
+        }
+        drop(fatal);
+        self.stop.send_replace(true);
+    }
+
+    fn counts(&self) -> AdmissionCounts {
+        self.admission
+            .lock()
+            .expect("admission lock poisoned")
+            .counts()
+    }
+}
+
+/// Run `plugins` as `config` says until `train.steps` steps are trained.
+pub async fn run(
+    config: Config,
+    plugins: Plugins,
+    options: RunOptions,
+) -> Result<RunSummary, EngineError> {
+    let Plugins {
+        policy,
+        generator,
+        task,
+        verifier,
+        algorithm,
+    } = plugins;
+    check_task(task.as_ref(), &config)?;
+    let writer = match &options.out_dir {
+        Some(dir) => Some(prepare_run_dir(dir, &config)?),
+        None => None,
+    };
+    let tokenizer = policy.tokenizer();
+    let rewards = RewardService::new(
+        verifier,
+        config.reward_service.threads,
+        std::time::Duration::from_millis(config.reward_service.deadline_ms),
+    );
+    let rollout = Arc::new(Rollout::new(generator.clone(), tokenizer, rewards));
+    generator
+        .update_weights(WeightUpdate {
+            version: 0,
+            tensors: Arc::new(policy.weights()),
+        })
+        .await
+        .map_err(|e| EngineError::plugin("loading the initial weights into the generator", e))?;
+
+    let r = &config.rollout;
+    let shared = Arc::new(Shared {
+        admission: Mutex::new(StalenessManager::new(
+            r.batch_size as u64,
+            r.max_staleness,
+            r.max_concurrent as u64,
+        )),
+        config: config.clone(),
+        rollout,
+        task,
+        algorithm,
+        observer: options.observer.clone(),
+        admission_changed: Notify::new(),
+        buffer: ReplayBuffer::new(),
+        stop: watch::Sender::new(false),
+        fatal: Mutex::new(None),
+        consecutive_failures: AtomicUsize::new(0),
+        started: options.started,
+    });
+    shared.observer.on_start(config.train.steps);
+    let controller = tokio::spawn(controller(shared.clone()));
+    let handle = Handle::current();
+    let out_dir = options.out_dir.clone();
+    let trainer = {
+        let shared = shared.clone();
+        tokio::task::spawn_blocking(move || {
+            trainer_loop(&shared, policy, &handle, writer, out_dir.as_deref())
+        })
+    };
+    let result = match trainer.await {
+        Ok(result) => result,
+        Err(e) => Err(EngineError::Invalid(format!(
+            "the trainer thread failed: {e}"
+        ))),
+    };
+    shared.stop.send_replace(true);
+    let _ = controller.await;
+    let summary = result?;
+    if let Some(dir) = &options.out_dir {
+        let path = dir.join("summary.json");
+        let json = serde_json::to_string_pretty(&summary).expect("the summary serialises");
+        std::fs::write(&path, json + "\n").map_err(|e| EngineError::io(path, e))?;
+    }
+    Ok(summary)
+}
+
+fn check_task(task: &dyn Task, config: &Config) -> Result<(), EngineError> {
+    if task.len(Split::Train) == Some(0) {
+        return Err(EngineError::Invalid(format!(
+            "task {} has an empty train split",
+            task.name()
+        )));
+    }
+    if config.eval.enabled && matches!(task.len(Split::Eval), None | Some(0)) {
+        return Err(EngineError::Invalid(format!(
+            "task {} has no finite eval split; set eval.enabled = false to train without evaluation",
+            task.name()
+        )));
+    }
+    Ok(())
+}
+
+fn prepare_run_dir(dir: &Path, config: &Config) -> Result<MetricsWriter, EngineError> {
+    std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
+    let path = dir.join("config.toml");
+    std::fs::write(&path, config.to_toml()).map_err(|e| EngineError::io(path, e))?;
+    let path = dir.join("metrics.jsonl");
+    MetricsWriter::create(&path).map_err(|e| EngineError::io(path, e))
+}
+
+/// Train-split indices: in order for unbounded tasks, a fresh shuffle per epoch otherwise.
+struct DataOrder {
+    len: Option<usize>,
+    seed: u64,
+    next: u64,
+    epoch: Option<u64>,
+    permutation: Vec<u64>,
+}
+
+impl DataOrder {
+    fn new(len: Option<usize>, seed: u64) -> Self {
+        Self {
+            len,
+            seed,
+            next: 0,
+            epoch: None,
+            permutation: Vec::new(),
+        }
+    }
+
+    fn next_index(&mut self) -> u64 {
+        let n = self.next;
+        self.next += 1;
+        let Some(len) = self.len else { return n };
+        let epoch = n / len as u64;
+        if self.epoch != Some(epoch) {
+            self.permutation = (0..len as u64).collect();
+            self.permutation
+                .shuffle(&mut StdRng::seed_from_u64(mix_seed(self.seed, epoch)));
+            self.epoch = Some(epoch);
+        }
+        self.permutation[(n % len as u64) as usize]
+    }
+}
+
+async fn controller(shared: Arc<Shared>) {
+    let mut stop = shared.stop.subscribe();
+    let mut tasks = JoinSet::new();
+    let mut order = DataOrder::new(
+        shared.task.len(Split::Train),
+        mix_seed(shared.config.seed, 6),
+    );
+    let r = shared.config.rollout.clone();
+    let mut next_group = 0u64;
+    loop {
+        let version = loop {
+            let changed = shared.admission_changed.notified();
+            let admitted = {
+                let mut admission = shared.admission.lock().expect("admission lock poisoned");
+                admission.try_admit().then(|| admission.counts())
+            };
+            if let Some(counts) = admitted {
+                shared.observer.on_admission(&counts);
+                break counts.version as PolicyVersion;
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = stop.wait_for(|s| *s) => {
+                    tasks.abort_all();
+                    return;
+                }
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        };
+        let group_id = next_group;
+        next_group += 1;
+        let index = order.next_index();
+        let spec = GroupSpec {
+            group_id,
+            group_size: r.group_size,
+            max_new_tokens: r.max_new_tokens,
+            sampling: SamplingParams {
+                temperature: r.temperature,
+                top_p: r.top_p,
+                seed: shared.config.seed,
+            },
+            admitted_at: version,
+        };
+        let shared = shared.clone();
+        tasks.spawn(async move {
+            let item = shared.task.item(Split::Train, index);
+            let outcome = match item {
+                Ok(item) => shared.rollout.run_group(spec, item).await,
+                Err(e) => Err(e),
+            };
+            let accepted = match outcome {
+                Ok(group) => {
+                    shared.consecutive_failures.store(0, Ordering::SeqCst);
+                    if group.samples.is_empty() {
+                        tracing::warn!(target: "areal::rollout", group_id, "every sample of the group lost its reward; group rejected");
+                        false
+                    } else if !shared.algorithm.keep_group(&group) {
+                        false
+                    } else {
+                        shared.buffer.push(group);
+                        true
+                    }
+                }
+                Err(e) => {
+                    let failures = shared.consecutive_failures.fetch_add(1, Ordering::SeqCst) + 1;
+                    tracing::warn!(target: "areal::rollout", group_id, error = %e, failures, "rollout failed; group rejected");
+                    if failures >= r.max_consecutive_failures {
+                        shared.fail(EngineError::plugin(
+                            format!("{failures} rollouts in a row failed (rollout.max_consecutive_failures); the last error"),
+                            e,
+                        ));
+                    }
+                    false
+                }
+            };
+            shared
+                .admission
+                .lock()
+                .expect("admission lock poisoned")
+                .finish(accepted);
+            shared.admission_changed.notify_waiters();
+        });
+    }
+}
+
+async fn next_batch(shared: &Shared) -> Result<Vec<TrajectoryGroup>, EngineError> {
+    let mut stop = shared.stop.subscribe();
+    tokio::select! {
+        groups = shared.buffer.take(shared.config.rollout.batch_size) => Ok(groups),
+        _ = stop.wait_for(|s| *s) => Err(shared
+            .fatal
+            .lock()
+            .expect("fatal lock poisoned")
+            .take()
+            .unwrap_or_else(|| EngineError::Invalid("the run was stopped".into()))),
+    }
+}
+
+/// Push new weights: pause the generators (in-flight samples come back interrupted and are
+/// resubmitted), load the weights, resume, and open admission for the new version.
+async fn publish(
+    shared: &Shared,
+    version: PolicyVersion,
+    weights: Vec<areal_sdk::NamedTensor>,
+) -> Result<(), EngineError> {
+    let generator = shared.rollout.generator();
+    let paused = match generator.pause().await {
+        Ok(()) => true,
+        Err(e) if e.is_unsupported() => false,
+        Err(e) => return Err(EngineError::plugin("pausing the generator", e)),
+    };
+    generator
+        .update_weights(WeightUpdate {
+            version,
+            tensors: Arc::new(weights),
+        })
+        .await
+        .map_err(|e| {
+            EngineError::plugin(
+                format!("loading weights of version {version} into the generator"),
+                e,
+            )
+        })?;
+    if paused {
+        generator
+            .resume()
+            .await
+            .map_err(|e| EngineError::plugin("resuming the generator", e))?;
+    }
+    shared
+        .admission
+        .lock()
+        .expect("admission lock poisoned")
+        .set_version(version);
+    shared.admission_changed.notify_waiters();
+    Ok(())
+}
+
+/// Greedy pass@1 over the eval split (at most `eval.max_items` items).
+async fn evaluate(
+    shared: &Shared,
+    step: u64,
+    version: PolicyVersion,
+) -> Result<EvalMetrics, EngineError> {
+    let total = shared.task.len(Split::Eval).unwrap_or(0);
+    let items = match shared.config.eval.max_items {
+        0 => total,
+        max => total.min(max),
+    };
+    let r = &shared.config.rollout;
+    let permits = Arc::new(Semaphore::new(r.max_concurrent * r.group_size));
+    let mut jobs = JoinSet::new();
+    for index in 0..items {
+        let item = shared
+            .task
+            .item(Split::Eval, index as u64)
+            .map_err(|e| EngineError::plugin(format!("reading eval item {index}"), e))?;
+        let rollout = shared.rollout.clone();
+        let permits = permits.clone();
+        let max_new_tokens = r.max_new_tokens;
+        jobs.spawn(async move {
+            let _permit = permits.acquire().await.expect("semaphore is never closed");
+            let sample_id = u64::MAX / 2 + index as u64;
+            let prompt = rollout.tokenizer().encode(&item.prompt)?;
+            let completion = rollout
+                .generate(
+                    sample_id,
+                    &prompt,
+                    max_new_tokens,
+                    &SamplingParams::greedy(),
+                )
+                .await?;
+            rollout.reward(sample_id, &item, &completion).await
+        });
+    }
+    let (mut accepted, mut reward_sum, mut failures) = (0usize, 0.0f64, 0usize);
+    while let Some(joined) = jobs.join_next().await {
+        let verified = joined
+            .map_err(|e| EngineError::Invalid(format!("eval task failed: {e}")))?
+            .map_err(|e| EngineError::plugin("evaluating", e))?;
+        match verified.reward.verdict {
+            v if v.is_failure() => failures += 1,
+            Verdict::Accepted => accepted += 1,
+            _ => {}
+        }
+        reward_sum += verified.reward.value;
+    }
+    Ok(EvalMetrics {
+        step,
+        policy_version: version,
+        wall_s: shared.started.elapsed().as_secs_f64(),
+        accuracy: if items > 0 {
+            accepted as f64 / items as f64
+        } else {
+            0.0
+        },
+        reward_mean: if items > 0 {
+            reward_sum / items as f64
+        } else {
+            0.0
+        },
+        items,
+        failures,
+    })
+}
+
+fn trainer_loop(
+    shared: &Shared,
+    mut policy: Box<dyn Policy>,
+    handle: &Handle,
+    mut writer: Option<MetricsWriter>,
+    out_dir: Option<&Path>,
+) -> Result<RunSummary, EngineError> {
+    let config = &shared.config;
+    let t = &config.train;
+    let mut optimizer = AdamWConfig::new()
+        .with_beta_1(t.beta1 as f32)
+        .with_beta_2(t.beta2 as f32)
+        .with_weight_decay(t.weight_decay as f32)
+        .init();
+    let settings = TrainerSettings {
+        lr: t.lr,
+        max_grad_norm: (t.max_grad_norm > 0.0).then_some(t.max_grad_norm),
+        minibatches: t.minibatches,
+        token_budget: t.token_budget,
+        min_microbatches: t.min_microbatches,
+        temperature: config.rollout.temperature,
+    };
+    let mut evals = Vec::new();
+    let mut eval = |step: u64, version: PolicyVersion, writer: &mut Option<MetricsWriter>| {
+        let m = handle.block_on(evaluate(shared, step, version))?;
+        tracing::info!(target: "areal::eval", step, policy_version = version, accuracy = m.accuracy, reward_mean = m.reward_mean, "eval");
+        record(writer, "eval", &m)?;
+        shared.observer.on_eval(&m);
+        evals.push(m);
+        Ok::<_, EngineError>(())
+    };
+    if config.eval.enabled {
+        eval(0, 0, &mut writer)?;
+    }
+
+    let counters = &shared.rollout.counters;
+    let mut version: PolicyVersion = 0;
+    let mut last_time = Instant::now();
+    let mut last_tokens = counters.generated_tokens.load(Ordering::Relaxed);
+    let (mut reward_first, mut reward_last) = (0.0, 0.0);
+    let (mut lag_max, mut lag_sum, mut lag_tokens) = (0i64, 0.0f64, 0usize);
+    for step in 1..=t.steps {
+        let wait = Instant::now();
+        let groups = handle.block_on(next_batch(shared))?;
+        let wait_ms = wait.elapsed().as_secs_f64() * 1e3;
+
+        let stale = staleness(&groups, version);
+        let compute = Instant::now();
+        let report = train_step(
+            policy.as_mut(),
+            &mut optimizer,
+            shared.algorithm.as_ref(),
+            &groups,
+            version,
+            &settings,
+        )?;
+        let train_ms = compute.elapsed().as_secs_f64() * 1e3;
+        shared.observer.on_trained(&groups, version);
+        version += 1;
+
+        let sync = Instant::now();
+        handle.block_on(publish(shared, version, policy.weights()))?;
+        let weight_sync_ms = sync.elapsed().as_secs_f64() * 1e3;
+
+        let samples: Vec<_> = groups.iter().flat_map(|g| &g.samples).collect();
+        let n = samples.len().max(1) as f64;
+        let reward_mean = samples.iter().map(|s| s.reward.value).sum::<f64>() / n;
+        let lengths: Vec<usize> = samples.iter().map(|s| s.completion.len()).collect();
+        let now = Instant::now();
+        let tokens_now = counters.generated_tokens.load(Ordering::Relaxed);
+        let gen_tokens_per_s =
+            (tokens_now - last_tokens) as f64 / (now - last_time).as_secs_f64().max(1e-9);
+        (last_time, last_tokens) = (now, tokens_now);
+        let latencies = counters.drain_latencies();
+        let counts = shared.counts();
+        let trained_tokens: usize = lengths.iter().sum();
+        lag_max = lag_max.max(stale.token_lag_max);
+        lag_sum += stale.token_lag_mean * trained_tokens as f64;
+        lag_tokens += trained_tokens;
+        if step == 1 {
+            reward_first = reward_mean;
+        }
+        reward_last = reward_mean;
+        let metrics = StepMetrics {
+            step,
+            policy_version: version,
+            wall_s: shared.started.elapsed().as_secs_f64(),
+            reward_mean,
+            accepted_fraction: samples
+                .iter()
+                .filter(|s| s.reward.verdict == Verdict::Accepted)
+                .count() as f64
+                / n,
+            groups: groups.len(),
+            samples: samples.len(),
+            trained_tokens,
+            response_len_mean: trained_tokens as f64 / n,
+            response_len_max: lengths.iter().copied().max().unwrap_or(0),
+            staleness: stale,
+            gen_tokens_per_s,
+            train_tokens_per_s: report.packed_tokens as f64 / (train_ms / 1e3).max(1e-9),
+            reward_latency_p50_ms: percentile(&latencies, 50.0),
+            reward_latency_p99_ms: percentile(&latencies, 99.0),
+            buffer_size: shared.buffer.len(),
+            running: counts.running,
+            accepted_total: counts.accepted,
+            rejected_total: counts.rejected,
+            reward_failures: counters.reward_failures.swap(0, Ordering::Relaxed),
+            interrupted_samples: counters.interruptions.swap(0, Ordering::Relaxed),
+            loss: report.loss,
+            grad_norm: report.grad_norm,
+            microbatches: report.microbatches,
+            wait_ms,
+            train_ms,
+            weight_sync_ms,
+            on_policy_logprob_gap: report.on_policy_logprob_gap,
+            algorithm: report.stats,
+        };
+        tracing::info!(
+            target: "areal::train",
+            step,
+            policy_version = version,
+            reward_mean,
+            token_lag_max = metrics.staleness.token_lag_max,
+            loss = metrics.loss,
+            "step"
+        );
+        record(&mut writer, "step", &metrics)?;
+        shared.observer.on_step(&metrics);
+        let every = config.eval.every;
+        if config.eval.enabled && every > 0 && step % every == 0 && step != t.steps {
+            eval(step, version, &mut writer)?;
+        }
+    }
+    if config.eval.enabled {
+        eval(t.steps, version, &mut writer)?;
+    }
+    drop(eval);
+    if let Some(dir) = out_dir {
+        let checkpoint = dir.join("checkpoint");
+        std::fs::create_dir_all(&checkpoint).map_err(|e| EngineError::io(&checkpoint, e))?;
+        match policy.save(&checkpoint) {
+            Ok(()) => {}
+            Err(e) if e.is_unsupported() => {
+                tracing::warn!(target: "areal::engine", policy = policy.name(), "the policy cannot save checkpoints");
+            }
+            Err(e) => return Err(EngineError::plugin("saving the final checkpoint", e)),
+        }
+    }
+    let counts = shared.counts();
+    Ok(RunSummary {
+        baseline_accuracy: evals.first().map(|e| e.accuracy),
+        final_accuracy: evals.last().map(|e| e.accuracy),
+        wall_seconds: shared.started.elapsed().as_secs_f64(),
+        steps: t.steps,
+        policy_version: version,
+        max_staleness: config.rollout.max_staleness,
+        algorithm: shared.algorithm.name().to_owned(),
+        seed: config.seed,
+        reward_mean_first: reward_first,
+        reward_mean_last: reward_last,
+        token_lag_max: lag_max,
+        token_lag_mean: if lag_tokens > 0 {
+            lag_sum / lag_tokens as f64
+        } else {
+            0.0
+        },
+        groups_accepted: counts.accepted,
+        groups_rejected: counts.rejected,
+        reward_failures: counters.reward_failures.load(Ordering::Relaxed),
+        evals,
+    })
+}
+
+/// Append a record to the run's `metrics.jsonl`, if there is a run folder.
+fn record<T: Serialize>(
+    writer: &mut Option<MetricsWriter>,
+    kind: &str,
+    record: &T,
+) -> Result<(), EngineError> {
+    match writer {
+        Some(w) => w
+            .write(kind, record)
+            .map_err(|e| EngineError::io(w.path(), e)),
+        None => Ok(()),
+    }
+}

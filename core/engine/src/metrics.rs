@@ -1,0 +1,245 @@
+//! Per-step metrics, staleness statistics and the `metrics.jsonl` writer.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use areal_sdk::{PolicyVersion, TrajectoryGroup};
+use serde::Serialize;
+
+/// How stale the trained data was, relative to the trainer's version k.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct StalenessStats {
+    /// Mean over trajectories of k − (version of the first generated token).
+    pub head_lag_mean: f64,
+    /// Largest head lag.
+    pub head_lag_max: i64,
+    /// Mean over generated tokens of k − (version that sampled the token).
+    pub token_lag_mean: f64,
+    /// Largest token lag.
+    pub token_lag_max: i64,
+}
+
+/// Staleness of `groups` trained by a step on version `trainer_version`.
+pub fn staleness(groups: &[TrajectoryGroup], trainer_version: PolicyVersion) -> StalenessStats {
+    let (mut heads, mut head_sum, mut head_max) = (0usize, 0i64, 0i64);
+    let (mut tokens, mut token_sum, mut token_max) = (0usize, 0i64, 0i64);
+    for sample in groups.iter().flat_map(|g| &g.samples) {
+        if let Some(head) = sample.head_version() {
+            let lag = trainer_version - head;
+            heads += 1;
+            head_sum += lag;
+            head_max = head_max.max(lag);
+        }
+        for &v in &sample.completion.versions {
+            let lag = trainer_version - v;
+            tokens += 1;
+            token_sum += lag;
+            token_max = token_max.max(lag);
+        }
+    }
+    StalenessStats {
+        head_lag_mean: if heads > 0 {
+            head_sum as f64 / heads as f64
+        } else {
+            0.0
+        },
+        head_lag_max: head_max,
+        token_lag_mean: if tokens > 0 {
+            token_sum as f64 / tokens as f64
+        } else {
+            0.0
+        },
+        token_lag_max: token_max,
+    }
+}
+
+/// Nearest-rank percentile `p` (0–100) of `values`; 0 for no values.
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// What one training step reports; one line of `metrics.jsonl` (`"event": "step"`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StepMetrics {
+    /// Step number, from 1.
+    pub step: u64,
+    /// Policy version after the step (each mini-batch's optimizer step adds one).
+    pub policy_version: PolicyVersion,
+    /// Seconds since the run started.
+    pub wall_s: f64,
+    /// Mean reward of the trained samples.
+    pub reward_mean: f64,
+    /// Fraction of trained samples with verdict `accepted`.
+    pub accepted_fraction: f64,
+    /// Groups trained.
+    pub groups: usize,
+    /// Samples trained.
+    pub samples: usize,
+    /// Generated tokens trained on.
+    pub trained_tokens: usize,
+    /// Mean completion length.
+    pub response_len_mean: f64,
+    /// Longest completion.
+    pub response_len_max: usize,
+    /// Staleness of the trained data.
+    #[serde(flatten)]
+    pub staleness: StalenessStats,
+    /// Tokens generated per second since the previous step (all samples, trained or not).
+    pub gen_tokens_per_s: f64,
+    /// Packed tokens (prompt + completion) through forward and backward per second of the
+    /// trainer's compute.
+    pub train_tokens_per_s: f64,
+    /// Median reward latency (queue + verification) in milliseconds since the previous step.
+    pub reward_latency_p50_ms: f64,
+    /// 99th-percentile reward latency in milliseconds since the previous step.
+    pub reward_latency_p99_ms: f64,
+    /// Groups waiting in the buffer after this step took its batch.
+    pub buffer_size: usize,
+    /// Rollouts generating when the step ended.
+    pub running: u64,
+    /// Groups accepted so far.
+    pub accepted_total: u64,
+    /// Groups rejected so far (failed or filtered).
+    pub rejected_total: u64,
+    /// Samples lost to verifier failures since the previous step.
+    pub reward_failures: u64,
+    /// Samples whose generation was interrupted by a weight update since the previous step.
+    pub interrupted_samples: u64,
+    /// Loss summed over mini-batches.
+    pub loss: f64,
+    /// Gradient norm before clipping (last mini-batch).
+    pub grad_norm: f64,
+    /// Micro-batches in the step.
+    pub microbatches: usize,
+    /// Milliseconds the trainer waited for data.
+    pub wait_ms: f64,
+    /// Milliseconds of the training computation.
+    pub train_ms: f64,
+    /// Milliseconds from new weights ready to generators resumed.
+    pub weight_sync_ms: f64,
+    /// Mean |logπ_prox − logπ_behav| over tokens sampled by the trainer's version: 0 up to
+    /// rounding when generator and trainer agree (only with proximal recompute).
+    pub on_policy_logprob_gap: f64,
+    /// Statistics reported by the algorithm (clip fraction, ...).
+    pub algorithm: BTreeMap<String, f64>,
+}
+
+/// One held-out evaluation; a line of `metrics.jsonl` (`"event": "eval"`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct EvalMetrics {
+    /// Steps done before this evaluation.
+    pub step: u64,
+    /// Policy version evaluated.
+    pub policy_version: PolicyVersion,
+    /// Seconds since the run started.
+    pub wall_s: f64,
+    /// Fraction of items whose greedy completion was `accepted`.
+    pub accuracy: f64,
+    /// Mean reward.
+    pub reward_mean: f64,
+    /// Items evaluated.
+    pub items: usize,
+    /// Items lost to verifier failures.
+    pub failures: usize,
+}
+
+/// Appends events to `metrics.jsonl`.
+#[derive(Debug)]
+pub struct MetricsWriter {
+    path: std::path::PathBuf,
+    out: BufWriter<File>,
+}
+
+impl MetricsWriter {
+    /// Create (truncate) `path`.
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            path: path.to_owned(),
+            out: BufWriter::new(File::create(path)?),
+        })
+    }
+
+    /// The file written to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Write one event: the record's fields plus `"event": kind`.
+    pub fn write<T: Serialize>(&mut self, kind: &str, record: &T) -> std::io::Result<()> {
+        let mut value = serde_json::to_value(record).map_err(std::io::Error::other)?;
+        if let serde_json::Value::Object(map) = &mut value {
+            map.insert("event".into(), kind.into());
+        }
+        serde_json::to_writer(&mut self.out, &value).map_err(std::io::Error::other)?;
+        self.out.write_all(b"\n")?;
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use areal_sdk::{Completion, FinishReason, Reward, Trajectory, Verdict};
+
+    fn sample(versions: &[i64]) -> Trajectory {
+        Trajectory {
+            sample_id: 0,
+            completion: Completion {
+                token_ids: vec![0; versions.len()],
+                behaviour_logprobs: vec![-1.0; versions.len()],
+                versions: versions.to_vec(),
+                finish_reason: FinishReason::Stop,
+            },
+            reward: Reward::new(0.0, Verdict::WrongAnswer),
+        }
+    }
+
+    #[test]
+    fn staleness_on_a_constructed_schedule() {
+        // trained at version 5:
+        //   a: started at 2, interrupted twice → tokens at 2, 2, 3, 4     head lag 3, token lags 3,3,2,1
+        //   b: all at 5                                                  head lag 0, token lags 0,0
+        //   c: started at 4, continued at 5                              head lag 1, token lags 1,0,0
+        //   d: empty completion (no head)                                —
+        let groups = vec![
+            TrajectoryGroup {
+                group_id: 0,
+                item_id: "x".into(),
+                prompt_ids: vec![1],
+                admitted_at: 2,
+                samples: vec![sample(&[2, 2, 3, 4]), sample(&[5, 5])],
+            },
+            TrajectoryGroup {
+                group_id: 1,
+                item_id: "y".into(),
+                prompt_ids: vec![1],
+                admitted_at: 4,
+                samples: vec![sample(&[4, 5, 5]), sample(&[])],
+            },
+        ];
+        let s = staleness(&groups, 5);
+        assert_eq!(s.head_lag_max, 3);
+        assert!((s.head_lag_mean - 4.0 / 3.0).abs() < 1e-12, "{s:?}");
+        assert_eq!(s.token_lag_max, 3);
+        assert!((s.token_lag_mean - 10.0 / 9.0).abs() < 1e-12, "{s:?}");
+        assert_eq!(staleness(&[], 3), StalenessStats::default());
+    }
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 50.0), 2.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+}
