@@ -1,1 +1,334 @@
-//! placeholder
+//! The `areal` command line, as a library.
+//!
+//! Plugins register themselves at link time, so the binary must link every plugin crate it
+//! offers. This crate links the built-in ones; a user's own crate adds theirs and calls
+//! [`main`]:
+//!
+//! ```no_run
+//! // src/main.rs of a user's crate that depends on areal-cli and on its own plugin crate
+//! use my_reward_plugin as _; // links the plugin's registrations
+//!
+//! fn main() -> std::process::ExitCode {
+//!     areal_cli::main()
+//! }
+//! # mod my_reward_plugin {}
+//! ```
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use areal_core::{
+    ConfigError, ConfigLoader, EngineError, EvalMetrics, Observer, Plugins, RunOptions, StepMetrics,
+};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+// The built-in plugins: naming the crates links their registrations.
+use areal_algo_ppo as _;
+use areal_testkit as _;
+
+/// Fully asynchronous RL for language models on reasoning tasks.
+#[derive(Debug, Parser)]
+#[command(name = "areal", version, about, long_about = None)]
+pub struct Cli {
+    /// Log more (-v: info, -vv: debug); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Train with asynchronous RL (the built-in default config unless told otherwise).
+    Train(TrainArgs),
+    /// List every registered plugin by kind.
+    Plugins {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the resolved config (defaults, file and overrides merged) as TOML.
+    Config(ConfigArgs),
+}
+
+#[derive(Debug, Args)]
+struct ConfigArgs {
+    /// A TOML config file merged over the built-in defaults.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Override one key, e.g. `--set rollout.max_staleness=0` (repeatable, applied in order).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// The run's seed (same as `--set seed=N`).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+struct TrainArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Run folder; by default `runs/<UTC timestamp>`.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Run the command line with the process arguments; prints the error chain and returns a
+/// non-zero exit code on failure (2 for a bad config).
+pub fn main() -> ExitCode {
+    let started = Instant::now();
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    match dispatch(cli, started) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            let bad_config = error.downcast_ref::<ConfigError>().is_some();
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("error: {error}");
+                for cause in error.chain().skip(1) {
+                    eprintln!("  caused by: {cause}");
+                }
+            }
+            ExitCode::from(if bad_config { 2 } else { 1 })
+        }
+    }
+}
+
+fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Plugins { json } => {
+            print_plugins(json);
+            Ok(())
+        }
+        Command::Config(args) => {
+            let (_, config) = load_config(&args)?;
+            print!("{}", config.to_toml());
+            Ok(())
+        }
+        Command::Train(args) => train(args, started),
+    }
+}
+
+#[allow(clippy::print_stdout)]
+fn print_plugins(json: bool) {
+    let plugins = areal_core::registered_plugins();
+    if json {
+        let list: Vec<_> = plugins
+            .iter()
+            .map(|p| serde_json::json!({"kind": p.kind, "name": p.name, "description": p.description}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).expect("plugins serialise")
+        );
+        return;
+    }
+    let width = plugins
+        .iter()
+        .map(|p| p.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    println!("{:<10} {:<width$} DESCRIPTION", "KIND", "NAME");
+    for p in plugins {
+        println!("{:<10} {:<width$} {}", p.kind, p.name, p.description);
+    }
+}
+
+fn load_config(args: &ConfigArgs) -> Result<(ConfigLoader, areal_core::Config), ConfigError> {
+    let mut loader = ConfigLoader::new();
+    if let Some(path) = &args.config {
+        loader = loader.file(path)?;
+    }
+    loader = loader.set_all(&args.set)?;
+    if let Some(seed) = args.seed {
+        loader = loader.set(&format!("seed={seed}"))?;
+    }
+    let config = loader.load()?;
+    Ok((loader, config))
+}
+
+fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
+    let (loader, config) = load_config(&args.config)?;
+    let plugins = match Plugins::build(&config) {
+        Ok(plugins) => plugins,
+        Err(EngineError::Build { errors }) => {
+            // Plugin option errors are config errors: report them with their origin.
+            let problems = errors
+                .iter()
+                .map(|e| loader.problem_from_plugin_error(e))
+                .collect();
+            return Err(ConfigError::Invalid { problems }.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let out = args
+        .out
+        .unwrap_or_else(|| Path::new("runs").join(utc_timestamp()));
+    let steps = config.train.steps;
+    let observer: Arc<dyn Observer> = if args.quiet {
+        Arc::new(areal_core::Quiet)
+    } else {
+        Arc::new(Progress::new(steps))
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("areal-rt")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let summary = runtime.block_on(areal_core::run(
+        config,
+        plugins,
+        RunOptions {
+            out_dir: Some(out.clone()),
+            observer: observer.clone(),
+            started,
+        },
+    ))?;
+    drop(observer);
+    #[allow(clippy::print_stdout)]
+    {
+        let acc = |a: Option<f64>| a.map_or("-".to_owned(), |a| format!("{:.3}", a));
+        println!(
+            "trained {} steps in {:.1} s ({}, η = {}): held-out accuracy {} → {}, reward {:.3} → {:.3}",
+            summary.steps,
+            summary.wall_seconds,
+            summary.algorithm,
+            summary.max_staleness,
+            acc(summary.baseline_accuracy),
+            acc(summary.final_accuracy),
+            summary.reward_mean_first,
+            summary.reward_mean_last,
+        );
+        println!("run folder: {}", out.display());
+    }
+    Ok(())
+}
+
+/// A progress bar on a terminal; a line every few steps otherwise (logs, CI).
+struct Progress {
+    bar: Option<ProgressBar>,
+    every: u64,
+}
+
+impl Progress {
+    fn new(steps: u64) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(steps);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+                )
+                .expect("valid template"),
+            );
+            bar
+        });
+        Self {
+            bar,
+            every: (steps / 20).max(1),
+        }
+    }
+
+    #[allow(clippy::print_stderr)]
+    fn line(&self, text: String) {
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None => eprintln!("{text}"),
+        }
+    }
+}
+
+impl Observer for Progress {
+    fn on_step(&self, m: &StepMetrics) {
+        let msg = format!(
+            "v{} reward {:.3} lag≤{} gen {:.0} tok/s",
+            m.policy_version, m.reward_mean, m.staleness.token_lag_max, m.gen_tokens_per_s
+        );
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(m.step);
+                bar.set_message(msg);
+            }
+            None if m.step % self.every == 0 => self.line(format!("step {} {msg}", m.step)),
+            None => {}
+        }
+    }
+
+    fn on_eval(&self, m: &EvalMetrics) {
+        self.line(format!(
+            "eval after step {} (v{}): accuracy {:.3}, reward {:.3} on {} held-out items",
+            m.step, m.policy_version, m.accuracy, m.reward_mean, m.items
+        ));
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// `YYYYMMDD-HHMMSS` in UTC.
+fn utc_timestamp() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // civil-from-days (Howard Hinnant's algorithm)
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamp_has_the_documented_shape() {
+        let t = super::utc_timestamp();
+        assert_eq!(t.len(), 15, "{t}");
+        assert_eq!(&t[8..9], "-");
+        assert!(
+            t[..8].chars().all(|c| c.is_ascii_digit()) && t[..4] >= *"2024",
+            "{t}"
+        );
+    }
+}

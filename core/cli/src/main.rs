@@ -1,1 +1,5 @@
-fn main() {}
+//! The `areal` binary.
+
+fn main() -> std::process::ExitCode {
+    areal_cli::main()
+}

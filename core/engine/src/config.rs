@@ -133,9 +133,10 @@ impl Default for RewardServiceConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainConfig {
-    /// Optimizer steps (policy versions) to train. By default 40.
+    /// Training steps; each consumes `rollout.batch_size` groups and produces one policy
+    /// version. By default 60.
     pub steps: u64,
-    /// AdamW learning rate. By default 0.1.
+    /// AdamW learning rate. By default 0.3 (right for the built-in bigram demo).
     pub lr: f64,
     /// AdamW weight decay. By default 0.
     pub weight_decay: f64,
@@ -145,7 +146,8 @@ pub struct TrainConfig {
     pub beta2: f64,
     /// Clip the gradient to this global L2 norm; 0 disables clipping. By default 1.
     pub max_grad_norm: f64,
-    /// Optimizer steps per training batch (PPO mini-batches); each produces a version. By
+    /// Optimizer steps per training batch (PPO mini-batches); the policy version advances
+    /// once per batch, after all of them, and π_prox is the weights before the first. By
     /// default 1.
     pub minibatches: usize,
     /// Token budget of one packed micro-batch (forward/backward pass). By default 4096.
@@ -159,8 +161,8 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
-            steps: 40,
-            lr: 0.1,
+            steps: 60,
+            lr: 0.3,
             weight_decay: 0.0,
             beta1: 0.9,
             beta2: 0.999,

@@ -631,6 +631,7 @@ fn trainer_loop(
     let mut last_tokens = counters.generated_tokens.load(Ordering::Relaxed);
     let (mut reward_first, mut reward_last) = (0.0, 0.0);
     let (mut lag_max, mut lag_sum, mut lag_tokens) = (0i64, 0.0f64, 0usize);
+    let mut reward_failures = 0u64;
     for step in 1..=t.steps {
         let wait = Instant::now();
         let groups = handle.block_on(next_batch(shared))?;
@@ -708,6 +709,7 @@ fn trainer_loop(
             on_policy_logprob_gap: report.on_policy_logprob_gap,
             algorithm: report.stats,
         };
+        reward_failures += metrics.reward_failures;
         tracing::info!(
             target: "areal::train",
             step,
@@ -759,7 +761,7 @@ fn trainer_loop(
         },
         groups_accepted: counts.accepted,
         groups_rejected: counts.rejected,
-        reward_failures: counters.reward_failures.load(Ordering::Relaxed),
+        reward_failures,
         evals,
     })
 }

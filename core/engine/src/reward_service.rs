@@ -3,7 +3,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use areal_sdk::{Reward, RewardInput, RewardVerifier, Verdict, VerifyContext};
@@ -23,17 +23,22 @@ pub struct Verified {
 /// A reward, or the failure verdict and what went wrong.
 type JobResult = Result<Reward, (Verdict, String)>;
 
+/// Who finished first: the verifier or the deadline.
+const RUNNING: u8 = 0;
+const DONE: u8 = 1;
+const ABANDONED: u8 = 2;
+
 struct Job {
     input: RewardInput,
     started: oneshot::Sender<()>,
     done: oneshot::Sender<JobResult>,
+    state: Arc<AtomicU8>,
 }
 
 struct Shared {
     verifier: Arc<dyn RewardVerifier>,
     jobs: Receiver<Job>,
     deadline: Duration,
-    target: usize,
     live: AtomicUsize,
     abandoned: AtomicUsize,
 }
@@ -52,17 +57,17 @@ impl RewardService {
             verifier,
             jobs,
             deadline,
-            target: threads.max(1),
             live: AtomicUsize::new(0),
             abandoned: AtomicUsize::new(0),
         });
-        for _ in 0..shared.target {
+        for _ in 0..threads.max(1) {
             spawn_worker(&shared);
         }
         Self { shared, submit }
     }
 
-    /// Threads alive now (more than configured while abandoned ones are still stuck).
+    /// Threads alive now: the configured number plus those still stuck in abandoned
+    /// verifications.
     pub fn live_threads(&self) -> usize {
         self.shared.live.load(Ordering::SeqCst)
     }
@@ -77,11 +82,13 @@ impl RewardService {
     pub async fn verify(&self, input: RewardInput) -> Verified {
         let submitted = Instant::now();
         let (started_tx, started_rx) = oneshot::channel();
-        let (done_tx, done_rx) = oneshot::channel();
+        let (done_tx, mut done_rx) = oneshot::channel();
+        let state = Arc::new(AtomicU8::new(RUNNING));
         let job = Job {
             input,
             started: started_tx,
             done: done_tx,
+            state: state.clone(),
         };
         let name = self.shared.verifier.name().to_owned();
         let failure = |verdict: Verdict, message: String| {
@@ -102,13 +109,26 @@ impl RewardService {
                 latency: submitted.elapsed(),
             };
         }
-        let reward = match tokio::time::timeout(self.shared.deadline, done_rx).await {
-            Ok(Ok(Ok(reward))) => reward,
-            Ok(Ok(Err((verdict, message)))) => failure(verdict, message),
-            Ok(Err(_)) => failure(Verdict::VerifierCrashed, "reward worker died".into()),
-            Err(_) => {
+        let outcome = match tokio::time::timeout(self.shared.deadline, &mut done_rx).await {
+            Ok(received) => Some(received),
+            // The verifier may have finished just now; only one side wins the job.
+            Err(_)
+                if state
+                    .compare_exchange(RUNNING, ABANDONED, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_err() =>
+            {
+                Some(done_rx.await)
+            }
+            Err(_) => None,
+        };
+        let reward = match outcome {
+            Some(Ok(Ok(reward))) => reward,
+            Some(Ok(Err((verdict, message)))) => failure(verdict, message),
+            Some(Err(_)) => failure(Verdict::VerifierCrashed, "reward worker died".into()),
+            None => {
                 self.shared.abandoned.fetch_add(1, Ordering::SeqCst);
-                // The stuck thread cannot be stopped; keep the pool at strength beside it.
+                // The stuck thread cannot be stopped: a replacement keeps the pool at strength,
+                // and the stuck one exits if it ever returns.
                 spawn_worker(&self.shared);
                 tracing::warn!(
                     target: "areal::reward",
@@ -176,16 +196,14 @@ fn worker(shared: &Shared) {
             }
         };
         let _ = job.done.send(result);
-        // Retire if replacements made the pool larger than configured.
-        let mut live = shared.live.load(Ordering::SeqCst);
-        while live > shared.target {
-            match shared
-                .live
-                .compare_exchange(live, live - 1, Ordering::SeqCst, Ordering::SeqCst)
-            {
-                Ok(_) => return,
-                Err(now) => live = now,
-            }
+        if job
+            .state
+            .compare_exchange(RUNNING, DONE, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            // This verification was abandoned at its deadline and a replacement took this
+            // thread's place.
+            break;
         }
     }
     shared.live.fetch_sub(1, Ordering::SeqCst);

@@ -1,0 +1,197 @@
+//! The interruption protocol: pause → new weights → resume keeps every token's version and
+//! behaviour logprob.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use areal_core::{RewardService, Rollout};
+use areal_sdk::{
+    Completion, GenerateRequest, Generator, NamedTensor, PluginError, SamplingParams, Tokenizer,
+    WeightUpdate,
+};
+use areal_sdk_train::PackedBatch;
+use areal_sdk_train::burn::module::Param;
+use areal_sdk_train::burn::tensor::{Device, Tensor, TensorData};
+use areal_testkit::{
+    BigramGenerator, BigramGeneratorOptions, BigramModel, LetterTokenizer, SuccessorVerifier, TABLE,
+};
+
+use super::{config, run_recorded};
+
+/// A generator whose backend is always down.
+pub(crate) struct Broken;
+
+#[async_trait::async_trait]
+impl Generator for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+    async fn generate(&self, _: GenerateRequest) -> Result<Completion, PluginError> {
+        Err(PluginError::failed("broken", "the model server is down"))
+    }
+    async fn update_weights(&self, _: WeightUpdate) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+const VOCAB: usize = 9;
+
+/// Random logits with the stop token made impossible, so samples run to their budget.
+fn table(seed: u64) -> Vec<f32> {
+    (0..VOCAB * VOCAB)
+        .map(|i| {
+            if i % VOCAB == VOCAB - 1 {
+                -40.0
+            } else {
+                let x = areal_sdk::mix_seed(seed, i as u64);
+                (x % 1000) as f32 / 250.0 - 2.0
+            }
+        })
+        .collect()
+}
+
+fn update(version: i64, values: &[f32]) -> WeightUpdate {
+    WeightUpdate {
+        version,
+        tensors: Arc::new(vec![NamedTensor {
+            name: TABLE.into(),
+            shape: vec![VOCAB, VOCAB],
+            data: values.to_vec(),
+        }]),
+    }
+}
+
+/// Logprobs of `tokens` (prompt first) under the bigram `values`, computed by the burn model.
+fn logprobs(values: &[f32], tokens: &[u32]) -> Vec<f32> {
+    let device = Device::flex();
+    let model = BigramModel {
+        table: Param::from_tensor(Tensor::<2>::from_data(
+            TensorData::new(values.to_vec(), [VOCAB, VOCAB]),
+            &device,
+        )),
+    };
+    let mut batch = PackedBatch::new(1.0);
+    batch.push(tokens);
+    model
+        .logprobs(&batch)
+        .unwrap()
+        .into_data()
+        .try_to_vec()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_samples_keep_each_tokens_version_and_logprob() {
+    let weights = [table(1), table(2), table(3)];
+    let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
+        token_delay_us: 1000,
+        jitter: 0.0,
+    }));
+    generator
+        .update_weights(update(0, &weights[0]))
+        .await
+        .unwrap();
+    let tokenizer: Arc<dyn Tokenizer> = Arc::new(LetterTokenizer::new(8));
+    let rewards = RewardService::new(Arc::new(SuccessorVerifier), 1, Duration::from_secs(10));
+    let rollout = Arc::new(Rollout::new(generator.clone(), tokenizer, rewards));
+
+    let sampling = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        seed: 4,
+    };
+    let task = {
+        let rollout = rollout.clone();
+        tokio::spawn(async move { rollout.generate(1, &[2], 600, &sampling).await })
+    };
+    for (version, values) in weights.iter().enumerate().skip(1) {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        // what the engine does after every optimizer step
+        generator.pause().await.unwrap();
+        generator
+            .update_weights(update(version as i64, values))
+            .await
+            .unwrap();
+        generator.resume().await.unwrap();
+    }
+    let completion = task.await.unwrap().unwrap();
+    assert_eq!(completion.len(), 600);
+    assert_eq!(rollout.counters.interruptions.load(Ordering::SeqCst), 2);
+
+    let versions = &completion.versions;
+    assert!(
+        versions.windows(2).all(|w| w[0] <= w[1]),
+        "versions go back: {versions:?}"
+    );
+    for v in 0..3 {
+        assert!(
+            versions.contains(&v),
+            "no token of version {v}: {versions:?}"
+        );
+    }
+    let mut tokens = vec![2];
+    tokens.extend(&completion.token_ids);
+    let under: Vec<Vec<f32>> = weights.iter().map(|w| logprobs(w, &tokens)).collect();
+    for (t, (&v, &behaviour)) in versions
+        .iter()
+        .zip(&completion.behaviour_logprobs)
+        .enumerate()
+    {
+        let expected = under[v as usize][t + 1];
+        assert!(
+            (expected - behaviour).abs() < 1e-5,
+            "token {t} (version {v}) has behaviour logprob {behaviour}, its policy gives {expected}"
+        );
+    }
+    // The three weight sets give different logprobs, so the check above tells them apart.
+    let distinct = (1..tokens.len())
+        .filter(|&t| (under[0][t] - under[1][t]).abs() > 1e-3)
+        .count();
+    assert!(distinct > tokens.len() / 2);
+}
+
+/// In an asynchronous run with slow decoding, weight updates interrupt samples, and every
+/// trained sample still has non-decreasing versions starting no earlier than its admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asynchronous_runs_interrupt_and_resume_samples() {
+    let config = config(&[
+        "rollout.max_staleness=2",
+        "rollout.max_new_tokens=24",
+        "train.steps=10",
+        "generator.token_delay_us=300",
+        "generator.jitter=0.5",
+        "task.length=20",
+        "eval.enabled=false",
+    ]);
+    let (summary, recorder) = run_recorded(config, None).await;
+    summary.unwrap();
+    let interrupted: u64 = recorder
+        .steps
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|m| m.interrupted_samples)
+        .sum();
+    assert!(
+        interrupted > 0,
+        "no sample was in flight at any of 10 weight updates"
+    );
+    let mut spanning = 0;
+    for (version, groups) in recorder.trained.lock().unwrap().iter() {
+        for group in groups {
+            for s in &group.samples {
+                let v = &s.completion.versions;
+                assert!(v.windows(2).all(|w| w[0] <= w[1]), "{v:?}");
+                assert!(
+                    v.first().is_none_or(|&h| h >= group.admitted_at),
+                    "{v:?} admitted at {}",
+                    group.admitted_at
+                );
+                assert!(v.iter().all(|x| x <= version));
+                spanning += usize::from(v.first() != v.last());
+            }
+        }
+    }
+    assert!(spanning > 0, "no trained sample spans a weight update");
+}
