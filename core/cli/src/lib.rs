@@ -84,8 +84,17 @@ struct TrainArgs {
 /// Run the command line with the process arguments; prints the error chain and returns a
 /// non-zero exit code on failure (2 for a bad config).
 pub fn main() -> ExitCode {
+    main_from(std::env::args_os())
+}
+
+/// [`main`] with explicit arguments (the first is the program name).
+pub fn main_from<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     let started = Instant::now();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(args);
     init_tracing(cli.verbose);
     match dispatch(cli, started) {
         Ok(()) => ExitCode::SUCCESS,
@@ -124,7 +133,7 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Config(args) => {
-            let (_, config) = load_config(&args)?;
+            let config = loader(&args)?.load()?;
             print!("{}", config.to_toml());
             Ok(())
         }
@@ -158,7 +167,7 @@ fn print_plugins(json: bool) {
     }
 }
 
-fn load_config(args: &ConfigArgs) -> Result<(ConfigLoader, areal_core::Config), ConfigError> {
+fn loader(args: &ConfigArgs) -> Result<ConfigLoader, ConfigError> {
     let mut loader = ConfigLoader::new();
     if let Some(path) = &args.config {
         loader = loader.file(path)?;
@@ -167,20 +176,24 @@ fn load_config(args: &ConfigArgs) -> Result<(ConfigLoader, areal_core::Config), 
     if let Some(seed) = args.seed {
         loader = loader.set(&format!("seed={seed}"))?;
     }
-    let config = loader.load()?;
-    Ok((loader, config))
+    Ok(loader)
 }
 
 fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
-    let (loader, config) = load_config(&args.config)?;
+    let loader = loader(&args.config)?;
+    let config = loader.load_unchecked()?;
+    // Report the engine's problems and every plugin's together.
+    let mut problems = loader.problems(&config);
     let plugins = match Plugins::build(&config) {
-        Ok(plugins) => plugins,
+        Ok(plugins) if problems.is_empty() => plugins,
+        Ok(_) => return Err(ConfigError::Invalid { problems }.into()),
         Err(EngineError::Build { errors }) => {
-            // Plugin option errors are config errors: report them with their origin.
-            let problems = errors
-                .iter()
-                .map(|e| loader.problem_from_plugin_error(e))
-                .collect();
+            for error in &errors {
+                let problem = loader.problem_from_plugin_error(error);
+                if !problems.contains(&problem) {
+                    problems.push(problem);
+                }
+            }
             return Err(ConfigError::Invalid { problems }.into());
         }
         Err(e) => return Err(e.into()),

@@ -530,7 +530,18 @@ impl ConfigLoader {
 
     /// Deserialise and validate, reporting every problem with its key and origin.
     pub fn load(&self) -> Result<Config, ConfigError> {
-        let config: Config = serde_path_to_error::deserialize(self.tree.clone()).map_err(|e| {
+        let config = self.load_unchecked()?;
+        let problems = self.problems(&config);
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid { problems })
+        }
+    }
+
+    /// Deserialise without validating values (types and key names are still checked).
+    pub fn load_unchecked(&self) -> Result<Config, ConfigError> {
+        serde_path_to_error::deserialize(self.tree.clone()).map_err(|e| {
             let key = e.path().to_string();
             ConfigError::Invalid {
                 problems: vec![ConfigProblem {
@@ -539,7 +550,13 @@ impl ConfigLoader {
                     message: e.inner().to_string(),
                 }],
             }
-        })?;
+        })
+    }
+
+    /// Every problem of the engine's own settings in `config`, with origins. Plugin options
+    /// are checked when the plugins are built (see
+    /// [`problem_from_plugin_error`](Self::problem_from_plugin_error)).
+    pub fn problems(&self, config: &Config) -> Vec<ConfigProblem> {
         let mut problems: Vec<ConfigProblem> = config
             .problems()
             .into_iter()
@@ -554,11 +571,7 @@ impl ConfigLoader {
                 problems.push(self.problem_from_plugin_error(&e));
             }
         }
-        if problems.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigError::Invalid { problems })
-        }
+        problems
     }
 
     /// Turn a plugin's config error into a problem with an origin.
@@ -588,16 +601,21 @@ fn parse_override_value(raw: &str) -> Value {
     }
 }
 
+/// The dotted keys of the leaves (non-table values) of `value`.
 fn collect_keys(value: &Value, prefix: &str, out: &mut BTreeSet<String>) {
-    if let Value::Object(map) = value {
-        for (k, v) in map {
-            let key = if prefix.is_empty() {
-                k.clone()
-            } else {
-                format!("{prefix}.{k}")
-            };
-            collect_keys(v, &key, out);
-            out.insert(key);
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                collect_keys(v, &key, out);
+            }
+        }
+        _ => {
+            out.insert(prefix.to_owned());
         }
     }
 }
@@ -685,6 +703,15 @@ mod tests {
         );
         assert_eq!(loader.origin("seed"), Origin::File("run.toml".into()));
         assert_eq!(loader.origin("train.lr"), Origin::Default);
+        assert_eq!(
+            loader.origin("rollout.batch_size"),
+            Origin::Default,
+            "the file sets another key of [rollout]"
+        );
+        assert_eq!(
+            loader.origin("algorithm.eps_clip"),
+            Origin::File("run.toml".into())
+        );
     }
 
     #[test]

@@ -394,6 +394,11 @@ async fn controller(shared: Arc<Shared>) {
     let r = shared.config.rollout.clone();
     let mut next_group = 0u64;
     loop {
+        while tasks.try_join_next().is_some() {}
+        if *stop.borrow() {
+            tasks.abort_all();
+            return;
+        }
         let version = loop {
             let changed = shared.admission_changed.notified();
             let admitted = {

@@ -1,0 +1,30 @@
+# areal-rs: the two commands of the README, and the checks CI runs.
+#
+#   make train   build (release) and run `areal train` on the built-in default config
+#   make test    the test-suite, as CI runs it
+#
+# Builds go to $CARGO_TARGET_DIR when set (CI points it at a cache outside the clone).
+
+CARGO ?= cargo
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+
+.PHONY: setup train test cuda-check
+
+# Everything the project needs is built from the package registries by cargo itself; later
+# parts (the WASI interpreter for code rewards) add their steps here.
+setup:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust 1.95 with rustup" >&2; exit 1; }
+	$(CARGO) build --release --locked -p areal-cli
+
+train: setup
+	$(TARGET_DIR)/release/areal train
+
+# burn is ~30x slower without optimisation, so tests run in release.
+test:
+	$(CARGO) test --workspace --release --locked
+	$(MAKE) cuda-check
+
+# burn's CUDA backend cannot be linked without internet at build time (cubecl-llvm downloads
+# LLVM); DOCS_RS=1 skips that download so the code behind the `cuda` feature is type-checked.
+cuda-check:
+	DOCS_RS=1 CARGO_TARGET_DIR=$(TARGET_DIR)/cuda-check $(CARGO) check --locked -p areal-cli --features cuda

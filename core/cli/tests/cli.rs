@@ -1,0 +1,192 @@
+//! The `areal` binary: plugin listing, a short training run, config errors.
+
+use std::process::{Command, Output};
+
+fn areal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_areal"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run areal")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A plugin that silently fails to register is a known inventory pitfall: the binary must
+/// list exactly these.
+#[test]
+fn plugins_lists_every_built_in_plugin() {
+    let out = areal(&["plugins", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut found: Vec<(String, String)> = list
+        .iter()
+        .map(|p| {
+            (
+                p["kind"].as_str().unwrap().to_owned(),
+                p["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    found.sort();
+    let expected = [
+        ("algorithm", "decoupled-ppo"),
+        ("algorithm", "ppo"),
+        ("generator", "testkit-bigram"),
+        ("policy", "testkit-bigram"),
+        ("reward", "testkit-faulty"),
+        ("reward", "testkit-successor"),
+        ("task", "testkit-successor"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(k, n)| (k.to_string(), n.to_string()))
+        .collect();
+    assert_eq!(found, expected);
+    assert!(
+        list.iter()
+            .all(|p| !p["description"].as_str().unwrap().is_empty())
+    );
+
+    let table = areal(&["plugins"]);
+    let table = text(&table.stdout);
+    assert!(table.starts_with("KIND"), "{table}");
+    assert!(table.contains("decoupled-ppo"));
+}
+
+#[test]
+fn train_writes_a_run_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = areal(&[
+        "train",
+        "-q",
+        "--out",
+        run.to_str().unwrap(),
+        "--set",
+        "train.steps=5",
+        "--seed",
+        "9",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("trained 5 steps"), "{stdout}");
+    for file in [
+        "config.toml",
+        "metrics.jsonl",
+        "summary.json",
+        "checkpoint/bigram.json",
+    ] {
+        assert!(run.join(file).exists(), "{file} missing");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["seed"], 9);
+    assert_eq!(summary["steps"], 5);
+    assert!(
+        std::fs::read_to_string(run.join("config.toml"))
+            .unwrap()
+            .contains("seed = 9")
+    );
+}
+
+#[test]
+fn config_prints_the_resolved_config() {
+    let out = areal(&[
+        "config",
+        "--set",
+        "rollout.max_staleness=0",
+        "--set",
+        "algorithm.kind=ppo",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let toml = text(&out.stdout);
+    assert!(toml.contains("max_staleness = 0"), "{toml}");
+    assert!(toml.contains("kind = \"ppo\""), "{toml}");
+}
+
+fn failure(args: &[&str]) -> String {
+    let out = areal(args);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "expected a config error from {args:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stderr)
+}
+
+#[test]
+fn config_errors_name_the_key_the_origin_and_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("run.toml");
+    std::fs::write(&file, "[rollout]\nmax_stalenes = 2\n").unwrap();
+    let err = failure(&["train", "-q", "--config", file.to_str().unwrap()]);
+    assert!(
+        err.contains("`rollout.max_stalenes`")
+            && err.contains("run.toml")
+            && err.contains("unknown field"),
+        "{err}"
+    );
+
+    let err = failure(&["train", "-q", "--set", "rollout.max_staleness=abc"]);
+    assert!(
+        err.contains("`rollout.max_staleness`")
+            && err.contains("--set rollout.max_staleness=abc")
+            && err.contains("\"abc\""),
+        "{err}"
+    );
+
+    let err = failure(&["train", "-q", "--set", "algorithm.kind=grpo9"]);
+    assert!(
+        err.contains("grpo9")
+            && err.contains("decoupled-ppo, ppo")
+            && err.contains("--set algorithm.kind=grpo9"),
+        "{err}"
+    );
+
+    let err = failure(&["train", "-q", "--set", "algorithm.eps_clip=3"]);
+    assert!(
+        err.contains("`algorithm.eps_clip`")
+            && err.contains("found 3")
+            && err.contains("--set algorithm.eps_clip=3"),
+        "{err}"
+    );
+
+    std::fs::write(
+        &file,
+        "[generator]\nkind = \"testkit-bigram\"\njitter = 2.0\n[train]\nlr = -1\n",
+    )
+    .unwrap();
+    let err = failure(&["train", "-q", "--config", file.to_str().unwrap()]);
+    assert!(
+        err.contains("`train.lr`") && err.contains("found -1"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`generator.jitter`"),
+        "plugin and engine problems are reported together: {err}"
+    );
+
+    let missing = dir.path().join("nope.toml");
+    let err = failure(&["train", "--config", missing.to_str().unwrap()]);
+    assert!(err.contains("nope.toml"), "{err}");
+}
+
+#[test]
+fn plugin_option_errors_come_with_their_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("run.toml");
+    std::fs::write(
+        &file,
+        "[generator]\nkind = \"testkit-bigram\"\njitter = 2.0\n",
+    )
+    .unwrap();
+    let err = failure(&["train", "-q", "--config", file.to_str().unwrap()]);
+    assert!(
+        err.contains("`generator.jitter`") && err.contains("found 2") && err.contains("run.toml"),
+        "{err}"
+    );
+}
