@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::config::{BuildContext, PluginConfig};
+use crate::config::BuildContext;
 use crate::error::PluginError;
 use crate::generator::Generator;
 use crate::reward::RewardVerifier;
@@ -85,8 +85,12 @@ where
     }
 }
 
-macro_rules! registry {
-    ($(#[$doc:meta])* $entry:ident, $kind:literal, $object:ty) => {
+/// Defines a registry entry type (used by this crate and by `areal-sdk-train`; not public
+/// API): `name`, `description`, and `build: fn(&PluginConfig, &$context) -> Result<$object>`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __registry {
+    ($(#[$doc:meta])* $entry:ident, $kind:literal, $object:ty, $context:ty) => {
         $(#[$doc])*
         pub struct $entry {
             /// Name used in config `kind = "..."`.
@@ -94,12 +98,15 @@ macro_rules! registry {
             /// One line shown by `areal plugins`.
             pub description: &'static str,
             /// Builds the plugin from its config section.
-            pub build: fn(&PluginConfig, &BuildContext) -> Result<$object, PluginError>,
+            pub build: fn(
+                &$crate::PluginConfig,
+                &$context,
+            ) -> ::std::result::Result<$object, $crate::PluginError>,
         }
 
-        inventory::collect!($entry);
+        $crate::__private::inventory::collect!($entry);
 
-        impl Registration for $entry {
+        impl $crate::registry::Registration for $entry {
             const KIND: &'static str = $kind;
             fn name(&self) -> &'static str {
                 self.name
@@ -112,33 +119,37 @@ macro_rules! registry {
         impl $entry {
             /// Build the plugin that `config.kind()` names.
             pub fn build_from(
-                config: &PluginConfig,
-                ctx: &BuildContext,
-            ) -> Result<$object, PluginError> {
-                let entry = lookup::<Self>(config.kind(), &format!("{}.kind", config.path()))?;
+                config: &$crate::PluginConfig,
+                ctx: &$context,
+            ) -> ::std::result::Result<$object, $crate::PluginError> {
+                let key = format!("{}.kind", config.path());
+                let entry = $crate::registry::lookup::<Self>(config.kind(), &key)?;
                 (entry.build)(config, ctx)
             }
         }
     };
 }
 
-registry!(
+crate::__registry!(
     /// A registered [`Generator`]; add one with [`register_generator!`](crate::register_generator).
     GeneratorPlugin,
     "generator",
-    Arc<dyn Generator>
+    Arc<dyn Generator>,
+    BuildContext
 );
-registry!(
+crate::__registry!(
     /// A registered [`RewardVerifier`]; add one with [`register_reward!`](crate::register_reward).
     RewardPlugin,
     "reward",
-    Arc<dyn RewardVerifier>
+    Arc<dyn RewardVerifier>,
+    BuildContext
 );
-registry!(
+crate::__registry!(
     /// A registered [`Task`]; add one with [`register_task!`](crate::register_task).
     TaskPlugin,
     "task",
-    Arc<dyn Task>
+    Arc<dyn Task>,
+    BuildContext
 );
 
 /// Every plugin registered with the base SDK's macros (generators, rewards, tasks).

@@ -214,126 +214,87 @@ impl Config {
 
     /// Check the engine's own settings; returns every problem as (key, message).
     pub fn problems(&self) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        let mut check = |ok: bool, key: &str, message: String| {
-            if !ok {
-                out.push((key.to_owned(), message));
-            }
-        };
+        let mut p = Problems::default();
         let r = &self.rollout;
-        check(
-            r.batch_size >= 1,
-            "rollout.batch_size",
-            format!("must be at least 1, found {}", r.batch_size),
+        p.at_least_one("rollout.batch_size", r.batch_size as u64);
+        p.at_least_one("rollout.group_size", r.group_size as u64);
+        p.at_least_one("rollout.max_concurrent", r.max_concurrent as u64);
+        p.at_least_one("rollout.max_new_tokens", r.max_new_tokens as u64);
+        p.at_least_one(
+            "rollout.max_consecutive_failures",
+            r.max_consecutive_failures as u64,
         );
-        check(
-            r.group_size >= 1,
-            "rollout.group_size",
-            format!("must be at least 1, found {}", r.group_size),
-        );
-        check(
-            r.max_concurrent >= 1,
-            "rollout.max_concurrent",
-            format!("must be at least 1, found {}", r.max_concurrent),
-        );
-        check(
-            r.max_new_tokens >= 1,
-            "rollout.max_new_tokens",
-            format!("must be at least 1, found {}", r.max_new_tokens),
-        );
-        check(
+        p.check(
             r.temperature > 0.0 && r.temperature.is_finite(),
             "rollout.temperature",
-            format!(
-                "must be positive (training needs the sampling distribution), found {}",
-                r.temperature
-            ),
+            || {
+                format!(
+                    "must be positive (training needs the sampling distribution), found {}",
+                    r.temperature
+                )
+            },
         );
-        check(
-            r.top_p > 0.0 && r.top_p <= 1.0,
-            "rollout.top_p",
-            format!("must be in (0, 1], found {}", r.top_p),
-        );
-        check(
-            r.max_consecutive_failures >= 1,
-            "rollout.max_consecutive_failures",
-            format!("must be at least 1, found {}", r.max_consecutive_failures),
-        );
+        p.check(r.top_p > 0.0 && r.top_p <= 1.0, "rollout.top_p", || {
+            format!("must be in (0, 1], found {}", r.top_p)
+        });
         let s = &self.reward_service;
-        check(
-            s.threads >= 1,
-            "reward_service.threads",
-            format!("must be at least 1, found {}", s.threads),
-        );
-        check(
-            s.deadline_ms >= 1,
-            "reward_service.deadline_ms",
-            format!("must be at least 1, found {}", s.deadline_ms),
-        );
+        p.at_least_one("reward_service.threads", s.threads as u64);
+        p.at_least_one("reward_service.deadline_ms", s.deadline_ms);
         let t = &self.train;
-        check(
-            t.steps >= 1,
-            "train.steps",
-            format!("must be at least 1, found {}", t.steps),
-        );
-        check(
-            t.lr > 0.0 && t.lr.is_finite(),
-            "train.lr",
-            format!("must be positive, found {}", t.lr),
-        );
-        check(
-            t.weight_decay >= 0.0,
-            "train.weight_decay",
-            format!("must not be negative, found {}", t.weight_decay),
-        );
-        check(
-            (0.0..1.0).contains(&t.beta1),
-            "train.beta1",
-            format!("must be in [0, 1), found {}", t.beta1),
-        );
-        check(
-            (0.0..1.0).contains(&t.beta2),
-            "train.beta2",
-            format!("must be in [0, 1), found {}", t.beta2),
-        );
-        check(
-            t.max_grad_norm >= 0.0,
-            "train.max_grad_norm",
-            format!("must not be negative, found {}", t.max_grad_norm),
-        );
-        check(
-            t.minibatches >= 1,
-            "train.minibatches",
-            format!("must be at least 1, found {}", t.minibatches),
-        );
-        check(
-            t.minibatches <= r.batch_size * r.group_size,
-            "train.minibatches",
-            format!(
-                "{} mini-batches cannot be cut from {} samples (rollout.batch_size × rollout.group_size)",
-                t.minibatches,
-                r.batch_size * r.group_size
-            ),
-        );
-        check(
-            t.token_budget >= 1,
-            "train.token_budget",
-            format!("must be at least 1, found {}", t.token_budget),
-        );
-        check(
-            t.min_microbatches >= 1,
-            "train.min_microbatches",
-            format!("must be at least 1, found {}", t.min_microbatches),
-        );
-        if let Err(message) = crate::device::parse_device(&t.device) {
-            out.push(("train.device".into(), message));
+        p.at_least_one("train.steps", t.steps);
+        p.check(t.lr > 0.0 && t.lr.is_finite(), "train.lr", || {
+            format!("must be positive, found {}", t.lr)
+        });
+        p.non_negative("train.weight_decay", t.weight_decay);
+        p.non_negative("train.max_grad_norm", t.max_grad_norm);
+        for (key, beta) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
+            p.check((0.0..1.0).contains(&beta), key, || {
+                format!("must be in [0, 1), found {beta}")
+            });
         }
-        out
+        p.at_least_one("train.minibatches", t.minibatches as u64);
+        let samples = r.batch_size * r.group_size;
+        p.check(t.minibatches <= samples.max(1), "train.minibatches", || {
+            format!(
+                "{} mini-batches cannot be cut from {samples} samples (rollout.batch_size × rollout.group_size)",
+                t.minibatches
+            )
+        });
+        p.at_least_one("train.token_budget", t.token_budget as u64);
+        p.at_least_one("train.min_microbatches", t.min_microbatches as u64);
+        if let Err(message) = crate::device::parse_device(&t.device) {
+            p.0.push(("train.device".into(), message));
+        }
+        p.0
     }
 
     /// The config as TOML, as written to a run folder.
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("a config always serialises to TOML")
+    }
+}
+
+/// Collects (key, message) problems.
+#[derive(Default)]
+struct Problems(Vec<(String, String)>);
+
+impl Problems {
+    fn check(&mut self, ok: bool, key: &str, message: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push((key.to_owned(), message()));
+        }
+    }
+
+    fn at_least_one(&mut self, key: &str, value: u64) {
+        self.check(value >= 1, key, || {
+            format!("must be at least 1, found {value}")
+        });
+    }
+
+    fn non_negative(&mut self, key: &str, value: f64) {
+        self.check(value >= 0.0, key, || {
+            format!("must not be negative, found {value}")
+        });
     }
 }
 

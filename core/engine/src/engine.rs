@@ -48,75 +48,54 @@ impl Plugins {
     /// Build every plugin section of `config`; all failures are reported together.
     pub fn build(config: &Config) -> Result<Self, EngineError> {
         let mut errors: Vec<PluginError> = Vec::new();
-        let ctx = |i: u64, threads: usize| BuildContext::new(mix_seed(config.seed, i), threads);
-        let mut section = |name: &str| match config.plugin(name) {
-            Ok(section) => Some(section),
-            Err(e) => {
-                errors.push(e);
-                None
-            }
-        };
-        let (p, g, t, r, a) = (
-            section("policy"),
-            section("generator"),
-            section("task"),
-            section("reward"),
-            section("algorithm"),
+        let ctx =
+            |stream: u64, threads: usize| BuildContext::new(mix_seed(config.seed, stream), threads);
+        let device = keep(
+            &mut errors,
+            parse_device(&config.train.device).map_err(|m| PluginError::config("train.device", m)),
         );
-        let device = parse_device(&config.train.device)
-            .map_err(|message| errors.push(PluginError::config("train.device", message)))
-            .ok();
-        let mut keep = |result| match result {
-            Ok(plugin) => Some(plugin),
-            Err(e) => {
-                errors.push(e);
-                None
-            }
-        };
-        let policy = match (p, device) {
-            (Some(p), Some(device)) => keep(
-                PolicyPlugin::build_from(&p, &PolicyContext::new(ctx(1, 1), device))
-                    .map(Built::Policy),
-            ),
-            _ => None,
-        };
-        let generator =
-            g.and_then(|g| keep(GeneratorPlugin::build_from(&g, &ctx(2, 1)).map(Built::Generator)));
-        let task = t.and_then(|t| keep(TaskPlugin::build_from(&t, &ctx(3, 1)).map(Built::Task)));
-        let verifier = r.and_then(|r| {
+        let policy = keep(&mut errors, config.plugin("policy"))
+            .zip(device)
+            .and_then(|(section, device)| {
+                let ctx = PolicyContext::new(ctx(1, 1), device);
+                keep(&mut errors, PolicyPlugin::build_from(&section, &ctx))
+            });
+        let generator = keep(&mut errors, config.plugin("generator")).and_then(|section| {
             keep(
-                RewardPlugin::build_from(&r, &ctx(4, config.reward_service.threads))
-                    .map(Built::Reward),
+                &mut errors,
+                GeneratorPlugin::build_from(&section, &ctx(2, 1)),
             )
         });
-        let algorithm =
-            a.and_then(|a| keep(AlgorithmPlugin::build_from(&a, &ctx(5, 1)).map(Built::Algorithm)));
+        let task = keep(&mut errors, config.plugin("task"))
+            .and_then(|section| keep(&mut errors, TaskPlugin::build_from(&section, &ctx(3, 1))));
+        let verifier = keep(&mut errors, config.plugin("reward")).and_then(|section| {
+            let ctx = ctx(4, config.reward_service.threads);
+            keep(&mut errors, RewardPlugin::build_from(&section, &ctx))
+        });
+        let algorithm = keep(&mut errors, config.plugin("algorithm")).and_then(|section| {
+            keep(
+                &mut errors,
+                AlgorithmPlugin::build_from(&section, &ctx(5, 1)),
+            )
+        });
         match (policy, generator, task, verifier, algorithm) {
-            (
-                Some(Built::Policy(policy)),
-                Some(Built::Generator(generator)),
-                Some(Built::Task(task)),
-                Some(Built::Reward(verifier)),
-                Some(Built::Algorithm(algorithm)),
-            ) if errors.is_empty() => Ok(Self {
-                policy,
-                generator,
-                task,
-                verifier,
-                algorithm,
-            }),
+            (Some(policy), Some(generator), Some(task), Some(verifier), Some(algorithm)) => {
+                Ok(Self {
+                    policy,
+                    generator,
+                    task,
+                    verifier,
+                    algorithm,
+                })
+            }
             _ => Err(EngineError::Build { errors }),
         }
     }
 }
 
-/// One built plugin of any kind (lets [`Plugins::build`] collect errors uniformly).
-enum Built {
-    Policy(Box<dyn Policy>),
-    Generator(Arc<dyn areal_sdk::Generator>),
-    Task(Arc<dyn Task>),
-    Reward(Arc<dyn areal_sdk::RewardVerifier>),
-    Algorithm(Arc<dyn Algorithm>),
+/// The value, or `None` with the error recorded.
+fn keep<T>(errors: &mut Vec<PluginError>, result: Result<T, PluginError>) -> Option<T> {
+    result.map_err(|e| errors.push(e)).ok()
 }
 
 /// Hooks to follow a run (progress bars, tests). Called from the controller and trainer

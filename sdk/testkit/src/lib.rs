@@ -8,7 +8,7 @@
 //! | policy | `testkit-bigram` | a burn bigram model (one table of logits) |
 //! | generator | `testkit-bigram` | samples from the same table in plain Rust; pausable |
 //! | task | `testkit-successor` | prompts are letters; continue with the following letters |
-//! | reward | `testkit-successor` | fraction of the ideal continuation produced |
+//! | reward | `testkit-successor` | fraction of letters that follow their predecessor |
 //! | reward | `testkit-faulty` | the same, but panics, fails or hangs on chosen samples |
 //!
 //! ```
@@ -24,7 +24,7 @@
 //!     finish_reason: FinishReason::Stop,
 //!     reference: serde_json::json!({"letters": 8, "length": 4}),
 //! };
-//! conformance::check_verifier(&SuccessorVerifier, &[(input("defg"), 1.0), (input("dex"), 0.5)]);
+//! conformance::check_verifier(&SuccessorVerifier, &[(input("defg"), 1.0), (input("dex"), 0.5), (input("dffg"), 0.5)]);
 //! assert_eq!(LetterTokenizer::new(8).encode("bad").unwrap(), vec![1, 0, 3]);
 //! ```
 
@@ -60,7 +60,7 @@ areal_sdk::register_task!(
 );
 areal_sdk::register_reward!(
     "testkit-successor",
-    "testkit: fraction of the ideal continuation produced",
+    "testkit: fraction of letters that follow their predecessor",
     successor::build_verifier
 );
 areal_sdk::register_reward!(

@@ -2,8 +2,9 @@
 //!
 //! A prompt is one letter; the ideal completion is the `length` letters that follow it in the
 //! alphabet, cyclically (`c` → `defghijk` over 11+ letters, wrapping after the last letter).
-//! The reward is the length of the correct prefix over `length`, so partial progress pays,
-//! and a bigram policy can learn the whole task.
+//! The reward is the fraction of the first `length` letters that follow their predecessor
+//! (the prompt's letter for the first), so every step is credited on its own and a bigram
+//! policy can learn the whole task.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,7 +112,8 @@ pub(crate) fn build_task(
     Ok(Arc::new(SuccessorTask::new(options, ctx.seed)))
 }
 
-/// Score a completion: the fraction of the ideal continuation that it starts with.
+/// Score a completion: the fraction of its first `length` letters that follow their
+/// predecessor; a shorter completion misses the rest.
 pub fn successor_reward(input: &RewardInput) -> Result<Reward, PluginError> {
     let field = |name: &str| {
         input.reference[name].as_u64().ok_or_else(|| {
@@ -129,15 +131,15 @@ pub fn successor_reward(input: &RewardInput) -> Result<Reward, PluginError> {
     let Some(start) = input.prompt.chars().last() else {
         return Err(PluginError::failed("testkit-successor", "empty prompt"));
     };
+    // Every step counts on its own: c[i] must follow c[i-1] (the prompt's letter for i = 0).
     let mut prev = start as u32 - 'a' as u32;
     let mut correct = 0;
     for c in input.completion.chars().take(length) {
-        let want = (prev + 1) % letters;
-        if c as u32 != 'a' as u32 + want {
-            break;
+        let letter = (c as u32).wrapping_sub('a' as u32);
+        if letter == (prev + 1) % letters {
+            correct += 1;
         }
-        correct += 1;
-        prev = want;
+        prev = letter;
     }
     let value = correct as f64 / length as f64;
     let verdict = match correct {
@@ -147,7 +149,7 @@ pub fn successor_reward(input: &RewardInput) -> Result<Reward, PluginError> {
     };
     Ok(Reward::new(value, verdict)
         .with_version(env!("CARGO_PKG_VERSION"))
-        .with_detail("correct_prefix", correct))
+        .with_detail("correct_steps", correct))
 }
 
 /// The `testkit-successor` verifier.

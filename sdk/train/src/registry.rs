@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use areal_sdk::registry::{Registration, infos, lookup};
-use areal_sdk::{BuildContext, PluginConfig, PluginError, PluginInfo};
+use areal_sdk::registry::infos;
+use areal_sdk::{BuildContext, PluginInfo};
 use burn::tensor::Device;
 
 use crate::algorithm::Algorithm;
@@ -26,71 +26,21 @@ impl PolicyContext {
     }
 }
 
-/// A registered [`Policy`]; add one with [`register_policy!`](crate::register_policy).
-pub struct PolicyPlugin {
-    /// Name used in config `kind = "..."`.
-    pub name: &'static str,
-    /// One line shown by `areal plugins`.
-    pub description: &'static str,
-    /// Builds the policy from its config section.
-    pub build: fn(&PluginConfig, &PolicyContext) -> Result<Box<dyn Policy>, PluginError>,
-}
+areal_sdk::__registry!(
+    /// A registered [`Policy`]; add one with [`register_policy!`](crate::register_policy).
+    PolicyPlugin,
+    "policy",
+    Box<dyn Policy>,
+    PolicyContext
+);
 
-inventory::collect!(PolicyPlugin);
-
-impl Registration for PolicyPlugin {
-    const KIND: &'static str = "policy";
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn description(&self) -> &'static str {
-        self.description
-    }
-}
-
-impl PolicyPlugin {
-    /// Build the policy that `config.kind()` names.
-    pub fn build_from(
-        config: &PluginConfig,
-        ctx: &PolicyContext,
-    ) -> Result<Box<dyn Policy>, PluginError> {
-        let entry = lookup::<Self>(config.kind(), &format!("{}.kind", config.path()))?;
-        (entry.build)(config, ctx)
-    }
-}
-
-/// A registered [`Algorithm`]; add one with [`register_algorithm!`](crate::register_algorithm).
-pub struct AlgorithmPlugin {
-    /// Name used in config `kind = "..."`.
-    pub name: &'static str,
-    /// One line shown by `areal plugins`.
-    pub description: &'static str,
-    /// Builds the algorithm from its config section.
-    pub build: fn(&PluginConfig, &BuildContext) -> Result<Arc<dyn Algorithm>, PluginError>,
-}
-
-inventory::collect!(AlgorithmPlugin);
-
-impl Registration for AlgorithmPlugin {
-    const KIND: &'static str = "algorithm";
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn description(&self) -> &'static str {
-        self.description
-    }
-}
-
-impl AlgorithmPlugin {
-    /// Build the algorithm that `config.kind()` names.
-    pub fn build_from(
-        config: &PluginConfig,
-        ctx: &BuildContext,
-    ) -> Result<Arc<dyn Algorithm>, PluginError> {
-        let entry = lookup::<Self>(config.kind(), &format!("{}.kind", config.path()))?;
-        (entry.build)(config, ctx)
-    }
-}
+areal_sdk::__registry!(
+    /// A registered [`Algorithm`]; add one with [`register_algorithm!`](crate::register_algorithm).
+    AlgorithmPlugin,
+    "algorithm",
+    Arc<dyn Algorithm>,
+    BuildContext
+);
 
 /// Every registered policy and algorithm.
 pub fn registered() -> Vec<PluginInfo> {
