@@ -8,7 +8,7 @@
 CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: setup train test cuda-check
+.PHONY: setup train test lint cuda-check
 
 # Everything the project needs is built from the package registries by cargo itself; later
 # parts (the WASI interpreter for code rewards) add their steps here.
@@ -22,7 +22,11 @@ train: setup
 # burn is ~30x slower without optimisation, so tests run in release.
 test:
 	$(CARGO) test --workspace --release --locked
-	$(MAKE) cuda-check
+	$(MAKE) lint cuda-check
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # burn's CUDA backend cannot be linked without internet at build time (cubecl-llvm downloads
 # LLVM); DOCS_RS=1 skips that download so the code behind the `cuda` feature is type-checked.

@@ -126,6 +126,7 @@ fn init_tracing(verbose: u8) {
         .try_init();
 }
 
+#[allow(clippy::print_stdout)]
 fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
     match cli.command {
         Command::Plugins { json } => {
@@ -286,7 +287,9 @@ impl Observer for Progress {
                 bar.set_position(m.step);
                 bar.set_message(msg);
             }
-            None if m.step % self.every == 0 => self.line(format!("step {} {msg}", m.step)),
+            None if m.step.is_multiple_of(self.every) => {
+                self.line(format!("step {} {msg}", m.step))
+            }
             None => {}
         }
     }

@@ -28,7 +28,7 @@ use crate::metrics::{EvalMetrics, MetricsWriter, StepMetrics, percentile, stalen
 use crate::reward_service::RewardService;
 use crate::rollout::{GroupSpec, Rollout};
 use crate::staleness::{AdmissionCounts, StalenessManager};
-use crate::trainer::{TrainerSettings, train_step};
+use crate::trainer::{StepReport, TrainerSettings, train_step};
 
 /// The plugins of a run.
 pub struct Plugins {
@@ -611,17 +611,16 @@ fn trainer_loop(
 
     let counters = &shared.rollout.counters;
     let mut version: PolicyVersion = 0;
-    let mut last_time = Instant::now();
-    let mut last_tokens = counters.generated_tokens.load(Ordering::Relaxed);
-    let (mut reward_first, mut reward_last) = (0.0, 0.0);
-    let (mut lag_max, mut lag_sum, mut lag_tokens) = (0i64, 0.0f64, 0usize);
-    let mut reward_failures = 0u64;
+    let mut steps = Vec::new();
+    let mut generated = (
+        Instant::now(),
+        counters.generated_tokens.load(Ordering::Relaxed),
+    );
     for step in 1..=t.steps {
         let wait = Instant::now();
         let groups = handle.block_on(next_batch(shared))?;
         let wait_ms = wait.elapsed().as_secs_f64() * 1e3;
 
-        let stale = staleness(&groups, version);
         let compute = Instant::now();
         let report = train_step(
             policy.as_mut(),
@@ -633,78 +632,37 @@ fn trainer_loop(
         )?;
         let train_ms = compute.elapsed().as_secs_f64() * 1e3;
         shared.observer.on_trained(&groups, version);
-        version += 1;
 
         let sync = Instant::now();
-        handle.block_on(publish(shared, version, policy.weights()))?;
+        handle.block_on(publish(shared, version + 1, policy.weights()))?;
         let weight_sync_ms = sync.elapsed().as_secs_f64() * 1e3;
 
-        let samples: Vec<_> = groups.iter().flat_map(|g| &g.samples).collect();
-        let n = samples.len().max(1) as f64;
-        let reward_mean = samples.iter().map(|s| s.reward.value).sum::<f64>() / n;
-        let lengths: Vec<usize> = samples.iter().map(|s| s.completion.len()).collect();
-        let now = Instant::now();
-        let tokens_now = counters.generated_tokens.load(Ordering::Relaxed);
+        let now = (
+            Instant::now(),
+            counters.generated_tokens.load(Ordering::Relaxed),
+        );
         let gen_tokens_per_s =
-            (tokens_now - last_tokens) as f64 / (now - last_time).as_secs_f64().max(1e-9);
-        (last_time, last_tokens) = (now, tokens_now);
-        let latencies = counters.drain_latencies();
-        let counts = shared.counts();
-        let trained_tokens: usize = lengths.iter().sum();
-        lag_max = lag_max.max(stale.token_lag_max);
-        lag_sum += stale.token_lag_mean * trained_tokens as f64;
-        lag_tokens += trained_tokens;
-        if step == 1 {
-            reward_first = reward_mean;
-        }
-        reward_last = reward_mean;
-        let metrics = StepMetrics {
-            step,
-            policy_version: version,
-            wall_s: shared.started.elapsed().as_secs_f64(),
-            reward_mean,
-            accepted_fraction: samples
-                .iter()
-                .filter(|s| s.reward.verdict == Verdict::Accepted)
-                .count() as f64
-                / n,
-            groups: groups.len(),
-            samples: samples.len(),
-            trained_tokens,
-            response_len_mean: trained_tokens as f64 / n,
-            response_len_max: lengths.iter().copied().max().unwrap_or(0),
-            staleness: stale,
-            gen_tokens_per_s,
-            train_tokens_per_s: report.packed_tokens as f64 / (train_ms / 1e3).max(1e-9),
-            reward_latency_p50_ms: percentile(&latencies, 50.0),
-            reward_latency_p99_ms: percentile(&latencies, 99.0),
-            buffer_size: shared.buffer.len(),
-            running: counts.running,
-            accepted_total: counts.accepted,
-            rejected_total: counts.rejected,
-            reward_failures: counters.reward_failures.swap(0, Ordering::Relaxed),
-            interrupted_samples: counters.interruptions.swap(0, Ordering::Relaxed),
-            loss: report.loss,
-            grad_norm: report.grad_norm,
-            microbatches: report.microbatches,
-            wait_ms,
-            train_ms,
-            weight_sync_ms,
-            on_policy_logprob_gap: report.on_policy_logprob_gap,
-            algorithm: report.stats,
-        };
-        reward_failures += metrics.reward_failures;
+            (now.1 - generated.1) as f64 / (now.0 - generated.0).as_secs_f64().max(1e-9);
+        generated = now;
+        let mut metrics = step_metrics(shared, &groups, version, report);
+        version += 1;
+        metrics.step = step;
+        metrics.gen_tokens_per_s = gen_tokens_per_s;
+        metrics.train_tokens_per_s = metrics.packed_tokens as f64 / (train_ms / 1e3).max(1e-9);
+        (metrics.wait_ms, metrics.train_ms, metrics.weight_sync_ms) =
+            (wait_ms, train_ms, weight_sync_ms);
         tracing::info!(
             target: "areal::train",
             step,
             policy_version = version,
-            reward_mean,
+            reward_mean = metrics.reward_mean,
             token_lag_max = metrics.staleness.token_lag_max,
             loss = metrics.loss,
             "step"
         );
         record(&mut writer, "step", &metrics)?;
         shared.observer.on_step(&metrics);
+        steps.push(metrics);
         let every = config.eval.every;
         if config.eval.enabled && every > 0 && step % every == 0 && step != t.steps {
             eval(step, version, &mut writer)?;
@@ -713,7 +671,6 @@ fn trainer_loop(
     if config.eval.enabled {
         eval(t.steps, version, &mut writer)?;
     }
-    drop(eval);
     if let Some(dir) = out_dir {
         let checkpoint = dir.join("checkpoint");
         std::fs::create_dir_all(&checkpoint).map_err(|e| EngineError::io(&checkpoint, e))?;
@@ -725,29 +682,90 @@ fn trainer_loop(
             Err(e) => return Err(EngineError::plugin("saving the final checkpoint", e)),
         }
     }
+    Ok(summarise(shared, &steps, evals))
+}
+
+/// The metrics of a step that trained `groups` on version `version`; the caller fills in
+/// the step number, rates and timings.
+fn step_metrics(
+    shared: &Shared,
+    groups: &[TrajectoryGroup],
+    version: PolicyVersion,
+    report: StepReport,
+) -> StepMetrics {
+    let counters = &shared.rollout.counters;
+    let samples: Vec<_> = groups.iter().flat_map(|g| &g.samples).collect();
+    let n = samples.len().max(1) as f64;
+    let lengths: Vec<usize> = samples.iter().map(|s| s.completion.len()).collect();
+    let latencies = counters.drain_latencies();
     let counts = shared.counts();
-    Ok(RunSummary {
+    StepMetrics {
+        policy_version: version + 1,
+        wall_s: shared.started.elapsed().as_secs_f64(),
+        reward_mean: samples.iter().map(|s| s.reward.value).sum::<f64>() / n,
+        accepted_fraction: samples
+            .iter()
+            .filter(|s| s.reward.verdict == Verdict::Accepted)
+            .count() as f64
+            / n,
+        groups: groups.len(),
+        samples: samples.len(),
+        trained_tokens: lengths.iter().sum(),
+        packed_tokens: report.packed_tokens,
+        response_len_mean: lengths.iter().sum::<usize>() as f64 / n,
+        response_len_max: lengths.iter().copied().max().unwrap_or(0),
+        staleness: staleness(groups, version),
+        reward_latency_p50_ms: percentile(&latencies, 50.0),
+        reward_latency_p99_ms: percentile(&latencies, 99.0),
+        buffer_size: shared.buffer.len(),
+        running: counts.running,
+        accepted_total: counts.accepted,
+        rejected_total: counts.rejected,
+        reward_failures: counters.reward_failures.swap(0, Ordering::Relaxed),
+        interrupted_samples: counters.interruptions.swap(0, Ordering::Relaxed),
+        loss: report.loss,
+        grad_norm: report.grad_norm,
+        microbatches: report.microbatches,
+        on_policy_logprob_gap: report.on_policy_logprob_gap,
+        algorithm: report.stats,
+        ..StepMetrics::default()
+    }
+}
+
+fn summarise(shared: &Shared, steps: &[StepMetrics], evals: Vec<EvalMetrics>) -> RunSummary {
+    let config = &shared.config;
+    let counts = shared.counts();
+    let tokens: usize = steps.iter().map(|m| m.trained_tokens).sum();
+    let lag_sum: f64 = steps
+        .iter()
+        .map(|m| m.staleness.token_lag_mean * m.trained_tokens as f64)
+        .sum();
+    RunSummary {
         baseline_accuracy: evals.first().map(|e| e.accuracy),
         final_accuracy: evals.last().map(|e| e.accuracy),
         wall_seconds: shared.started.elapsed().as_secs_f64(),
-        steps: t.steps,
-        policy_version: version,
+        steps: steps.len() as u64,
+        policy_version: steps.last().map_or(0, |m| m.policy_version),
         max_staleness: config.rollout.max_staleness,
         algorithm: shared.algorithm.name().to_owned(),
         seed: config.seed,
-        reward_mean_first: reward_first,
-        reward_mean_last: reward_last,
-        token_lag_max: lag_max,
-        token_lag_mean: if lag_tokens > 0 {
-            lag_sum / lag_tokens as f64
+        reward_mean_first: steps.first().map_or(0.0, |m| m.reward_mean),
+        reward_mean_last: steps.last().map_or(0.0, |m| m.reward_mean),
+        token_lag_max: steps
+            .iter()
+            .map(|m| m.staleness.token_lag_max)
+            .max()
+            .unwrap_or(0),
+        token_lag_mean: if tokens > 0 {
+            lag_sum / tokens as f64
         } else {
             0.0
         },
         groups_accepted: counts.accepted,
         groups_rejected: counts.rejected,
-        reward_failures,
+        reward_failures: steps.iter().map(|m| m.reward_failures).sum(),
         evals,
-    })
+    }
 }
 
 /// Append a record to the run's `metrics.jsonl`, if there is a run folder.

@@ -85,6 +85,8 @@ pub struct StepMetrics {
     pub samples: usize,
     /// Generated tokens trained on.
     pub trained_tokens: usize,
+    /// Tokens through the forward and backward passes (prompts included).
+    pub packed_tokens: usize,
     /// Mean completion length.
     pub response_len_mean: f64,
     /// Longest completion.

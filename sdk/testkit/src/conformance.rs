@@ -272,11 +272,10 @@ pub fn check_policy(
             lp[range.start], 0.0,
             "{name}: first token of a sequence must get 0"
         );
-        for t in range.start + 1..range.end {
+        for (t, &value) in lp.iter().enumerate().take(range.end).skip(range.start + 1) {
             assert!(
-                lp[t].is_finite() && lp[t] <= 1e-5,
-                "{name}: logprob {} at {t}",
-                lp[t]
+                value.is_finite() && value <= 1e-5,
+                "{name}: logprob {value} at {t}"
             );
         }
     }

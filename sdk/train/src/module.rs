@@ -132,7 +132,7 @@ impl ModuleVisitor for Export {
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let data = param.val().into_data().convert::<f32>();
-        let shape = data.shape().iter().map(|&d| d as usize).collect();
+        let shape = data.shape().to_vec();
         let values = data
             .try_to_vec::<f32>()
             .expect("tensor data was converted to f32");
