@@ -56,7 +56,14 @@ async fn run_recorded(
         observer: recorder.clone(),
         ..RunOptions::default()
     };
-    (run(config, plugins, options).await, recorder)
+    (within_limit(run(config, plugins, options)).await, recorder)
+}
+
+/// A run that deadlocks fails the test instead of hanging it.
+async fn within_limit<T>(run: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(600), run)
+        .await
+        .expect("the run did not finish within 10 minutes")
 }
 
 /// The default config trains the bigram policy through every stage, asynchronously, and it
@@ -220,7 +227,7 @@ async fn a_failing_generator_stops_the_run_with_its_error() {
     let config = config(&["rollout.max_consecutive_failures=5", "eval.enabled=false"]);
     let mut plugins = Plugins::build(&config).unwrap();
     plugins.generator = Arc::new(interruption::Broken);
-    let err = run(config, plugins, RunOptions::default())
+    let err = within_limit(run(config, plugins, RunOptions::default()))
         .await
         .unwrap_err();
     let chain = format!(
@@ -234,6 +241,34 @@ async fn a_failing_generator_stops_the_run_with_its_error() {
         "{chain}"
     );
     assert!(chain.contains("the model server is down"), "{chain}");
+}
+
+/// Plugins that panic cost the groups they were working on, not their admission slots and
+/// not the run: the generator panics on some samples, the task on some items.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panicking_plugins_cost_only_their_groups() {
+    let config = config(&[
+        "train.steps=6",
+        "eval.enabled=false",
+        "rollout.max_staleness=1",
+        // instant task failures outrun successful generations; do not stop the run for them
+        "rollout.max_consecutive_failures=1000000",
+    ]);
+    let mut plugins = Plugins::build(&config).unwrap();
+    plugins.generator = Arc::new(interruption::Panicky {
+        inner: areal_testkit::BigramGenerator::new(Default::default()),
+        every: 7,
+    });
+    plugins.task = Arc::new(interruption::PanickyTask {
+        inner: plugins.task.clone(),
+        every: 3,
+    });
+    let summary = within_limit(run(config, plugins, RunOptions::default()))
+        .await
+        .unwrap();
+    assert_eq!(summary.steps, 6);
+    // 6 steps × 8 groups accepted, while about two in three groups fail
+    assert!(summary.groups_rejected > 48, "{summary:?}");
 }
 
 /// Plugins that cannot be built are all reported, each with its config key.

@@ -35,6 +35,64 @@ impl Generator for Broken {
     }
 }
 
+/// The testkit generator, except that it panics on samples whose id is a multiple of
+/// `every`.
+pub(crate) struct Panicky {
+    pub(crate) inner: BigramGenerator,
+    pub(crate) every: u64,
+}
+
+#[async_trait::async_trait]
+impl Generator for Panicky {
+    fn name(&self) -> &str {
+        "panicky"
+    }
+    async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError> {
+        assert!(
+            !request.sample_id.is_multiple_of(self.every),
+            "panicky panics on sample {}",
+            request.sample_id
+        );
+        self.inner.generate(request).await
+    }
+    async fn update_weights(&self, update: WeightUpdate) -> Result<(), PluginError> {
+        self.inner.update_weights(update).await
+    }
+    async fn pause(&self) -> Result<(), PluginError> {
+        self.inner.pause().await
+    }
+    async fn resume(&self) -> Result<(), PluginError> {
+        self.inner.resume().await
+    }
+}
+
+/// The testkit task, except that it panics on train items whose index is a multiple of
+/// `every`.
+pub(crate) struct PanickyTask {
+    pub(crate) inner: Arc<dyn areal_sdk::Task>,
+    pub(crate) every: u64,
+}
+
+impl areal_sdk::Task for PanickyTask {
+    fn name(&self) -> &str {
+        "panicky-task"
+    }
+    fn len(&self, split: areal_sdk::Split) -> Option<usize> {
+        self.inner.len(split)
+    }
+    fn item(
+        &self,
+        split: areal_sdk::Split,
+        index: u64,
+    ) -> Result<areal_sdk::TaskItem, PluginError> {
+        assert!(
+            !index.is_multiple_of(self.every),
+            "panicky-task panics on item {index}"
+        );
+        self.inner.item(split, index)
+    }
+}
+
 const VOCAB: usize = 9;
 
 /// Random logits with the stop token made impossible, so samples run to their budget.

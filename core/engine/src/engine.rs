@@ -277,6 +277,9 @@ pub async fn run(
         consecutive_failures: AtomicUsize::new(0),
         started: options.started,
     });
+    // If this future is dropped (a caller's timeout, Ctrl-C), the trainer thread must not
+    // wait for data forever.
+    let _stop_on_drop = StopOnDrop(&shared.stop);
     shared.observer.on_start(config.train.steps);
     let controller = tokio::spawn(controller(shared.clone()));
     let handle = Handle::current();
@@ -411,45 +414,85 @@ async fn controller(shared: Arc<Shared>) {
             },
             admitted_at: version,
         };
-        let shared = shared.clone();
-        tasks.spawn(async move {
-            let item = shared.task.item(Split::Train, index);
-            let outcome = match item {
-                Ok(item) => shared.rollout.run_group(spec, item).await,
-                Err(e) => Err(e),
-            };
-            let accepted = match outcome {
-                Ok(group) => {
-                    shared.consecutive_failures.store(0, Ordering::SeqCst);
-                    if group.samples.is_empty() {
-                        tracing::warn!(target: "areal::rollout", group_id, "every sample of the group lost its reward; group rejected");
-                        false
-                    } else if !shared.algorithm.keep_group(&group) {
-                        false
-                    } else {
-                        shared.buffer.push(group);
-                        true
-                    }
-                }
-                Err(e) => {
-                    let failures = shared.consecutive_failures.fetch_add(1, Ordering::SeqCst) + 1;
-                    tracing::warn!(target: "areal::rollout", group_id, error = %e, failures, "rollout failed; group rejected");
-                    if failures >= r.max_consecutive_failures {
-                        shared.fail(EngineError::plugin(
-                            format!("{failures} rollouts in a row failed (rollout.max_consecutive_failures); the last error"),
-                            e,
-                        ));
-                    }
-                    false
-                }
-            };
-            shared
-                .admission
-                .lock()
-                .expect("admission lock poisoned")
-                .finish(accepted);
-            shared.admission_changed.notify_waiters();
-        });
+        tasks.spawn(group_task(shared.clone(), spec, index));
+    }
+}
+
+/// Run one group to its end and settle its admission slot, whatever happens to it.
+async fn group_task(shared: Arc<Shared>, spec: GroupSpec, index: u64) {
+    let group_id = spec.group_id;
+    // A separate task, so that a panicking plugin costs this group and not its slot.
+    let inner = tokio::spawn(rollout_group(shared.clone(), spec, index));
+    let _abort = AbortOnDrop(inner.abort_handle());
+    let outcome = match inner.await {
+        Ok(outcome) => outcome,
+        Err(e) => Err(PluginError::failed(
+            "rollout",
+            format!("the rollout task failed: {e}"),
+        )),
+    };
+    let accepted = match outcome {
+        Ok(Some(group)) => {
+            shared.consecutive_failures.store(0, Ordering::SeqCst);
+            shared.buffer.push(group);
+            true
+        }
+        Ok(None) => {
+            shared.consecutive_failures.store(0, Ordering::SeqCst);
+            false
+        }
+        Err(e) => {
+            let failures = shared.consecutive_failures.fetch_add(1, Ordering::SeqCst) + 1;
+            tracing::warn!(target: "areal::rollout", group_id, error = %e, failures, "rollout failed; group rejected");
+            if failures >= shared.config.rollout.max_consecutive_failures {
+                shared.fail(EngineError::plugin(
+                    format!("{failures} rollouts in a row failed (rollout.max_consecutive_failures); the last error"),
+                    e,
+                ));
+            }
+            false
+        }
+    };
+    shared
+        .admission
+        .lock()
+        .expect("admission lock poisoned")
+        .finish(accepted);
+    shared.admission_changed.notify_waiters();
+}
+
+/// Generate and reward a group; `None` when it is rejected (every sample lost its reward, or
+/// the algorithm filtered it).
+async fn rollout_group(
+    shared: Arc<Shared>,
+    spec: GroupSpec,
+    index: u64,
+) -> Result<Option<TrajectoryGroup>, PluginError> {
+    let group_id = spec.group_id;
+    let item = shared.task.item(Split::Train, index)?;
+    let group = shared.rollout.run_group(spec, item).await?;
+    if group.samples.is_empty() {
+        tracing::warn!(target: "areal::rollout", group_id, "every sample of the group lost its reward; group rejected");
+        return Ok(None);
+    }
+    Ok(shared.algorithm.keep_group(&group).then_some(group))
+}
+
+/// Stops the run when dropped.
+struct StopOnDrop<'a>(&'a watch::Sender<bool>);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
+
+/// Aborts a task when dropped (when the task awaiting it is aborted at the end of a run).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
