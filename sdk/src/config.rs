@@ -72,6 +72,12 @@ impl PluginConfig {
         &self.path
     }
 
+    /// An error for option `name` of this section: the key is named in full
+    /// (`generator.jitter`), so `message` only says what is wrong with the value.
+    pub fn invalid(&self, name: &str, message: impl Into<String>) -> PluginError {
+        PluginError::config(format!("{}.{name}", self.path), message)
+    }
+
     /// The options, without `kind`.
     pub fn params(&self) -> &Map<String, Value> {
         &self.params

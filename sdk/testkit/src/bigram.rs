@@ -196,12 +196,7 @@ pub(crate) fn build_policy(
     ctx: &PolicyContext,
 ) -> Result<Box<dyn Policy>, PluginError> {
     let options: BigramPolicyOptions = config.parse()?;
-    if !(2..=26).contains(&options.letters) {
-        return Err(PluginError::config(
-            format!("{}.letters", config.path()),
-            format!("must be in 2..=26, found {}", options.letters),
-        ));
-    }
+    LetterTokenizer::check_letters(config, options.letters)?;
     Ok(Box::new(BigramPolicy::new(
         &options,
         ctx.build.seed,
@@ -446,8 +441,8 @@ pub(crate) fn build_generator(
 ) -> Result<Arc<dyn Generator>, PluginError> {
     let options: BigramGeneratorOptions = config.parse()?;
     if !(0.0..=1.0).contains(&options.jitter) {
-        return Err(PluginError::config(
-            format!("{}.jitter", config.path()),
+        return Err(config.invalid(
+            "jitter",
             format!("must be in [0, 1], found {}", options.jitter),
         ));
     }

@@ -14,6 +14,8 @@ use areal_sdk::{
     TaskItem, Verdict, VerifyContext, mix_seed,
 };
 use serde::Deserialize;
+
+use crate::tokenizer::LetterTokenizer;
 use serde_json::json;
 
 /// Options of the `testkit-successor` task.
@@ -97,17 +99,9 @@ pub(crate) fn build_task(
     ctx: &BuildContext,
 ) -> Result<Arc<dyn Task>, PluginError> {
     let options: SuccessorTaskOptions = config.parse()?;
-    if !(2..=26).contains(&options.letters) {
-        return Err(PluginError::config(
-            format!("{}.letters", config.path()),
-            format!("must be in 2..=26, found {}", options.letters),
-        ));
-    }
+    LetterTokenizer::check_letters(config, options.letters)?;
     if options.length == 0 {
-        return Err(PluginError::config(
-            format!("{}.length", config.path()),
-            "must be at least 1, found 0",
-        ));
+        return Err(config.invalid("length", "must be at least 1, found 0"));
     }
     Ok(Arc::new(SuccessorTask::new(options, ctx.seed)))
 }

@@ -1,6 +1,6 @@
 //! A character tokenizer over a small alphabet.
 
-use areal_sdk::{PluginError, Tokenizer};
+use areal_sdk::{PluginConfig, PluginError, Tokenizer};
 
 /// Letters `a`, `b`, ... map to ids 0, 1, ...; the id after the last letter is the stop token.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +16,15 @@ impl LetterTokenizer {
             "alphabet of {letters} letters is not in 2..=26"
         );
         Self { letters }
+    }
+
+    /// Check a `letters` option of plugin section `config`.
+    pub(crate) fn check_letters(config: &PluginConfig, letters: u32) -> Result<(), PluginError> {
+        if (2..=26).contains(&letters) {
+            Ok(())
+        } else {
+            Err(config.invalid("letters", format!("must be in 2..=26, found {letters}")))
+        }
     }
 
     /// Number of letters.
