@@ -11,8 +11,8 @@ use crate::rollout::{Completion, GenerateRequest, WeightUpdate};
 /// after every optimizer step, the interruption protocol:
 ///
 /// 1. [`pause`](Generator::pause): in-flight calls return promptly with what they have and
-///    [`FinishReason::Interrupted`](crate::FinishReason::Interrupted); calls made while paused
-///    wait for `resume`.
+///    [`FinishReason::Interrupted`](crate::FinishReason::Interrupted), and `pause` itself
+///    returns once none is running; calls made while paused wait for `resume`.
 /// 2. [`update_weights`](Generator::update_weights): KV caches computed with the old weights
 ///    are dropped; tokens sampled from now on carry the new version.
 /// 3. [`resume`](Generator::resume): the engine resubmits each interrupted sample as prompt +
@@ -33,7 +33,8 @@ pub trait Generator: Send + Sync + 'static {
     /// Load new weights; subsequent tokens are sampled with them and carry `update.version`.
     async fn update_weights(&self, update: WeightUpdate) -> Result<(), PluginError>;
 
-    /// Interrupt in-flight requests and hold new ones until [`resume`](Generator::resume).
+    /// Interrupt in-flight requests and hold new ones until [`resume`](Generator::resume);
+    /// returns once no request is running.
     async fn pause(&self) -> Result<(), PluginError> {
         Err(PluginError::unsupported(self.name(), "pause"))
     }
