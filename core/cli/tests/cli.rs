@@ -36,6 +36,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("algorithm", "ppo"),
         ("generator", "testkit-bigram"),
         ("policy", "testkit-bigram"),
+        ("policy", "transformer"),
         ("reward", "testkit-faulty"),
         ("reward", "testkit-successor"),
         ("task", "testkit-successor"),

@@ -1,0 +1,242 @@
+//! The model's `config.json`, in Hugging Face's field names (Llama / Qwen2).
+
+use serde::{Deserialize, Serialize};
+
+/// Architecture of a decoder-only transformer, as Hugging Face writes it in `config.json`.
+///
+/// Unknown fields are ignored, so real Qwen2/Llama configs load; fields this implementation
+/// does not support (sliding windows, rope scaling) are rejected by [`ModelConfig::check`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    /// Model class names; written as `["Qwen2ForCausalLM"]`.
+    #[serde(default = "default_architectures")]
+    pub architectures: Vec<String>,
+    /// `"qwen2"` or `"llama"`.
+    #[serde(default = "default_model_type")]
+    pub model_type: String,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Width of the SwiGLU feed-forward layer.
+    pub intermediate_size: usize,
+    /// Decoder layers.
+    pub num_hidden_layers: usize,
+    /// Query heads.
+    pub num_attention_heads: usize,
+    /// Key/value heads (grouped-query attention); defaults to the query heads.
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    /// Longest sequence the model is meant for.
+    pub max_position_embeddings: usize,
+    /// RMSNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// RoPE base.
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    /// Whether the output projection is the transposed input embedding.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Whether q/k/v projections have a bias (Qwen2: yes; Llama: no).
+    #[serde(default)]
+    pub attention_bias: Option<bool>,
+    /// Beginning-of-sequence token, if any.
+    #[serde(default)]
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence token(s).
+    #[serde(default)]
+    pub eos_token_id: Option<EosTokens>,
+    /// RoPE scaling (not supported; must be absent or null).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<serde_json::Value>,
+    /// Sliding-window attention (not supported when enabled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_sliding_window: Option<bool>,
+    /// Tensor dtype of the checkpoint, informative.
+    #[serde(default = "default_dtype")]
+    pub torch_dtype: String,
+}
+
+/// `eos_token_id` is a number or a list in Hugging Face configs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EosTokens {
+    /// One id.
+    One(u32),
+    /// Several ids.
+    Many(Vec<u32>),
+}
+
+impl EosTokens {
+    /// The ids.
+    pub fn ids(&self) -> Vec<u32> {
+        match self {
+            EosTokens::One(id) => vec![*id],
+            EosTokens::Many(ids) => ids.clone(),
+        }
+    }
+}
+
+fn default_architectures() -> Vec<String> {
+    vec!["Qwen2ForCausalLM".into()]
+}
+fn default_model_type() -> String {
+    "qwen2".into()
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_theta() -> f64 {
+    10_000.0
+}
+fn default_dtype() -> String {
+    "float32".into()
+}
+
+impl ModelConfig {
+    /// A small Qwen2-style model for `vocab_size` tokens: `layers` layers of width `hidden`,
+    /// `heads` query heads, `kv_heads` key/value heads, a SwiGLU 8/3 as wide (rounded up to a
+    /// multiple of 16), tied embeddings.
+    pub fn small(
+        vocab_size: usize,
+        hidden: usize,
+        layers: usize,
+        heads: usize,
+        kv_heads: usize,
+        max_positions: usize,
+    ) -> Self {
+        let intermediate = (hidden * 8 / 3).div_ceil(16) * 16;
+        Self {
+            architectures: default_architectures(),
+            model_type: default_model_type(),
+            vocab_size,
+            hidden_size: hidden,
+            intermediate_size: intermediate,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: Some(kv_heads),
+            max_position_embeddings: max_positions,
+            rms_norm_eps: default_eps(),
+            rope_theta: default_theta(),
+            tie_word_embeddings: true,
+            attention_bias: Some(true),
+            bos_token_id: None,
+            eos_token_id: None,
+            rope_scaling: None,
+            use_sliding_window: None,
+            torch_dtype: default_dtype(),
+        }
+    }
+
+    /// Key/value heads.
+    pub fn kv_heads(&self) -> usize {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads
+    }
+
+    /// Whether q/k/v have biases (Qwen2 by default).
+    pub fn qkv_bias(&self) -> bool {
+        self.attention_bias.unwrap_or(self.model_type == "qwen2")
+    }
+
+    /// Reject shapes and features this implementation cannot run; the message names the field.
+    pub fn check(&self) -> Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.kv_heads()),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("`{name}` must be positive"));
+        }
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+            return Err(format!(
+                "`hidden_size` {} is not a multiple of `num_attention_heads` {}",
+                self.hidden_size, self.num_attention_heads
+            ));
+        }
+        if !self.head_dim().is_multiple_of(2) {
+            return Err(format!(
+                "head width {} must be even for RoPE",
+                self.head_dim()
+            ));
+        }
+        if !self.num_attention_heads.is_multiple_of(self.kv_heads()) {
+            return Err(format!(
+                "`num_attention_heads` {} is not a multiple of `num_key_value_heads` {}",
+                self.num_attention_heads,
+                self.kv_heads()
+            ));
+        }
+        if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err("`rope_scaling` is not supported".into());
+        }
+        if self.use_sliding_window == Some(true) {
+            return Err("`use_sliding_window` is not supported".into());
+        }
+        Ok(())
+    }
+
+    /// Parameters of the model.
+    pub fn num_parameters(&self) -> usize {
+        let (d, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let kv = self.kv_heads() * self.head_dim();
+        let bias = if self.qkv_bias() { d + 2 * kv } else { 0 };
+        let attention = d * d + 2 * d * kv + d * d + bias;
+        let mlp = 3 * d * f;
+        let layer = attention + mlp + 2 * d;
+        let head = if self.tie_word_embeddings { 0 } else { d * v };
+        v * d + self.num_hidden_layers * layer + d + head
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_qwen2_config() {
+        // Qwen2.5-0.5B-Instruct's config.json, abridged to the fields that matter plus extras
+        let text = r#"{
+          "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+          "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+          "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21,
+          "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+          "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+          "sliding_window": 32768, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+          "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
+          "vocab_size": 151936
+        }"#;
+        let c: ModelConfig = serde_json::from_str(text).unwrap();
+        assert_eq!(c.head_dim(), 64);
+        assert_eq!(c.kv_heads(), 2);
+        assert!(c.qkv_bias());
+        assert_eq!(c.eos_token_id.as_ref().unwrap().ids(), vec![151645]);
+        c.check().unwrap();
+        // 494M parameters, as published for Qwen2.5-0.5B
+        assert_eq!(c.num_parameters(), 494_032_768);
+    }
+
+    #[test]
+    fn rejects_what_it_cannot_run() {
+        let mut c = ModelConfig::small(20, 64, 2, 4, 2, 128);
+        c.check().unwrap();
+        c.num_key_value_heads = Some(3);
+        assert!(c.check().unwrap_err().contains("num_key_value_heads"));
+        let mut c = ModelConfig::small(20, 60, 2, 4, 2, 128);
+        c.hidden_size = 66;
+        assert!(c.check().unwrap_err().contains("hidden_size"));
+        let mut c = ModelConfig::small(20, 64, 2, 4, 2, 128);
+        c.rope_scaling = Some(serde_json::json!({"type": "yarn"}));
+        assert!(c.check().unwrap_err().contains("rope_scaling"));
+    }
+}

@@ -1,0 +1,383 @@
+//! Parameters in the Hugging Face layout: names (`model.layers.0.self_attn.q_proj.weight`),
+//! PyTorch's `[out, in]` linear weights, `model.safetensors` files and checkpoint folders.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use areal_sdk::{NamedTensor, PluginError};
+use burn::module::Param;
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::{Device, Tensor, TensorData};
+use safetensors::tensor::{Dtype, TensorView};
+
+use crate::config::ModelConfig;
+use crate::model::{Attention, DecoderLayer, Mlp, Transformer};
+use crate::tokenizer::HfTokenizer;
+
+fn failed(message: impl Into<String>) -> PluginError {
+    PluginError::failed("transformer", message)
+}
+
+fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .try_to_vec::<f32>()
+        .expect("converted to f32")
+}
+
+/// Every parameter of `model` under its Hugging Face name, linear weights as `[out, in]`.
+pub fn export(model: &Transformer) -> Vec<NamedTensor> {
+    let mut out = Vec::new();
+    let mut push = |name: String, t: Tensor<2>| {
+        let [a, b] = t.dims();
+        out.push(NamedTensor {
+            name,
+            shape: vec![a, b],
+            data: values(t),
+        });
+    };
+    push(
+        "model.embed_tokens.weight".into(),
+        model.embed_tokens.weight.val(),
+    );
+    let mut vectors = Vec::new();
+    for (i, layer) in model.layers.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        let a = &layer.self_attn;
+        for (name, lin) in [
+            ("q_proj", &a.q_proj),
+            ("k_proj", &a.k_proj),
+            ("v_proj", &a.v_proj),
+            ("o_proj", &a.o_proj),
+        ] {
+            push(
+                format!("{p}.self_attn.{name}.weight"),
+                lin.weight.val().transpose(),
+            );
+            if let Some(bias) = &lin.bias {
+                vectors.push((format!("{p}.self_attn.{name}.bias"), bias.val()));
+            }
+        }
+        let m = &layer.mlp;
+        for (name, lin) in [
+            ("gate_proj", &m.gate_proj),
+            ("up_proj", &m.up_proj),
+            ("down_proj", &m.down_proj),
+        ] {
+            push(
+                format!("{p}.mlp.{name}.weight"),
+                lin.weight.val().transpose(),
+            );
+        }
+        vectors.push((
+            format!("{p}.input_layernorm.weight"),
+            layer.input_layernorm.gamma.val(),
+        ));
+        vectors.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            layer.post_attention_layernorm.gamma.val(),
+        ));
+    }
+    vectors.push(("model.norm.weight".into(), model.norm.gamma.val()));
+    if let Some(head) = &model.lm_head {
+        push("lm_head.weight".into(), head.weight.val().transpose());
+    }
+    for (name, t) in vectors {
+        let [n] = t.dims();
+        out.push(NamedTensor {
+            name,
+            shape: vec![n],
+            data: values(t),
+        });
+    }
+    out
+}
+
+/// Tensors by name, taken one by one; what is left at the end was not expected.
+struct Source {
+    tensors: BTreeMap<String, NamedTensor>,
+    device: Device,
+}
+
+impl Source {
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<NamedTensor, PluginError> {
+        let t = self
+            .tensors
+            .remove(name)
+            .ok_or_else(|| failed(format!("checkpoint has no tensor `{name}`")))?;
+        if t.shape != shape {
+            return Err(failed(format!(
+                "tensor `{name}` has shape {:?}, the config implies {shape:?}",
+                t.shape
+            )));
+        }
+        Ok(t)
+    }
+
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Tensor<2>, PluginError> {
+        let t = self.take(name, &[rows, cols])?;
+        Ok(Tensor::from_data(
+            TensorData::new(t.data, [rows, cols]),
+            &self.device,
+        ))
+    }
+
+    fn vector(&mut self, name: &str, n: usize) -> Result<Tensor<1>, PluginError> {
+        let t = self.take(name, &[n])?;
+        Ok(Tensor::from_data(
+            TensorData::new(t.data, [n]),
+            &self.device,
+        ))
+    }
+
+    /// A linear layer from an `[out, in]` weight (and a bias if `bias`).
+    fn linear(
+        &mut self,
+        prefix: &str,
+        d_in: usize,
+        d_out: usize,
+        bias: bool,
+    ) -> Result<Linear, PluginError> {
+        let weight = self
+            .matrix(&format!("{prefix}.weight"), d_out, d_in)?
+            .transpose();
+        let bias = if bias {
+            Some(Param::from_tensor(
+                self.vector(&format!("{prefix}.bias"), d_out)?,
+            ))
+        } else {
+            None
+        };
+        Ok(Linear {
+            weight: Param::from_tensor(weight),
+            bias,
+        })
+    }
+
+    fn norm(&mut self, name: &str, d: usize, eps: f64) -> Result<RmsNorm, PluginError> {
+        Ok(RmsNorm {
+            gamma: Param::from_tensor(self.vector(name, d)?),
+            epsilon: eps,
+        })
+    }
+}
+
+/// Build a model with `config`'s architecture from Hugging Face-named tensors. Every tensor
+/// the config implies must be present with its shape, and no other (a tied checkpoint may
+/// still carry `lm_head.weight`).
+pub fn import(
+    config: &ModelConfig,
+    tensors: Vec<NamedTensor>,
+    device: &Device,
+) -> Result<Transformer, PluginError> {
+    config
+        .check()
+        .map_err(|e| failed(format!("config.json: {e}")))?;
+    let mut src = Source {
+        tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
+        device: device.clone(),
+    };
+    let (d, f, v) = (
+        config.hidden_size,
+        config.intermediate_size,
+        config.vocab_size,
+    );
+    let hd = config.head_dim();
+    let kv = config.kv_heads() * hd;
+    let bias = config.qkv_bias();
+    let eps = config.rms_norm_eps;
+    let embed = src.matrix("model.embed_tokens.weight", v, d)?;
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for i in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        layers.push(DecoderLayer {
+            self_attn: Attention::new(
+                src.linear(&format!("{p}.self_attn.q_proj"), d, d, bias)?,
+                src.linear(&format!("{p}.self_attn.k_proj"), d, kv, bias)?,
+                src.linear(&format!("{p}.self_attn.v_proj"), d, kv, bias)?,
+                src.linear(&format!("{p}.self_attn.o_proj"), d, d, false)?,
+                config,
+            ),
+            mlp: Mlp {
+                gate_proj: src.linear(&format!("{p}.mlp.gate_proj"), d, f, false)?,
+                up_proj: src.linear(&format!("{p}.mlp.up_proj"), d, f, false)?,
+                down_proj: src.linear(&format!("{p}.mlp.down_proj"), f, d, false)?,
+            },
+            input_layernorm: src.norm(&format!("{p}.input_layernorm.weight"), d, eps)?,
+            post_attention_layernorm: src.norm(
+                &format!("{p}.post_attention_layernorm.weight"),
+                d,
+                eps,
+            )?,
+        });
+    }
+    let norm = src.norm("model.norm.weight", d, eps)?;
+    let lm_head = if config.tie_word_embeddings {
+        src.tensors.remove("lm_head.weight");
+        None
+    } else {
+        Some(src.linear("lm_head", d, v, false)?)
+    };
+    if let Some(extra) = src.tensors.keys().next() {
+        return Err(failed(format!(
+            "checkpoint has {} tensor(s) the config does not use, e.g. `{extra}`",
+            src.tensors.len()
+        )));
+    }
+    Ok(Transformer {
+        embed_tokens: Embedding {
+            weight: Param::from_tensor(embed),
+        },
+        layers,
+        norm,
+        lm_head,
+    })
+}
+
+/// Write tensors to a `.safetensors` file as float32.
+pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), PluginError> {
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                t.shape.clone(),
+            )
+        })
+        .collect();
+    let views = bytes
+        .iter()
+        .map(|(name, data, shape)| {
+            TensorView::new(Dtype::F32, shape.clone(), data)
+                .map(|view| (name.clone(), view))
+                .map_err(|e| failed(format!("tensor `{name}`: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut metadata = std::collections::HashMap::new();
+    metadata.insert("format".to_owned(), "pt".to_owned());
+    safetensors::serialize_to_file(views, Some(metadata), path)
+        .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))
+}
+
+/// Read every tensor of a `.safetensors` file as float32 (f32, bf16 and f16 are accepted).
+pub fn read_safetensors(path: &Path) -> Result<Vec<NamedTensor>, PluginError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| failed(format!("cannot read {}: {e}", path.display())))?;
+    let file = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| failed(format!("{} is not a safetensors file: {e}", path.display())))?;
+    let mut out = Vec::new();
+    for (name, view) in file.tensors() {
+        let raw = view.data();
+        let data: Vec<f32> = match view.dtype() {
+            Dtype::F32 => raw
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => raw
+                .chunks_exact(2)
+                .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+                .collect(),
+            Dtype::F16 => raw
+                .chunks_exact(2)
+                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
+                .collect(),
+            other => {
+                return Err(failed(format!(
+                    "tensor `{name}` in {} has dtype {other:?}",
+                    path.display()
+                )));
+            }
+        };
+        out.push(NamedTensor {
+            name,
+            shape: view.shape().to_vec(),
+            data,
+        });
+    }
+    Ok(out)
+}
+
+/// IEEE half to single precision.
+fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let frac = u32::from(h & 0x3ff);
+    let bits = match (exp, frac) {
+        (0, 0) => sign,
+        (0, _) => {
+            // subnormal: normalise
+            let mut e = 127 - 15 + 1;
+            let mut f = frac;
+            while f & 0x400 == 0 {
+                f <<= 1;
+                e -= 1;
+            }
+            sign | (e << 23) | ((f & 0x3ff) << 13)
+        }
+        (0x1f, _) => sign | 0x7f80_0000 | (frac << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (frac << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// Files of a checkpoint folder.
+pub const CONFIG_FILE: &str = "config.json";
+/// Weights file of a checkpoint folder.
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// Tokenizer file of a checkpoint folder.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
+/// Write a checkpoint folder: `config.json`, `model.safetensors`, `tokenizer.json`.
+pub fn save_checkpoint(
+    dir: &Path,
+    config: &ModelConfig,
+    model: &Transformer,
+    tokenizer: &HfTokenizer,
+) -> Result<(), PluginError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| failed(format!("cannot create {}: {e}", dir.display())))?;
+    let json = serde_json::to_string_pretty(config).expect("the config serialises");
+    let path = dir.join(CONFIG_FILE);
+    std::fs::write(&path, json + "\n")
+        .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
+    write_safetensors(&dir.join(WEIGHTS_FILE), &export(model))?;
+    tokenizer.save(&dir.join(TOKENIZER_FILE))
+}
+
+/// Read a checkpoint folder written by [`save_checkpoint`] or by Hugging Face.
+pub fn load_checkpoint(
+    dir: &Path,
+    device: &Device,
+) -> Result<(ModelConfig, Transformer, HfTokenizer), PluginError> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| failed(format!("cannot read {}: {e}", path.display())))?;
+    let config: ModelConfig =
+        serde_json::from_str(&text).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+    let tensors = read_safetensors(&dir.join(WEIGHTS_FILE))?;
+    let model =
+        import(&config, tensors, device).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
+    let stop = config
+        .eos_token_id
+        .as_ref()
+        .map(|e| e.ids())
+        .unwrap_or_default();
+    let tokenizer = HfTokenizer::from_file(&dir.join(TOKENIZER_FILE), stop)?;
+    Ok((config, model, tokenizer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_precision_values() {
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0xc000), -2.0);
+        assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
+        assert_eq!(f16_to_f32(0x0001), 5.960_464_5e-8);
+        assert!(f16_to_f32(0x7c00).is_infinite());
+        assert_eq!(f32::from_bits(u32::from(0x3f80u16) << 16), 1.0, "bf16 1.0");
+    }
+}

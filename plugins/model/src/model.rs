@@ -1,0 +1,385 @@
+//! The transformer: embedding, decoder layers (RMSNorm, rotary attention with grouped
+//! key/value heads, SwiGLU), final norm and output projection. Field names follow Hugging
+//! Face's Qwen2/Llama modules, so parameter paths map one to one onto checkpoint names.
+
+use burn::module::{Module, Param};
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::activation::silu;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::config::ModelConfig;
+
+/// Standard deviation of the initial weights (Hugging Face's `initializer_range`).
+pub const INIT_STD: f32 = 0.02;
+
+/// Self-attention with rotary position embeddings and grouped key/value heads.
+#[derive(Module, Debug)]
+pub struct Attention {
+    /// Query projection.
+    pub q_proj: Linear,
+    /// Key projection.
+    pub k_proj: Linear,
+    /// Value projection.
+    pub v_proj: Linear,
+    /// Output projection.
+    pub o_proj: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    rope_theta: f64,
+}
+
+/// The SwiGLU feed-forward block: `down(silu(gate(x)) · up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    /// Gate projection.
+    pub gate_proj: Linear,
+    /// Up projection.
+    pub up_proj: Linear,
+    /// Down projection.
+    pub down_proj: Linear,
+}
+
+/// One pre-norm decoder layer.
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    /// Attention block.
+    pub self_attn: Attention,
+    /// Feed-forward block.
+    pub mlp: Mlp,
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm,
+    /// Norm before the feed-forward block.
+    pub post_attention_layernorm: RmsNorm,
+}
+
+/// A decoder-only transformer language model.
+#[derive(Module, Debug)]
+pub struct Transformer {
+    /// Token embedding `[vocab, hidden]`.
+    pub embed_tokens: Embedding,
+    /// Decoder layers.
+    pub layers: Vec<DecoderLayer>,
+    /// Final norm.
+    pub norm: RmsNorm,
+    /// Output projection; `None` when tied to the embedding.
+    pub lm_head: Option<Linear>,
+}
+
+/// Keys and values of one layer for every cached position: `[batch, kv_heads, len, head_dim]`.
+#[derive(Clone, Debug)]
+pub struct LayerKv {
+    /// Keys (after RoPE).
+    pub k: Tensor<4>,
+    /// Values.
+    pub v: Tensor<4>,
+}
+
+/// Write `values` into `slot` at `ranges`, in place when nothing else holds the tensor.
+fn write(slot: &mut Tensor<4>, ranges: [std::ops::Range<usize>; 4], values: Tensor<4>) {
+    let empty = Tensor::<4>::zeros([0, 0, 0, 0], &slot.device());
+    let tensor = std::mem::replace(slot, empty);
+    *slot = tensor.slice_assign(ranges, values);
+}
+
+/// Normal(0, std) values from `rng`.
+fn normal(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+            let u2: f64 = rng.random::<f64>();
+            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()) as f32 * std
+        })
+        .collect()
+}
+
+fn linear(rng: &mut StdRng, d_in: usize, d_out: usize, bias: bool, device: &Device) -> Linear {
+    let w = Tensor::<2>::from_data(
+        TensorData::new(normal(rng, d_in * d_out, INIT_STD), [d_in, d_out]),
+        device,
+    );
+    Linear {
+        weight: Param::from_tensor(w),
+        bias: bias.then(|| Param::from_tensor(Tensor::<1>::zeros([d_out], device))),
+    }
+}
+
+fn rms_norm(d: usize, eps: f64, device: &Device) -> RmsNorm {
+    RmsNorm {
+        gamma: Param::from_tensor(Tensor::<1>::ones([d], device)),
+        epsilon: eps,
+    }
+}
+
+/// `cos` and `sin` tables `[positions, head_dim]` for rotate-half RoPE (Hugging Face layout:
+/// the frequency of pair `i` sits at columns `i` and `i + head_dim/2`).
+pub fn rope_tables(
+    positions: &[usize],
+    head_dim: usize,
+    theta: f64,
+    device: &Device,
+) -> (Tensor<2>, Tensor<2>) {
+    let half = head_dim / 2;
+    let mut cos = Vec::with_capacity(positions.len() * head_dim);
+    let mut sin = Vec::with_capacity(positions.len() * head_dim);
+    for &p in positions {
+        for _ in 0..2 {
+            for i in 0..half {
+                let inv_freq = 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64);
+                let angle = p as f64 * inv_freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+    }
+    let shape = [positions.len(), head_dim];
+    (
+        Tensor::from_data(TensorData::new(cos, shape), device),
+        Tensor::from_data(TensorData::new(sin, shape), device),
+    )
+}
+
+/// Apply RoPE to `x: [batch, heads, seq, head_dim]` with tables broadcast as
+/// `[batch or 1, 1, seq, head_dim]`.
+fn apply_rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
+    let [_, _, _, d] = x.dims();
+    let half = d / 2;
+    let x1 = x.clone().narrow(3, 0, half);
+    let x2 = x.clone().narrow(3, half, half);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * cos + rotated * sin
+}
+
+impl Attention {
+    /// An attention block from its projections, shaped by `config`.
+    pub fn new(
+        q_proj: Linear,
+        k_proj: Linear,
+        v_proj: Linear,
+        o_proj: Linear,
+        config: &ModelConfig,
+    ) -> Self {
+        Self {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            heads: config.num_attention_heads,
+            kv_heads: config.kv_heads(),
+            head_dim: config.head_dim(),
+            rope_theta: config.rope_theta,
+        }
+    }
+
+    /// Queries, keys and values of `x: [b, t, hidden]` with RoPE applied (tables
+    /// `[b or 1, 1, t, head_dim]`): q `[b, heads, t, hd]`, k and v `[b, kv_heads, t, hd]`.
+    fn project(
+        &self,
+        x: Tensor<3>,
+        cos: Tensor<4>,
+        sin: Tensor<4>,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let [b, t, _] = x.dims();
+        let split =
+            |y: Tensor<3>, heads: usize| y.reshape([b, t, heads, self.head_dim]).swap_dims(1, 2);
+        let q = split(self.q_proj.forward(x.clone()), self.heads);
+        let k = split(self.k_proj.forward(x.clone()), self.kv_heads);
+        let v = split(self.v_proj.forward(x), self.kv_heads);
+        (
+            apply_rope(q, cos.clone(), sin.clone()),
+            apply_rope(k, cos, sin),
+            v,
+        )
+    }
+
+    /// Attend from `q` to `k`/`v` (grouped heads repeated), then project out to `[b, t, hidden]`.
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        mask: Option<Tensor<4, Bool>>,
+        causal: bool,
+    ) -> Tensor<3> {
+        let [b, _, t, _] = q.dims();
+        let repeat = self.heads / self.kv_heads;
+        let (k, v) = if repeat > 1 {
+            let expand = |x: Tensor<4>| {
+                let [b, h, l, d] = x.dims();
+                x.unsqueeze_dim::<5>(2)
+                    .repeat_dim(2, repeat)
+                    .reshape([b, h * repeat, l, d])
+            };
+            (expand(k), expand(v))
+        } else {
+            (k, v)
+        };
+        let options = AttentionModuleOptions {
+            scale: None,
+            softcap: None,
+            is_causal: causal,
+        };
+        let out = attention(q, k, v, mask, None, options);
+        self.o_proj.forward(
+            out.swap_dims(1, 2)
+                .reshape([b, t, self.heads * self.head_dim]),
+        )
+    }
+}
+
+impl Mlp {
+    fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.down_proj
+            .forward(silu(self.gate_proj.forward(x.clone())) * self.up_proj.forward(x))
+    }
+}
+
+impl Transformer {
+    /// A freshly initialised model (weights N(0, 0.02), norms 1, biases 0) drawn from `seed`.
+    pub fn new(config: &ModelConfig, seed: u64, device: &Device) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (d, f, v) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.vocab_size,
+        );
+        let hd = config.head_dim();
+        let kv = config.kv_heads() * hd;
+        let embed = Tensor::<2>::from_data(
+            TensorData::new(normal(&mut rng, v * d, INIT_STD), [v, d]),
+            device,
+        );
+        let layers = (0..config.num_hidden_layers)
+            .map(|_| DecoderLayer {
+                self_attn: Attention::new(
+                    linear(&mut rng, d, d, config.qkv_bias(), device),
+                    linear(&mut rng, d, kv, config.qkv_bias(), device),
+                    linear(&mut rng, d, kv, config.qkv_bias(), device),
+                    linear(&mut rng, d, d, false, device),
+                    config,
+                ),
+                mlp: Mlp {
+                    gate_proj: linear(&mut rng, d, f, false, device),
+                    up_proj: linear(&mut rng, d, f, false, device),
+                    down_proj: linear(&mut rng, f, d, false, device),
+                },
+                input_layernorm: rms_norm(d, config.rms_norm_eps, device),
+                post_attention_layernorm: rms_norm(d, config.rms_norm_eps, device),
+            })
+            .collect();
+        Self {
+            embed_tokens: Embedding {
+                weight: Param::from_tensor(embed),
+            },
+            layers,
+            norm: rms_norm(d, config.rms_norm_eps, device),
+            lm_head: (!config.tie_word_embeddings).then(|| linear(&mut rng, d, v, false, device)),
+        }
+    }
+
+    fn head_dim_and_theta(&self) -> (usize, f64) {
+        let a = &self.layers[0].self_attn;
+        (a.head_dim, a.rope_theta)
+    }
+
+    /// Hidden states to logits.
+    fn logits(&self, x: Tensor<3>) -> Tensor<3> {
+        let x = self.norm.forward(x);
+        match &self.lm_head {
+            Some(head) => head.forward(x),
+            None => {
+                burn::tensor::module::linear(x, self.embed_tokens.weight.val().transpose(), None)
+            }
+        }
+    }
+
+    /// Logits `[b, t, vocab]` of `tokens: [b, t]` read from position 0, causally; also the
+    /// keys and values of every layer, for a cache.
+    pub fn forward_with_kv(&self, tokens: Tensor<2, Int>) -> (Tensor<3>, Vec<LayerKv>) {
+        let [_, t] = tokens.dims();
+        let device = tokens.device();
+        let (hd, theta) = self.head_dim_and_theta();
+        let positions: Vec<usize> = (0..t).collect();
+        let (cos, sin) = rope_tables(&positions, hd, theta, &device);
+        let (cos, sin) = (cos.unsqueeze::<4>(), sin.unsqueeze::<4>());
+        let mut x = self.embed_tokens.forward(tokens);
+        let mut kvs = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let h = layer.input_layernorm.forward(x.clone());
+            let (q, k, v) = layer.self_attn.project(h, cos.clone(), sin.clone());
+            kvs.push(LayerKv {
+                k: k.clone(),
+                v: v.clone(),
+            });
+            x = x + layer.self_attn.attend(q, k, v, None, true);
+            x = x.clone() + layer.mlp.forward(layer.post_attention_layernorm.forward(x));
+        }
+        (self.logits(x), kvs)
+    }
+
+    /// Logits `[b, t, vocab]` of `tokens: [b, t]` read from position 0, causally.
+    pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        self.forward_with_kv(tokens).0
+    }
+
+    /// One decoding step for a batch whose rows have cached prefixes of different lengths.
+    ///
+    /// `tokens: [b, 1]` is each row's newest token, at position `positions[row]`; `cache[layer]`
+    /// holds `[b, kv_heads, capacity, hd]` keys and values of which row `r` uses the first
+    /// `positions[r]` entries. The new keys and values are written at `positions[row]` (which
+    /// must be below the capacity); the result is the logits `[b, vocab]`.
+    pub fn decode_step(
+        &self,
+        tokens: Tensor<2, Int>,
+        positions: &[usize],
+        cache: &mut [LayerKv],
+    ) -> Tensor<2> {
+        let [b, _] = tokens.dims();
+        let device = tokens.device();
+        let (hd, theta) = self.head_dim_and_theta();
+        let (cos, sin) = rope_tables(positions, hd, theta, &device);
+        let (cos, sin) = (cos.reshape([b, 1, 1, hd]), sin.reshape([b, 1, 1, hd]));
+        let capacity = cache.first().map_or(0, |c| c.k.dims()[2]);
+        assert!(
+            positions.iter().all(|&p| p < capacity),
+            "decode position past the cache capacity {capacity}"
+        );
+        // each row sees its cached prefix and the token it is adding
+        let mut masked = Vec::with_capacity(b * capacity);
+        for &p in positions {
+            masked.extend((0..capacity).map(|j| j > p));
+        }
+        let mask =
+            Tensor::<4, Bool>::from_data(TensorData::new(masked, [b, 1, 1, capacity]), &device);
+        let same = positions.windows(2).all(|w| w[0] == w[1]);
+        let mut x = self.embed_tokens.forward(tokens);
+        for (layer, kv) in self.layers.iter().zip(cache.iter_mut()) {
+            let h = layer.input_layernorm.forward(x.clone());
+            let (q, k, v) = layer.self_attn.project(h, cos.clone(), sin.clone());
+            let [_, kvh, _, _] = k.dims();
+            if same {
+                let p = positions[0];
+                write(&mut kv.k, [0..b, 0..kvh, p..p + 1, 0..hd], k);
+                write(&mut kv.v, [0..b, 0..kvh, p..p + 1, 0..hd], v);
+            } else {
+                for (r, &p) in positions.iter().enumerate() {
+                    let range = [r..r + 1, 0..kvh, p..p + 1, 0..hd];
+                    write(&mut kv.k, range.clone(), k.clone().narrow(0, r, 1));
+                    write(&mut kv.v, range, v.clone().narrow(0, r, 1));
+                }
+            }
+            let mask = mask.clone().repeat_dim(1, layer.self_attn.heads);
+            x = x + layer
+                .self_attn
+                .attend(q, kv.k.clone(), kv.v.clone(), Some(mask), false);
+            x = x.clone() + layer.mlp.forward(layer.post_attention_layernorm.forward(x));
+        }
+        let logits = self.logits(x);
+        let [_, _, v] = logits.dims();
+        logits.reshape([b, v])
+    }
+}

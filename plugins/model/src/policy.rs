@@ -1,0 +1,231 @@
+//! The transformer as a [`Policy`] plugin.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use areal_sdk::{NamedTensor, PluginConfig, PluginError, Tokenizer};
+use areal_sdk_train::{PackedBatch, Policy, PolicyContext, StepStats, TrainableModule};
+use burn::module::Module;
+use burn::optim::ModuleOptimizer;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use serde::Deserialize;
+
+use crate::config::ModelConfig;
+use crate::hf::{export, load_checkpoint, save_checkpoint};
+use crate::model::Transformer;
+use crate::tokenizer::{HfTokenizer, char_tokenizer};
+
+/// Per-token logprobs of a packed batch (see [`Policy::logprobs`]): the sequences are laid out
+/// as a right-padded `[sequences, longest]` batch, run causally, and gathered back.
+pub fn packed_logprobs(
+    model: &Transformer,
+    batch: &PackedBatch,
+    vocab: usize,
+) -> Result<Tensor<1>, PluginError> {
+    let device = model.embed_tokens.weight.val().device();
+    let n = batch.num_tokens();
+    let b = batch.num_sequences();
+    let t = batch.max_len();
+    if n == 0 {
+        return Ok(Tensor::zeros([0], &device));
+    }
+    if let Some(bad) = batch.tokens.iter().find(|&&id| id as usize >= vocab) {
+        return Err(PluginError::failed(
+            "transformer",
+            format!("token id {bad} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    let mut padded = vec![0i64; b * t];
+    let mut index = vec![0i64; n];
+    for (s, range) in batch.ranges().enumerate() {
+        for (j, i) in range.enumerate() {
+            padded[s * t + j] = i64::from(batch.tokens[i]);
+            index[i] = (s * t + j) as i64;
+        }
+    }
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(padded, [b, t]), &device);
+    if t < 2 {
+        return Ok(Tensor::zeros([n], &device));
+    }
+    let logits = model.forward(tokens.clone()).narrow(1, 0, t - 1);
+    let logprobs = log_softmax(logits.div_scalar(batch.temperature.max(1e-6)), 2);
+    let next = tokens.narrow(1, 1, t - 1).unsqueeze_dim::<3>(2);
+    let picked = logprobs.gather(2, next).reshape([b, t - 1]);
+    // position 0 of every sequence has no logprob
+    let full = Tensor::cat(vec![Tensor::zeros([b, 1], &device), picked], 1).reshape([b * t]);
+    let index = Tensor::<1, Int>::from_data(TensorData::new(index, [n]), &device);
+    Ok(full.select(0, index))
+}
+
+/// Options of the `transformer` policy.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransformerOptions {
+    /// A checkpoint folder (`config.json`, `model.safetensors`, `tokenizer.json`) to start
+    /// from. When absent, a fresh model is built from the options below.
+    pub path: Option<PathBuf>,
+    /// Characters of the fresh model's character tokenizer. Required without `path`.
+    pub alphabet: Option<String>,
+    /// Width of a fresh model. By default 128.
+    pub hidden_size: usize,
+    /// Layers of a fresh model. By default 4.
+    pub layers: usize,
+    /// Query heads of a fresh model. By default 4.
+    pub heads: usize,
+    /// Key/value heads of a fresh model. By default 2.
+    pub kv_heads: usize,
+    /// Longest sequence of a fresh model. By default 256.
+    pub max_positions: usize,
+}
+
+impl Default for TransformerOptions {
+    fn default() -> Self {
+        Self {
+            path: None,
+            alphabet: None,
+            hidden_size: 128,
+            layers: 4,
+            heads: 4,
+            kv_heads: 2,
+            max_positions: 256,
+        }
+    }
+}
+
+/// A transformer language model being trained.
+#[derive(Debug)]
+pub struct TransformerPolicy {
+    config: ModelConfig,
+    module: TrainableModule<Transformer>,
+    tokenizer: Arc<HfTokenizer>,
+    device: Device,
+}
+
+impl TransformerPolicy {
+    /// Wrap a model with its config and tokenizer.
+    pub fn new(
+        config: ModelConfig,
+        model: Transformer,
+        tokenizer: HfTokenizer,
+        device: Device,
+    ) -> Self {
+        Self {
+            config,
+            module: TrainableModule::new(model),
+            tokenizer: Arc::new(tokenizer),
+            device,
+        }
+    }
+
+    /// A fresh model for `alphabet` drawn from `seed`.
+    pub fn fresh(
+        options: &TransformerOptions,
+        alphabet: &str,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Self, PluginError> {
+        let tokenizer = char_tokenizer(alphabet)?;
+        let mut config = ModelConfig::small(
+            tokenizer.vocab_size(),
+            options.hidden_size,
+            options.layers,
+            options.heads,
+            options.kv_heads,
+            options.max_positions,
+        );
+        config.eos_token_id = Some(crate::config::EosTokens::One(tokenizer.stop_token_ids()[0]));
+        config
+            .check()
+            .map_err(|e| PluginError::failed("transformer", e))?;
+        let model = Transformer::new(&config, seed, device);
+        Ok(Self::new(config, model, tokenizer, device.clone()))
+    }
+
+    /// Load a checkpoint folder.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self, PluginError> {
+        let (config, model, tokenizer) = load_checkpoint(dir, device)?;
+        Ok(Self::new(config, model, tokenizer, device.clone()))
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Transformer {
+        self.module.module()
+    }
+
+    /// The tokenizer.
+    pub fn hf_tokenizer(&self) -> &HfTokenizer {
+        &self.tokenizer
+    }
+}
+
+impl Policy for TransformerPolicy {
+    fn name(&self) -> &str {
+        "transformer"
+    }
+
+    fn device(&self) -> Device {
+        self.device.clone()
+    }
+
+    fn tokenizer(&self) -> Arc<dyn Tokenizer> {
+        self.tokenizer.clone()
+    }
+
+    fn logprobs(&self, batch: &PackedBatch) -> Result<Tensor<1>, PluginError> {
+        packed_logprobs(self.module.module(), batch, self.config.vocab_size)
+    }
+
+    fn logprobs_no_grad(&self, batch: &PackedBatch) -> Result<Tensor<1>, PluginError> {
+        packed_logprobs(&self.module.module().valid(), batch, self.config.vocab_size)
+    }
+
+    fn backward(&mut self, loss: Tensor<1>) -> Result<(), PluginError> {
+        self.module.backward(loss);
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        optimizer: &mut ModuleOptimizer,
+        lr: f64,
+        max_grad_norm: Option<f64>,
+    ) -> Result<StepStats, PluginError> {
+        self.module.step(optimizer, lr, max_grad_norm)
+    }
+
+    fn weights(&self) -> Vec<NamedTensor> {
+        export(self.module.module())
+    }
+
+    fn save(&self, dir: &Path) -> Result<(), PluginError> {
+        save_checkpoint(dir, &self.config, self.module.module(), &self.tokenizer)
+    }
+}
+
+pub(crate) fn build(
+    config: &PluginConfig,
+    ctx: &PolicyContext,
+) -> Result<Box<dyn Policy>, PluginError> {
+    let options: TransformerOptions = config.parse()?;
+    if let Some(path) = &options.path {
+        return Ok(Box::new(TransformerPolicy::load(path, &ctx.device)?));
+    }
+    let Some(alphabet) = &options.alphabet else {
+        return Err(config.invalid(
+            "alphabet",
+            "a fresh model (no `path`) needs the characters of its tokenizer",
+        ));
+    };
+    Ok(Box::new(TransformerPolicy::fresh(
+        &options,
+        alphabet,
+        ctx.build.seed,
+        &ctx.device,
+    )?))
+}

@@ -1,0 +1,152 @@
+//! Hugging Face `tokenizer.json` tokenizers, and a character-level one for small tasks.
+
+use std::path::Path;
+
+use areal_sdk::{PluginError, Tokenizer};
+use tokenizers::AddedToken;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::models::bpe::BPE;
+
+/// Unknown characters of a [`char_tokenizer`].
+pub const UNK: &str = "<unk>";
+/// End of sequence of a [`char_tokenizer`].
+pub const EOS: &str = "<eos>";
+
+/// A Hugging Face tokenizer with the model's stop tokens.
+#[derive(Clone, Debug)]
+pub struct HfTokenizer {
+    inner: tokenizers::Tokenizer,
+    stop: Vec<u32>,
+    unk: Option<u32>,
+}
+
+impl HfTokenizer {
+    /// Wrap `inner`; generation stops at `stop`.
+    pub fn new(inner: tokenizers::Tokenizer, stop: Vec<u32>) -> Self {
+        let unk = inner.token_to_id(UNK);
+        Self { inner, stop, unk }
+    }
+
+    /// Read `tokenizer.json`.
+    pub fn from_file(path: &Path, stop: Vec<u32>) -> Result<Self, PluginError> {
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+            PluginError::failed(
+                "transformer",
+                format!("cannot read tokenizer {}: {e}", path.display()),
+            )
+        })?;
+        Ok(Self::new(inner, stop))
+    }
+
+    /// Write `tokenizer.json`.
+    pub fn save(&self, path: &Path) -> Result<(), PluginError> {
+        self.inner.save(path, true).map_err(|e| {
+            PluginError::failed(
+                "transformer",
+                format!("cannot write tokenizer {}: {e}", path.display()),
+            )
+        })
+    }
+
+    /// The underlying tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    /// The id of `token`, if it is in the vocabulary.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+}
+
+impl Tokenizer for HfTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, PluginError> {
+        let encoding = self.inner.encode(text, false).map_err(|e| {
+            PluginError::failed("transformer", format!("cannot encode {text:?}: {e}"))
+        })?;
+        let ids = encoding.get_ids().to_vec();
+        if let Some(unk) = self.unk
+            && let Some(i) = ids.iter().position(|&id| id == unk)
+        {
+            let (start, end) = encoding.get_offsets()[i];
+            return Err(PluginError::failed(
+                "transformer",
+                format!(
+                    "{:?} in {text:?} is not in the vocabulary",
+                    &text[start..end]
+                ),
+            ));
+        }
+        Ok(ids)
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String, PluginError> {
+        self.inner
+            .decode(ids, true)
+            .map_err(|e| PluginError::failed("transformer", format!("cannot decode {ids:?}: {e}")))
+    }
+
+    fn stop_token_ids(&self) -> Vec<u32> {
+        self.stop.clone()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+/// A tokenizer with one token per character of `alphabet` (plus `<unk>` = 0 and `<eos>` = 1),
+/// as a Hugging Face BPE model without merges, so it is an ordinary `tokenizer.json`.
+pub fn char_tokenizer(alphabet: &str) -> Result<HfTokenizer, PluginError> {
+    let mut vocab = tokenizers::models::bpe::Vocab::new();
+    vocab.insert(UNK.into(), 0);
+    vocab.insert(EOS.into(), 1);
+    for c in alphabet.chars() {
+        let next = vocab.len() as u32;
+        vocab.entry(c.to_string()).or_insert(next);
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, Vec::new())
+        .unk_token(UNK.into())
+        .build()
+        .map_err(|e| {
+            PluginError::failed(
+                "transformer",
+                format!("cannot build the character tokenizer: {e}"),
+            )
+        })?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_decoder(Some(Fuse::new()));
+    inner.add_special_tokens(&[AddedToken::from(UNK, true), AddedToken::from(EOS, true)]);
+    Ok(HfTokenizer::new(inner, vec![1]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn characters_round_trip_through_tokenizer_json() {
+        let t = char_tokenizer("0123456789+=, ").unwrap();
+        let ids = t.encode("12+9=21").unwrap();
+        assert_eq!(ids.len(), 7);
+        assert_eq!(t.decode(&ids).unwrap(), "12+9=21");
+        let mut with_eos = ids.clone();
+        with_eos.push(1);
+        assert_eq!(
+            t.decode(&with_eos).unwrap(),
+            "12+9=21",
+            "the stop token is not text"
+        );
+        assert_eq!(t.vocab_size(), 16);
+        let err = t.encode("1x2").unwrap_err().to_string();
+        assert!(err.contains("\"x\""), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        t.save(&path).unwrap();
+        let again = HfTokenizer::from_file(&path, vec![1]).unwrap();
+        assert_eq!(again.encode("9 , 0").unwrap(), t.encode("9 , 0").unwrap());
+        assert_eq!(again.decode(&ids).unwrap(), "12+9=21");
+    }
+}
