@@ -50,6 +50,7 @@ mod generator;
 pub mod registry;
 mod reward;
 mod rollout;
+pub mod sampling;
 mod task;
 
 pub use config::{BuildContext, PluginConfig};

@@ -202,9 +202,28 @@ pub struct WeightUpdate {
     pub version: PolicyVersion,
     /// The parameters; shared, so that several generators receive them without copies.
     pub tensors: Arc<Vec<NamedTensor>>,
+    /// What the tensors are: the model's architecture as its `config.json` would say it
+    /// (`Null` when the policy does not describe itself). A generator that builds its own copy
+    /// of the model reads the shapes from here.
+    pub architecture: Arc<serde_json::Value>,
 }
 
 impl WeightUpdate {
+    /// Weights of `version` without an architecture description.
+    pub fn new(version: PolicyVersion, tensors: Vec<NamedTensor>) -> Self {
+        Self {
+            version,
+            tensors: Arc::new(tensors),
+            architecture: Arc::new(serde_json::Value::Null),
+        }
+    }
+
+    /// The same weights described by `architecture`.
+    pub fn with_architecture(mut self, architecture: serde_json::Value) -> Self {
+        self.architecture = Arc::new(architecture);
+        self
+    }
+
     /// The tensor named `name`.
     pub fn tensor(&self, name: &str) -> Option<&NamedTensor> {
         self.tensors.iter().find(|t| t.name == name)

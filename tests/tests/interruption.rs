@@ -110,14 +110,14 @@ fn table(seed: u64) -> Vec<f32> {
 }
 
 fn update(version: i64, values: &[f32]) -> WeightUpdate {
-    WeightUpdate {
+    WeightUpdate::new(
         version,
-        tensors: Arc::new(vec![NamedTensor {
+        vec![NamedTensor {
             name: TABLE.into(),
             shape: vec![VOCAB, VOCAB],
             data: values.to_vec(),
-        }]),
-    }
+        }],
+    )
 }
 
 /// Logprobs of `tokens` (prompt first) under the bigram `values`, computed by the burn model.

@@ -251,10 +251,7 @@ pub async fn run(
     );
     let rollout = Arc::new(Rollout::new(generator.clone(), tokenizer, rewards));
     generator
-        .update_weights(WeightUpdate {
-            version: 0,
-            tensors: Arc::new(policy.weights()),
-        })
+        .update_weights(weight_update(policy.as_ref(), 0))
         .await
         .map_err(|e| EngineError::plugin("loading the initial weights into the generator", e))?;
 
@@ -511,29 +508,20 @@ async fn next_batch(shared: &Shared) -> Result<Vec<TrajectoryGroup>, EngineError
 
 /// Push new weights: pause the generators (in-flight samples come back interrupted and are
 /// resubmitted), load the weights, resume, and open admission for the new version.
-async fn publish(
-    shared: &Shared,
-    version: PolicyVersion,
-    weights: Vec<areal_sdk::NamedTensor>,
-) -> Result<(), EngineError> {
+async fn publish(shared: &Shared, weights: WeightUpdate) -> Result<(), EngineError> {
+    let version = weights.version;
     let generator = shared.rollout.generator();
     let paused = match generator.pause().await {
         Ok(()) => true,
         Err(e) if e.is_unsupported() => false,
         Err(e) => return Err(EngineError::plugin("pausing the generator", e)),
     };
-    generator
-        .update_weights(WeightUpdate {
-            version,
-            tensors: Arc::new(weights),
-        })
-        .await
-        .map_err(|e| {
-            EngineError::plugin(
-                format!("loading weights of version {version} into the generator"),
-                e,
-            )
-        })?;
+    generator.update_weights(weights).await.map_err(|e| {
+        EngineError::plugin(
+            format!("loading weights of version {version} into the generator"),
+            e,
+        )
+    })?;
     if paused {
         generator
             .resume()
@@ -547,6 +535,11 @@ async fn publish(
         .set_version(version);
     shared.admission_changed.notify_waiters();
     Ok(())
+}
+
+/// The policy's current weights as version `version`, with its architecture.
+fn weight_update(policy: &dyn Policy, version: PolicyVersion) -> WeightUpdate {
+    WeightUpdate::new(version, policy.weights()).with_architecture(policy.architecture())
 }
 
 /// Greedy pass@1 over the eval split (at most `eval.max_items` items).
@@ -677,7 +670,7 @@ fn trainer_loop(
         shared.observer.on_trained(&groups, version);
 
         let sync = Instant::now();
-        handle.block_on(publish(shared, version + 1, policy.weights()))?;
+        handle.block_on(publish(shared, weight_update(policy.as_ref(), version + 1)))?;
         let weight_sync_ms = sync.elapsed().as_secs_f64() * 1e3;
 
         let now = (

@@ -203,6 +203,10 @@ impl Policy for TransformerPolicy {
         export(self.module.module())
     }
 
+    fn architecture(&self) -> serde_json::Value {
+        serde_json::to_value(&self.config).expect("the config serialises")
+    }
+
     fn save(&self, dir: &Path) -> Result<(), PluginError> {
         save_checkpoint(dir, &self.config, self.module.module(), &self.tokenizer)
     }

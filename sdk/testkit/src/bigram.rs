@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use areal_sdk::{
     BuildContext, Completion, FinishReason, GenerateRequest, Generator, NamedTensor, PluginConfig,
-    PluginError, PolicyVersion, Tokenizer, WeightUpdate, mix_seed,
+    PluginError, PolicyVersion, Tokenizer, WeightUpdate, mix_seed, sampling::sample,
 };
 use areal_sdk_train::burn::module::{Module, Param};
 use areal_sdk_train::burn::optim::ModuleOptimizer;
@@ -274,50 +274,6 @@ impl Drop for ActiveGuard<'_> {
     }
 }
 
-/// Sample from the tempered distribution of `logits`, returning the token and its logprob
-/// under the tempered (untruncated) distribution.
-pub fn sample_token(logits: &[f32], temperature: f32, top_p: f32, rng: &mut StdRng) -> (u32, f32) {
-    let greedy = temperature <= 0.0;
-    let t = if greedy { 1.0 } else { f64::from(temperature) };
-    let scaled: Vec<f64> = logits.iter().map(|&l| f64::from(l) / t).collect();
-    let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let log_z = max + scaled.iter().map(|s| (s - max).exp()).sum::<f64>().ln();
-    let logprobs: Vec<f64> = scaled.iter().map(|s| s - log_z).collect();
-    let token = if greedy {
-        // first maximal index, as arg-max conventionally picks
-        let mut best = 0;
-        for (i, lp) in logprobs.iter().enumerate() {
-            if *lp > logprobs[best] {
-                best = i;
-            }
-        }
-        best
-    } else {
-        let mut order: Vec<usize> = (0..logprobs.len()).collect();
-        order.sort_by(|&a, &b| logprobs[b].total_cmp(&logprobs[a]));
-        let mut kept = Vec::new();
-        let mut mass = 0.0;
-        for &i in &order {
-            kept.push(i);
-            mass += logprobs[i].exp();
-            if mass >= f64::from(top_p) {
-                break;
-            }
-        }
-        let mut u = rng.random::<f64>() * mass;
-        let mut chosen = *kept.last().expect("at least one token is kept");
-        for &i in &kept {
-            u -= logprobs[i].exp();
-            if u <= 0.0 {
-                chosen = i;
-                break;
-            }
-        }
-        chosen
-    };
-    (token as u32, logprobs[token] as f32)
-}
-
 #[async_trait]
 impl Generator for BigramGenerator {
     fn name(&self) -> &str {
@@ -356,11 +312,11 @@ impl Generator for BigramGenerator {
                 ));
             }
             let row = &w.table[prev as usize * w.vocab..(prev as usize + 1) * w.vocab];
-            let (token, logprob) = sample_token(
+            let (token, logprob) = sample(
                 row,
                 request.sampling.temperature,
                 request.sampling.top_p,
-                &mut rng,
+                rng.random::<f64>(),
             );
             out.token_ids.push(token);
             out.behaviour_logprobs.push(logprob);

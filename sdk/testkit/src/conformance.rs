@@ -176,7 +176,7 @@ async fn check_interruption(generator: Arc<dyn Generator>, weights: WeightUpdate
     );
     let next = WeightUpdate {
         version: weights.version + 1,
-        tensors: weights.tensors.clone(),
+        ..weights.clone()
     };
     generator
         .update_weights(next)

@@ -35,7 +35,6 @@ mod tokenizer;
 
 pub use bigram::{
     BigramGenerator, BigramGeneratorOptions, BigramModel, BigramPolicy, BigramPolicyOptions, TABLE,
-    sample_token,
 };
 pub use successor::{
     FaultyOptions, FaultyVerifier, SuccessorTask, SuccessorTaskOptions, SuccessorVerifier,

@@ -29,10 +29,7 @@ fn bigram_policy_conforms() {
 #[tokio::test]
 async fn bigram_generator_conforms() {
     let policy = policy();
-    let weights = WeightUpdate {
-        version: 3,
-        tensors: Arc::new(policy.weights()),
-    };
+    let weights = WeightUpdate::new(3, policy.weights());
     let tokenizer = policy.tokenizer();
     for options in [
         BigramGeneratorOptions::default(),
@@ -55,10 +52,7 @@ async fn generator_and_policy_agree_on_logprobs() {
     let policy = policy();
     let generator = BigramGenerator::new(BigramGeneratorOptions::default());
     generator
-        .update_weights(WeightUpdate {
-            version: 0,
-            tensors: Arc::new(policy.weights()),
-        })
+        .update_weights(WeightUpdate::new(0, policy.weights()))
         .await
         .unwrap();
     for temperature in [1.0f32, 0.7] {

@@ -106,6 +106,12 @@ pub trait Policy: Send + 'static {
     /// Current weights as plain data, for the generators.
     fn weights(&self) -> Vec<NamedTensor>;
 
+    /// What the weights are, as the model's `config.json` would say it; sent to generators
+    /// with every weight update. By default `Null` (a generator that needs it cannot be used).
+    fn architecture(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
     /// Write a checkpoint into `dir`.
     fn save(&self, dir: &Path) -> Result<(), PluginError> {
         let _ = dir;
