@@ -29,6 +29,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 // The built-in plugins: naming the crates links their registrations.
 use areal_algo_ppo as _;
+use areal_gen_burn as _;
 use areal_model as _;
 use areal_testkit as _;
 

@@ -34,6 +34,7 @@ fn plugins_lists_every_built_in_plugin() {
     let expected = [
         ("algorithm", "decoupled-ppo"),
         ("algorithm", "ppo"),
+        ("generator", "burn"),
         ("generator", "testkit-bigram"),
         ("policy", "testkit-bigram"),
         ("policy", "transformer"),

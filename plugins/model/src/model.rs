@@ -86,6 +86,14 @@ fn write(slot: &mut Tensor<4>, ranges: [std::ops::Range<usize>; 4], values: Tens
     *slot = tensor.slice_assign(ranges, values);
 }
 
+impl LayerKv {
+    /// Store keys `k` and values `v` at `ranges` (in place when nothing else holds the cache).
+    pub fn write(&mut self, ranges: [std::ops::Range<usize>; 4], k: Tensor<4>, v: Tensor<4>) {
+        write(&mut self.k, ranges.clone(), k);
+        write(&mut self.v, ranges, v);
+    }
+}
+
 /// Normal(0, std) values from `rng`.
 fn normal(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
     (0..n)
@@ -329,9 +337,10 @@ impl Transformer {
     /// One decoding step for a batch whose rows have cached prefixes of different lengths.
     ///
     /// `tokens: [b, 1]` is each row's newest token, at position `positions[row]`; `cache[layer]`
-    /// holds `[b, kv_heads, capacity, hd]` keys and values of which row `r` uses the first
-    /// `positions[r]` entries. The new keys and values are written at `positions[row]` (which
-    /// must be below the capacity); the result is the logits `[b, vocab]`.
+    /// holds `[rows ≥ b, kv_heads, capacity, hd]` keys and values, of which row `r < b` uses
+    /// the first `positions[r]` entries (rows from `b` on are left alone). The new keys and
+    /// values are written at `positions[row]` (which must be below the capacity); the result
+    /// is the logits `[b, vocab]`.
     pub fn decode_step(
         &self,
         tokens: Tensor<2, Int>,
@@ -373,9 +382,12 @@ impl Transformer {
                 }
             }
             let mask = mask.clone().repeat_dim(1, layer.self_attn.heads);
-            x = x + layer
-                .self_attn
-                .attend(q, kv.k.clone(), kv.v.clone(), Some(mask), false);
+            let (keys, values) = if kv.k.dims()[0] == b {
+                (kv.k.clone(), kv.v.clone())
+            } else {
+                (kv.k.clone().narrow(0, 0, b), kv.v.clone().narrow(0, 0, b))
+            };
+            x = x + layer.self_attn.attend(q, keys, values, Some(mask), false);
             x = x.clone() + layer.mlp.forward(layer.post_attention_layernorm.forward(x));
         }
         let logits = self.logits(x);

@@ -1,0 +1,151 @@
+//! The in-process generator of areal-rs on the burn transformer (`areal-model`).
+//!
+//! One decoding thread owns the model and a key/value cache with a row per sequence.
+//! Continuous batching: every step feeds one token of every running sequence; a finished
+//! sequence leaves at once and a waiting one is prefilled into the freed row. Interruptible:
+//! `pause` (and any weight update) returns every running sequence with what it has and
+//! [`FinishReason::Interrupted`](areal_sdk::FinishReason::Interrupted); the engine resubmits
+//! them as prompt + partial output, recomputing the prefix with the new weights, so every
+//! token keeps the logprob and version of the policy that sampled it.
+//!
+//! Registered as the `burn` generator:
+//!
+//! ```toml
+//! [generator]
+//! kind = "burn"
+//! max_batch = 32   # sequences decoded together
+//! ```
+
+mod worker;
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+
+use areal_sdk::{
+    BuildContext, Completion, GenerateRequest, Generator, PluginConfig, PluginError, WeightUpdate,
+    register_generator,
+};
+use async_trait::async_trait;
+use burn::tensor::Device;
+use serde::Deserialize;
+use tokio::sync::oneshot;
+
+use crate::worker::{Command, Stats, Worker};
+
+/// Options of the `burn` generator.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BurnGeneratorOptions {
+    /// Sequences decoded together (rows of the cache). By default 32.
+    pub max_batch: usize,
+    /// Context length of the cache; by default the model's `max_position_embeddings`.
+    pub max_len: Option<usize>,
+}
+
+impl Default for BurnGeneratorOptions {
+    fn default() -> Self {
+        Self {
+            max_batch: 32,
+            max_len: None,
+        }
+    }
+}
+
+/// Decoding statistics since the generator started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GeneratorStats {
+    /// Batched decoding steps.
+    pub steps: u64,
+    /// Tokens generated (prefill samples included).
+    pub tokens: u64,
+    /// Most sequences decoded in one step.
+    pub max_active: usize,
+}
+
+/// The generator: a handle to its decoding thread.
+pub struct BurnGenerator {
+    commands: Mutex<mpsc::Sender<Command>>,
+    stats: Arc<Mutex<Stats>>,
+}
+
+fn gone() -> PluginError {
+    PluginError::failed("burn", "the decoding thread has stopped")
+}
+
+impl BurnGenerator {
+    /// Start a generator on `device` (a plain device: no autodiff).
+    pub fn new(options: &BurnGeneratorOptions, device: Device) -> Self {
+        let worker = Worker::new(device, options.max_batch.max(1), options.max_len);
+        let stats = worker.stats.clone();
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("areal-gen-burn".into())
+            .spawn(move || worker.run(rx))
+            .expect("spawn the decoding thread");
+        Self {
+            commands: Mutex::new(tx),
+            stats,
+        }
+    }
+
+    fn send(&self, command: Command) -> Result<(), PluginError> {
+        self.commands
+            .lock()
+            .expect("command lock")
+            .send(command)
+            .map_err(|_| gone())
+    }
+
+    /// Decoding statistics so far.
+    pub fn stats(&self) -> GeneratorStats {
+        let s = self.stats.lock().expect("stats lock");
+        GeneratorStats {
+            steps: s.steps,
+            tokens: s.tokens,
+            max_active: s.max_active,
+        }
+    }
+}
+
+#[async_trait]
+impl Generator for BurnGenerator {
+    fn name(&self) -> &str {
+        "burn"
+    }
+
+    async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Generate(request, tx))?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    async fn update_weights(&self, update: WeightUpdate) -> Result<(), PluginError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Update(update, tx))?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    async fn pause(&self) -> Result<(), PluginError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Pause(tx))?;
+        rx.await.map_err(|_| gone())
+    }
+
+    async fn resume(&self) -> Result<(), PluginError> {
+        self.send(Command::Resume)
+    }
+}
+
+fn build(config: &PluginConfig, _ctx: &BuildContext) -> Result<Arc<dyn Generator>, PluginError> {
+    let options: BurnGeneratorOptions = config.parse()?;
+    if options.max_batch == 0 {
+        return Err(config.invalid("max_batch", "must be at least 1, found 0"));
+    }
+    Ok(Arc::new(BurnGenerator::new(&options, Device::flex())))
+}
+
+register_generator!(
+    "burn",
+    "in-process generator on the burn transformer: batched, continuous, interruptible",
+    build
+);

@@ -1,0 +1,371 @@
+//! The decoding thread: one model, a slot-based KV cache, continuous batching.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{Receiver, TryRecvError};
+
+use areal_model::hf::import;
+use areal_model::{LayerKv, ModelConfig, Transformer};
+use areal_sdk::sampling::sample;
+use areal_sdk::{
+    Completion, FinishReason, GenerateRequest, PluginError, PolicyVersion, WeightUpdate, mix_seed,
+};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tokio::sync::oneshot;
+
+pub(crate) type Reply = oneshot::Sender<Result<Completion, PluginError>>;
+
+/// What the async side asks of the decoding thread.
+pub(crate) enum Command {
+    Generate(GenerateRequest, Reply),
+    Update(WeightUpdate, oneshot::Sender<Result<(), PluginError>>),
+    Pause(oneshot::Sender<()>),
+    Resume,
+}
+
+/// Counters the generator exposes.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub(crate) steps: u64,
+    pub(crate) tokens: u64,
+    pub(crate) max_active: usize,
+}
+
+struct Loaded {
+    config: ModelConfig,
+    model: Transformer,
+    version: PolicyVersion,
+    cache: Vec<LayerKv>,
+    capacity: usize,
+}
+
+/// A sequence being decoded; its index in `active` is its cache row.
+struct Active {
+    request: GenerateRequest,
+    reply: Reply,
+    out: Completion,
+    /// Tokens whose keys and values are in the cache.
+    cached: usize,
+    /// The newest token, sampled but not yet fed.
+    pending: u32,
+    /// Most tokens this sequence may still add (budget and cache capacity).
+    limit: usize,
+    rng: StdRng,
+}
+
+pub(crate) struct Worker {
+    device: Device,
+    max_batch: usize,
+    max_len: Option<usize>,
+    loaded: Option<Loaded>,
+    waiting: VecDeque<(GenerateRequest, Reply)>,
+    active: Vec<Active>,
+    paused: bool,
+    pub(crate) stats: std::sync::Arc<std::sync::Mutex<Stats>>,
+}
+
+fn failed(message: impl Into<String>) -> PluginError {
+    PluginError::failed("burn", message)
+}
+
+impl Worker {
+    pub(crate) fn new(device: Device, max_batch: usize, max_len: Option<usize>) -> Self {
+        Self {
+            device,
+            max_batch,
+            max_len,
+            loaded: None,
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            paused: false,
+            stats: Default::default(),
+        }
+    }
+
+    /// Serve commands until the generator is dropped.
+    pub(crate) fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            let busy = !self.active.is_empty() || (!self.paused && !self.waiting.is_empty());
+            if !busy {
+                match commands.recv() {
+                    Ok(command) => self.handle(command),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match commands.try_recv() {
+                    Ok(command) => self.handle(command),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return,
+                }
+            }
+            if self.paused {
+                continue;
+            }
+            self.admit();
+            self.step();
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Generate(request, reply) => self.waiting.push_back((request, reply)),
+            Command::Update(update, done) => {
+                // Caches were computed with the old weights: running sequences return what
+                // they have and are resubmitted by their callers.
+                self.interrupt_all();
+                let _ = done.send(self.load(update));
+            }
+            Command::Pause(done) => {
+                self.paused = true;
+                self.interrupt_all();
+                let _ = done.send(());
+            }
+            Command::Resume => self.paused = false,
+        }
+    }
+
+    fn interrupt_all(&mut self) {
+        for mut a in self.active.drain(..) {
+            a.out.finish_reason = FinishReason::Interrupted;
+            let _ = a.reply.send(Ok(a.out));
+        }
+    }
+
+    fn load(&mut self, update: WeightUpdate) -> Result<(), PluginError> {
+        let config: ModelConfig =
+            serde_json::from_value((*update.architecture).clone()).map_err(|e| {
+                failed(format!(
+                    "weight update {} does not describe a transformer: {e}",
+                    update.version
+                ))
+            })?;
+        let model = import(&config, update.tensors.as_ref().clone(), &self.device)?;
+        let capacity = self
+            .max_len
+            .unwrap_or(config.max_position_embeddings)
+            .min(config.max_position_embeddings);
+        let reuse = self
+            .loaded
+            .as_ref()
+            .is_some_and(|l| l.config == config && l.capacity == capacity);
+        let cache = match self.loaded.take() {
+            Some(old) if reuse => old.cache,
+            _ => {
+                let shape = [
+                    self.max_batch,
+                    config.kv_heads(),
+                    capacity,
+                    config.head_dim(),
+                ];
+                (0..config.num_hidden_layers)
+                    .map(|_| LayerKv {
+                        k: Tensor::zeros(shape, &self.device),
+                        v: Tensor::zeros(shape, &self.device),
+                    })
+                    .collect()
+            }
+        };
+        self.loaded = Some(Loaded {
+            config,
+            model,
+            version: update.version,
+            cache,
+            capacity,
+        });
+        Ok(())
+    }
+
+    /// Move waiting requests into free rows, prefilling their inputs.
+    fn admit(&mut self) {
+        while self.active.len() < self.max_batch {
+            let Some((request, reply)) = self.waiting.pop_front() else {
+                return;
+            };
+            if reply.is_closed() {
+                continue;
+            }
+            match self.prefill(request, reply) {
+                Ok(Some(active)) => self.active.push(active),
+                Ok(None) => {}
+                Err((reply, e)) => {
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
+    }
+
+    /// Run the input through the model into row `self.active.len()` and sample the first
+    /// token; a request that is complete after it is answered at once (`None`).
+    fn prefill(
+        &mut self,
+        request: GenerateRequest,
+        reply: Reply,
+    ) -> Result<Option<Active>, (Reply, PluginError)> {
+        let row = self.active.len();
+        let Some(loaded) = self.loaded.as_mut() else {
+            return Err((reply, failed("generate before any weights were loaded")));
+        };
+        let n = request.input_ids.len();
+        if n == 0 {
+            return Err((reply, failed("empty input")));
+        }
+        if n >= loaded.capacity {
+            return Err((
+                reply,
+                failed(format!(
+                    "input of {n} tokens does not fit the context of {} tokens",
+                    loaded.capacity
+                )),
+            ));
+        }
+        if let Some(bad) = request
+            .input_ids
+            .iter()
+            .find(|&&t| t as usize >= loaded.config.vocab_size)
+        {
+            return Err((
+                reply,
+                failed(format!(
+                    "token id {bad} is outside the vocabulary of {}",
+                    loaded.config.vocab_size
+                )),
+            ));
+        }
+        let mut out = Completion::empty(FinishReason::Length);
+        let limit = request.max_new_tokens.min(loaded.capacity - n);
+        if limit == 0 {
+            let _ = reply.send(Ok(out));
+            return Ok(None);
+        }
+        let ids: Vec<i64> = request.input_ids.iter().map(|&t| i64::from(t)).collect();
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), &self.device);
+        let (logits, kvs) = loaded.model.forward_with_kv(tokens);
+        for (layer, kv) in loaded.cache.iter_mut().zip(kvs) {
+            let [_, kvh, _, hd] = kv.k.dims();
+            layer.write([row..row + 1, 0..kvh, 0..n, 0..hd], kv.k, kv.v);
+        }
+        let last = logits
+            .narrow(1, n - 1, 1)
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .expect("f32 logits");
+        let seed = mix_seed(mix_seed(request.sampling.seed, request.sample_id), n as u64);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (token, logprob) = sample(
+            &last,
+            request.sampling.temperature,
+            request.sampling.top_p,
+            rng.random::<f64>(),
+        );
+        out.token_ids.push(token);
+        out.behaviour_logprobs.push(logprob);
+        out.versions.push(loaded.version);
+        self.stats.lock().expect("stats lock").tokens += 1;
+        let active = Active {
+            request,
+            reply,
+            out,
+            cached: n,
+            pending: token,
+            limit,
+            rng,
+        };
+        match finished(&active) {
+            Some(reason) => {
+                let mut out = active.out;
+                out.finish_reason = reason;
+                let _ = active.reply.send(Ok(out));
+                Ok(None)
+            }
+            None => Ok(Some(active)),
+        }
+    }
+
+    /// One token for every active sequence.
+    fn step(&mut self) {
+        let Some(loaded) = self.loaded.as_mut() else {
+            return;
+        };
+        // sequences whose callers went away leave first
+        let mut i = self.active.len();
+        while i > 0 {
+            i -= 1;
+            if self.active[i].reply.is_closed() {
+                remove_row(&mut self.active, &mut loaded.cache, i);
+            }
+        }
+        let b = self.active.len();
+        if b == 0 {
+            return;
+        }
+        let ids: Vec<i64> = self.active.iter().map(|a| i64::from(a.pending)).collect();
+        let positions: Vec<usize> = self.active.iter().map(|a| a.cached).collect();
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, 1]), &self.device);
+        let logits = loaded
+            .model
+            .decode_step(tokens, &positions, &mut loaded.cache);
+        let [_, vocab] = logits.dims();
+        let logits = logits
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .expect("f32 logits");
+        {
+            let mut stats = self.stats.lock().expect("stats lock");
+            stats.steps += 1;
+            stats.tokens += b as u64;
+            stats.max_active = stats.max_active.max(b);
+        }
+        for (row, a) in self.active.iter_mut().enumerate() {
+            a.cached += 1;
+            let u = a.rng.random::<f64>();
+            let (token, logprob) = sample(
+                &logits[row * vocab..(row + 1) * vocab],
+                a.request.sampling.temperature,
+                a.request.sampling.top_p,
+                u,
+            );
+            a.out.token_ids.push(token);
+            a.out.behaviour_logprobs.push(logprob);
+            a.out.versions.push(loaded.version);
+            a.pending = token;
+        }
+        let mut i = self.active.len();
+        while i > 0 {
+            i -= 1;
+            if let Some(reason) = finished(&self.active[i]) {
+                let mut done = remove_row(&mut self.active, &mut loaded.cache, i);
+                done.out.finish_reason = reason;
+                let _ = done.reply.send(Ok(done.out));
+            }
+        }
+    }
+}
+
+fn finished(a: &Active) -> Option<FinishReason> {
+    let last = *a.out.token_ids.last()?;
+    if a.request.stop_token_ids.contains(&last) {
+        Some(FinishReason::Stop)
+    } else if a.out.len() >= a.limit {
+        Some(FinishReason::Length)
+    } else {
+        None
+    }
+}
+
+/// Remove the sequence in `row`; the last row moves into its place, cache included.
+fn remove_row(active: &mut Vec<Active>, cache: &mut [LayerKv], row: usize) -> Active {
+    let last = active.len() - 1;
+    if row != last {
+        for layer in cache.iter_mut() {
+            let [_, kvh, cap, hd] = layer.k.dims();
+            let k = layer.k.clone().narrow(0, last, 1);
+            let v = layer.v.clone().narrow(0, last, 1);
+            layer.write([row..row + 1, 0..kvh, 0..cap, 0..hd], k, v);
+        }
+    }
+    active.swap_remove(row)
+}

@@ -1,0 +1,244 @@
+//! The burn generator: conformance, agreement with the trainer's logprobs, continuous batching.
+
+use std::sync::Arc;
+
+use areal_gen_burn::{BurnGenerator, BurnGeneratorOptions};
+use areal_model::{TransformerOptions, TransformerPolicy};
+use areal_sdk::{FinishReason, GenerateRequest, Generator, SamplingParams, WeightUpdate};
+use areal_sdk_train::burn::tensor::Device;
+use areal_sdk_train::{PackedBatch, Policy};
+use areal_testkit::conformance;
+
+const ALPHABET: &str = "0123456789+=, ";
+
+fn policy(seed: u64) -> TransformerPolicy {
+    let options = TransformerOptions {
+        hidden_size: 32,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        max_positions: 96,
+        ..TransformerOptions::default()
+    };
+    TransformerPolicy::fresh(&options, ALPHABET, seed, &Device::flex()).unwrap()
+}
+
+fn update(policy: &TransformerPolicy, version: i64) -> WeightUpdate {
+    WeightUpdate::new(version, policy.weights()).with_architecture(policy.architecture())
+}
+
+fn generator(max_batch: usize) -> Arc<BurnGenerator> {
+    Arc::new(BurnGenerator::new(
+        &BurnGeneratorOptions {
+            max_batch,
+            max_len: None,
+        },
+        Device::flex(),
+    ))
+}
+
+fn request(
+    id: u64,
+    input: Vec<u32>,
+    max_new_tokens: usize,
+    sampling: SamplingParams,
+    stop: Vec<u32>,
+) -> GenerateRequest {
+    GenerateRequest {
+        sample_id: id,
+        input_ids: input,
+        max_new_tokens,
+        sampling,
+        stop_token_ids: stop,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burn_generator_conforms() {
+    let p = policy(1);
+    for max_batch in [1, 4] {
+        conformance::check_generator(
+            generator(max_batch),
+            update(&p, 2),
+            p.tokenizer().as_ref(),
+            "12+34=",
+        )
+        .await;
+    }
+}
+
+/// Many concurrent samples decoded in shared batches get exactly the logprobs the trainer
+/// computes for them: prefill, cache rows, row moves and sampling all agree with a full pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behaviour_logprobs_are_the_policys() {
+    let p = policy(3);
+    let g = generator(5);
+    g.update_weights(update(&p, 0)).await.unwrap();
+    let tokenizer = p.tokenizer();
+    let stop = tokenizer.stop_token_ids();
+    for temperature in [1.0f32, 0.6] {
+        let mut calls = Vec::new();
+        for i in 0..12u64 {
+            let prompt = tokenizer.encode(&format!("{}+{}=", i * 7, i + 3)).unwrap();
+            let max = 5 + (i as usize * 3) % 20;
+            let r = request(
+                i,
+                prompt.clone(),
+                max,
+                SamplingParams {
+                    temperature,
+                    top_p: 1.0,
+                    seed: 11,
+                },
+                stop.clone(),
+            );
+            let g = g.clone();
+            calls.push(tokio::spawn(async move {
+                (prompt, max, g.generate(r).await.unwrap())
+            }));
+        }
+        let mut batch = PackedBatch::new(temperature);
+        let mut outs = Vec::new();
+        for call in calls {
+            let (prompt, max, c) = call.await.unwrap();
+            assert!(c.len() <= max);
+            assert!(c.versions.iter().all(|&v| v == 0));
+            let mut seq = prompt.clone();
+            seq.extend(&c.token_ids);
+            batch.push(&seq);
+            outs.push((prompt.len(), c));
+        }
+        let lp: Vec<f32> = p
+            .logprobs_no_grad(&batch)
+            .unwrap()
+            .into_data()
+            .try_to_vec()
+            .unwrap();
+        for ((prompt_len, c), range) in outs.iter().zip(batch.ranges()) {
+            for (j, behaviour) in c.behaviour_logprobs.iter().enumerate() {
+                let trainer = lp[range.start + prompt_len + j];
+                assert!(
+                    (trainer - behaviour).abs() < 1e-4,
+                    "token {j}: generator {behaviour}, trainer {trainer}"
+                );
+            }
+        }
+    }
+    let stats = g.stats();
+    assert_eq!(
+        stats.max_active, 5,
+        "sequences were decoded in full batches"
+    );
+}
+
+/// Greedy output does not depend on what else is in the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_output_is_batch_invariant() {
+    let p = policy(4);
+    let tokenizer = p.tokenizer();
+    let prompt = tokenizer.encode("98+76=").unwrap();
+    let alone = generator(1);
+    alone.update_weights(update(&p, 0)).await.unwrap();
+    let single = alone
+        .generate(request(
+            0,
+            prompt.clone(),
+            30,
+            SamplingParams::greedy(),
+            vec![],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(single.finish_reason, FinishReason::Length);
+
+    let shared = generator(8);
+    shared.update_weights(update(&p, 0)).await.unwrap();
+    let mut calls = Vec::new();
+    for i in 0..8u64 {
+        let input = if i == 5 {
+            prompt.clone()
+        } else {
+            tokenizer.encode(&format!("{i}{i}+1=")).unwrap()
+        };
+        let g = shared.clone();
+        let r = request(
+            i,
+            input,
+            10 + 4 * i as usize,
+            SamplingParams {
+                temperature: 1.0,
+                top_p: 0.9,
+                seed: i,
+            },
+            vec![],
+        );
+        let r = if i == 5 {
+            request(5, prompt.clone(), 30, SamplingParams::greedy(), vec![])
+        } else {
+            r
+        };
+        calls.push(tokio::spawn(async move { g.generate(r).await.unwrap() }));
+    }
+    let results: Vec<_> = futures_join(calls).await;
+    assert_eq!(results[5].token_ids, single.token_ids);
+    for (i, c) in results.iter().enumerate() {
+        if i != 5 {
+            assert_eq!(c.len(), 10 + 4 * i, "sample {i} ran to its own budget");
+        }
+    }
+}
+
+async fn futures_join<T: Send + 'static>(handles: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_the_problem() {
+    let p = policy(5);
+    let g = generator(2);
+    let err = g
+        .generate(request(0, vec![2, 3], 4, SamplingParams::greedy(), vec![]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("before any weights"), "{err}");
+    g.update_weights(update(&p, 0)).await.unwrap();
+    let err = g
+        .generate(request(0, vec![2, 99], 4, SamplingParams::greedy(), vec![]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("99") && err.contains("vocabulary"), "{err}");
+    let err = g
+        .generate(request(
+            0,
+            vec![2; 200],
+            4,
+            SamplingParams::greedy(),
+            vec![],
+        ))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("200 tokens") && err.contains("96"), "{err}");
+    // a request near the end of the context stops at the context
+    let c = g
+        .generate(request(
+            0,
+            vec![2; 90],
+            50,
+            SamplingParams::greedy(),
+            vec![],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(c.len(), 6);
+    assert_eq!(c.finish_reason, FinishReason::Length);
+    let bad = WeightUpdate::new(1, p.weights());
+    let err = g.update_weights(bad).await.unwrap_err().to_string();
+    assert!(err.contains("does not describe a transformer"), "{err}");
+}
