@@ -216,11 +216,12 @@ impl Attention {
         let [b, _, t, _] = q.dims();
         let repeat = self.heads / self.kv_heads;
         let (k, v) = if repeat > 1 {
+            // each key/value head serves `repeat` consecutive query heads (concatenation is
+            // much faster than repeat_dim on burn's CPU backend)
             let expand = |x: Tensor<4>| {
                 let [b, h, l, d] = x.dims();
-                x.unsqueeze_dim::<5>(2)
-                    .repeat_dim(2, repeat)
-                    .reshape([b, h * repeat, l, d])
+                let x = x.unsqueeze_dim::<5>(2);
+                Tensor::cat(vec![x; repeat], 2).reshape([b, h * repeat, l, d])
             };
             (expand(k), expand(v))
         } else {
@@ -357,37 +358,63 @@ impl Transformer {
             positions.iter().all(|&p| p < capacity),
             "decode position past the cache capacity {capacity}"
         );
-        // each row sees its cached prefix and the token it is adding
-        let mut masked = Vec::with_capacity(b * capacity);
+        // attention reads only the cache positions some row uses
+        let used = positions.iter().max().map_or(0, |p| p + 1);
+        let (kv_heads, group) = {
+            let a = &self.layers[0].self_attn;
+            (a.kv_heads, a.heads / a.kv_heads)
+        };
+        // the queries of one key/value head attend together: [b, kv_heads, group, used]
+        let mut masked = Vec::with_capacity(b * kv_heads * group * used);
         for &p in positions {
-            masked.extend((0..capacity).map(|j| j > p));
+            for _ in 0..kv_heads * group {
+                masked.extend((0..used).map(|j| j > p));
+            }
         }
-        let mask =
-            Tensor::<4, Bool>::from_data(TensorData::new(masked, [b, 1, 1, capacity]), &device);
+        let mask = Tensor::<4, Bool>::from_data(
+            TensorData::new(masked, [b, kv_heads, group, used]),
+            &device,
+        );
         let same = positions.windows(2).all(|w| w[0] == w[1]);
         let mut x = self.embed_tokens.forward(tokens);
         for (layer, kv) in self.layers.iter().zip(cache.iter_mut()) {
+            let attn = &layer.self_attn;
             let h = layer.input_layernorm.forward(x.clone());
-            let (q, k, v) = layer.self_attn.project(h, cos.clone(), sin.clone());
-            let [_, kvh, _, _] = k.dims();
+            let (q, k, v) = attn.project(h, cos.clone(), sin.clone());
             if same {
                 let p = positions[0];
-                write(&mut kv.k, [0..b, 0..kvh, p..p + 1, 0..hd], k);
-                write(&mut kv.v, [0..b, 0..kvh, p..p + 1, 0..hd], v);
+                kv.write([0..b, 0..kv_heads, p..p + 1, 0..hd], k, v);
             } else {
                 for (r, &p) in positions.iter().enumerate() {
-                    let range = [r..r + 1, 0..kvh, p..p + 1, 0..hd];
-                    write(&mut kv.k, range.clone(), k.clone().narrow(0, r, 1));
-                    write(&mut kv.v, range, v.clone().narrow(0, r, 1));
+                    let range = [r..r + 1, 0..kv_heads, p..p + 1, 0..hd];
+                    kv.write(range, k.clone().narrow(0, r, 1), v.clone().narrow(0, r, 1));
                 }
             }
-            let mask = mask.clone().repeat_dim(1, layer.self_attn.heads);
-            let (keys, values) = if kv.k.dims()[0] == b {
-                (kv.k.clone(), kv.v.clone())
-            } else {
-                (kv.k.clone().narrow(0, 0, b), kv.v.clone().narrow(0, 0, b))
+            let rows = kv.k.dims()[0];
+            let window = |t: &Tensor<4>| {
+                if rows == b && used == capacity {
+                    t.clone()
+                } else {
+                    t.clone().slice([0..b, 0..kv_heads, 0..used, 0..hd])
+                }
             };
-            x = x + layer.self_attn.attend(q, keys, values, Some(mask), false);
+            // grouped-query attention without copying keys: each key/value head's queries
+            // are folded into the query axis
+            let q = q.reshape([b, kv_heads, group, hd]);
+            let options = AttentionModuleOptions {
+                scale: None,
+                softcap: None,
+                is_causal: false,
+            };
+            let out = attention(
+                q,
+                window(&kv.k),
+                window(&kv.v),
+                Some(mask.clone()),
+                None,
+                options,
+            );
+            x = x + attn.o_proj.forward(out.reshape([b, 1, attn.heads * hd]));
             x = x.clone() + layer.mlp.forward(layer.post_attention_layernorm.forward(x));
         }
         let logits = self.logits(x);
