@@ -13,6 +13,9 @@ pub enum Split {
     Train,
     /// Held-out prompts, disjoint from `Train`, for evaluation.
     Eval,
+    /// Held-out prompts, disjoint from `Train` and `Eval`, for model selection and early
+    /// stopping (so that `Eval` stays untouched until it is reported).
+    Validation,
 }
 
 impl Split {
@@ -21,6 +24,7 @@ impl Split {
         match self {
             Split::Train => "train",
             Split::Eval => "eval",
+            Split::Validation => "validation",
         }
     }
 }
@@ -47,6 +51,13 @@ pub trait Task: Send + Sync + 'static {
 
     /// The item at `index` of `split`: the same index always gives the same item.
     fn item(&self, split: Split, index: u64) -> Result<TaskItem, PluginError>;
+
+    /// A demonstration (a whole response) for `item`, for supervised warm-up; `None` when the
+    /// task has none (the default).
+    fn demonstration(&self, item: &TaskItem) -> Result<Option<String>, PluginError> {
+        let _ = item;
+        Ok(None)
+    }
 }
 
 /// Text to token ids and back; provided by the model so prompts and outputs agree with it.

@@ -31,6 +31,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use areal_algo_ppo as _;
 use areal_gen_burn as _;
 use areal_model as _;
+use areal_tasks as _;
 use areal_testkit as _;
 
 /// Fully asynchronous RL for language models on reasoning tasks.

@@ -38,8 +38,10 @@ fn plugins_lists_every_built_in_plugin() {
         ("generator", "testkit-bigram"),
         ("policy", "testkit-bigram"),
         ("policy", "transformer"),
+        ("reward", "chain-sum"),
         ("reward", "testkit-faulty"),
         ("reward", "testkit-successor"),
+        ("task", "chain-sum"),
         ("task", "testkit-successor"),
     ];
     let expected: Vec<(String, String)> = expected

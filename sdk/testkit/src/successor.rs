@@ -37,8 +37,8 @@ impl Default for SuccessorTaskOptions {
     }
 }
 
-/// Prompts are single letters: the train split draws them at random, the eval split holds
-/// each letter once.
+/// Prompts are single letters: the train split draws them at random, the eval and validation
+/// splits hold each letter once.
 #[derive(Clone, Debug)]
 pub struct SuccessorTask {
     options: SuccessorTaskOptions,
@@ -70,7 +70,8 @@ impl Task for SuccessorTask {
     fn len(&self, split: Split) -> Option<usize> {
         match split {
             Split::Train => None,
-            Split::Eval => Some(self.options.letters as usize),
+            // with so few prompts, both held-out splits are every letter once
+            Split::Eval | Split::Validation => Some(self.options.letters as usize),
         }
     }
 
@@ -80,13 +81,14 @@ impl Task for SuccessorTask {
                 let letter = (mix_seed(self.seed, index) % u64::from(self.options.letters)) as u32;
                 Ok(self.item_for(format!("train-{index}"), letter))
             }
-            Split::Eval if index < u64::from(self.options.letters) => {
-                Ok(self.item_for(format!("eval-{index}"), index as u32))
+            Split::Eval | Split::Validation if index < u64::from(self.options.letters) => {
+                Ok(self.item_for(format!("{}-{index}", split.as_str()), index as u32))
             }
-            Split::Eval => Err(PluginError::failed(
+            Split::Eval | Split::Validation => Err(PluginError::failed(
                 self.name(),
                 format!(
-                    "eval index {index} out of range (the split has {} items)",
+                    "{} index {index} out of range (the split has {} items)",
+                    split.as_str(),
                     self.options.letters
                 ),
             )),

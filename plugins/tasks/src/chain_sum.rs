@@ -1,0 +1,309 @@
+//! `chain-sum`: add a chain of digits step by step.
+//!
+//! A prompt is a sum of `n` digits, `5+8+3=`; the expected response keeps a running total,
+//! one step per term, and ends with the answer after `>`:
+//!
+//! ```text
+//! 5+8+3=  →  5+8=13,13+3=16>16
+//! ```
+//!
+//! Response length grows with `n` (9 characters for two terms, ~90 for twelve), and `n` follows
+//! a decaying distribution, so a few prompts take far longer to answer than most: the long tail
+//! asynchronous RL is meant for.
+//!
+//! **Demonstrations are imperfect on purpose.** The demonstrator forgets the carry — writes
+//! `18+5=13` instead of `23` — with probability `demo_carry_error` (0.6 by default) whenever a
+//! step crosses a multiple of ten, and carries on from its own wrong total. A model warmed up on
+//! them learns to forget carries more often than not; the reward (the final answer is right)
+//! is what teaches it to carry. Everything else in the demonstrations is correct.
+//!
+//! **Splits are disjoint by construction**: a prompt's hash puts it in exactly one of train,
+//! validation and eval; the held-out splits are lists of distinct prompts fixed by the task's
+//! seed.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use areal_sdk::{
+    BuildContext, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, Split, Task,
+    TaskItem, Verdict, VerifyContext, mix_seed,
+};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde::Deserialize;
+use serde_json::json;
+
+/// Characters of prompts and responses.
+pub const ALPHABET: &str = "0123456789+=,>";
+
+/// Options of the `chain-sum` task.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChainSumOptions {
+    /// Fewest terms of a prompt. By default 2.
+    pub min_terms: usize,
+    /// Most terms of a prompt. By default 12.
+    pub max_terms: usize,
+    /// P(n terms) ∝ decay^(n − min_terms). By default 0.8.
+    pub decay: f64,
+    /// Size of the eval split. By default 500.
+    pub eval_items: usize,
+    /// Size of the validation split. By default 200.
+    pub validation_items: usize,
+    /// Probability that the demonstrator forgets a carry. By default 0.6.
+    pub demo_carry_error: f64,
+}
+
+impl Default for ChainSumOptions {
+    fn default() -> Self {
+        Self {
+            min_terms: 2,
+            max_terms: 12,
+            decay: 0.8,
+            eval_items: 500,
+            validation_items: 200,
+            demo_carry_error: 0.6,
+        }
+    }
+}
+
+/// The task.
+#[derive(Clone, Debug)]
+pub struct ChainSum {
+    options: ChainSumOptions,
+    seed: u64,
+    eval: Arc<Vec<Vec<u32>>>,
+    validation: Arc<Vec<Vec<u32>>>,
+}
+
+/// FNV-1a: a stable hash that decides each prompt's split.
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The split a prompt belongs to: 1 in 20 to eval, 1 in 20 to validation, the rest to train.
+pub fn split_of(prompt: &str) -> Split {
+    match fnv1a(prompt) % 20 {
+        0 => Split::Eval,
+        1 => Split::Validation,
+        _ => Split::Train,
+    }
+}
+
+/// `5+8+3=` for terms 5, 8, 3.
+pub fn prompt(terms: &[u32]) -> String {
+    let body: Vec<String> = terms.iter().map(u32::to_string).collect();
+    format!("{}=", body.join("+"))
+}
+
+/// The response with running totals; `forget(step)` says whether the demonstrator forgets the
+/// carry at a step that crosses a multiple of ten.
+pub fn response(terms: &[u32], mut forget: impl FnMut() -> bool) -> String {
+    let mut total = terms[0];
+    let mut steps = Vec::with_capacity(terms.len());
+    for &t in &terms[1..] {
+        let mut next = total + t;
+        if total % 10 + t >= 10 && forget() {
+            next -= 10;
+        }
+        steps.push(format!("{total}+{t}={next}"));
+        total = next;
+    }
+    format!("{}>{total}", steps.join(","))
+}
+
+impl ChainSum {
+    /// The task with `options`; its splits follow from `seed`.
+    pub fn new(options: ChainSumOptions, seed: u64) -> Self {
+        let mut task = Self {
+            options,
+            seed,
+            eval: Arc::default(),
+            validation: Arc::default(),
+        };
+        task.eval = Arc::new(task.held_out(Split::Eval, task.options.eval_items));
+        task.validation = Arc::new(task.held_out(Split::Validation, task.options.validation_items));
+        task
+    }
+
+    fn draw(&self, rng: &mut StdRng) -> Vec<u32> {
+        let o = &self.options;
+        let weights: Vec<f64> = (o.min_terms..=o.max_terms)
+            .map(|n| o.decay.powi((n - o.min_terms) as i32))
+            .collect();
+        let mut u = rng.random::<f64>() * weights.iter().sum::<f64>();
+        let mut n = o.max_terms;
+        for (i, w) in weights.iter().enumerate() {
+            if u < *w {
+                n = o.min_terms + i;
+                break;
+            }
+            u -= w;
+        }
+        (0..n).map(|_| rng.random_range(1..=9)).collect()
+    }
+
+    /// Draw prompts from `stream` until one falls in `split`.
+    fn draw_in(&self, split: Split, rng: &mut StdRng) -> Vec<u32> {
+        loop {
+            let terms = self.draw(rng);
+            if split_of(&prompt(&terms)) == split {
+                return terms;
+            }
+        }
+    }
+
+    fn held_out(&self, split: Split, count: usize) -> Vec<Vec<u32>> {
+        let mut rng = StdRng::seed_from_u64(mix_seed(self.seed, split as u64 + 101));
+        let mut seen = HashSet::new();
+        let mut out = Vec::with_capacity(count);
+        let mut attempts = 0usize;
+        while out.len() < count && attempts < count * 1000 {
+            attempts += 1;
+            let terms = self.draw_in(split, &mut rng);
+            if seen.insert(prompt(&terms)) {
+                out.push(terms);
+            }
+        }
+        out
+    }
+
+    fn item_for(&self, id: String, terms: &[u32]) -> TaskItem {
+        TaskItem {
+            id,
+            prompt: prompt(terms),
+            reference: json!({ "terms": terms, "answer": terms.iter().sum::<u32>() }),
+        }
+    }
+}
+
+impl Task for ChainSum {
+    fn name(&self) -> &str {
+        "chain-sum"
+    }
+
+    fn len(&self, split: Split) -> Option<usize> {
+        match split {
+            Split::Train => None,
+            Split::Eval => Some(self.eval.len()),
+            Split::Validation => Some(self.validation.len()),
+        }
+    }
+
+    fn item(&self, split: Split, index: u64) -> Result<TaskItem, PluginError> {
+        let id = format!("{}-{index}", split.as_str());
+        match split {
+            Split::Train => {
+                let mut rng = StdRng::seed_from_u64(mix_seed(self.seed, index));
+                let terms = self.draw_in(Split::Train, &mut rng);
+                Ok(self.item_for(id, &terms))
+            }
+            Split::Eval | Split::Validation => {
+                let list = if split == Split::Eval {
+                    &self.eval
+                } else {
+                    &self.validation
+                };
+                let terms = list.get(index as usize).ok_or_else(|| {
+                    PluginError::failed(
+                        self.name(),
+                        format!("{} has {} items, not {index}", split.as_str(), list.len()),
+                    )
+                })?;
+                Ok(self.item_for(id, terms))
+            }
+        }
+    }
+
+    fn demonstration(&self, item: &TaskItem) -> Result<Option<String>, PluginError> {
+        let terms = terms_of(item)?;
+        let mut rng = StdRng::seed_from_u64(mix_seed(self.seed ^ 0xdead_beef, fnv1a(&item.id)));
+        let p = self.options.demo_carry_error;
+        Ok(Some(response(&terms, || rng.random::<f64>() < p)))
+    }
+}
+
+fn terms_of(item: &TaskItem) -> Result<Vec<u32>, PluginError> {
+    item.reference["terms"]
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .map(|t| t.as_u64().map(|t| t as u32))
+                .collect::<Option<Vec<_>>>()
+        })
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| PluginError::failed("chain-sum", format!("item {} has no `terms`", item.id)))
+}
+
+pub(crate) fn build_task(
+    config: &PluginConfig,
+    ctx: &BuildContext,
+) -> Result<Arc<dyn Task>, PluginError> {
+    let o: ChainSumOptions = config.parse()?;
+    if o.min_terms < 2 || o.max_terms < o.min_terms || o.max_terms > 40 {
+        return Err(config.invalid(
+            "max_terms",
+            format!(
+                "terms must satisfy 2 ≤ min_terms ≤ max_terms ≤ 40, found {}..={}",
+                o.min_terms, o.max_terms
+            ),
+        ));
+    }
+    if !(o.decay > 0.0 && o.decay <= 1.0) {
+        return Err(config.invalid("decay", format!("must be in (0, 1], found {}", o.decay)));
+    }
+    if !(0.0..=1.0).contains(&o.demo_carry_error) {
+        return Err(config.invalid(
+            "demo_carry_error",
+            format!("must be in [0, 1], found {}", o.demo_carry_error),
+        ));
+    }
+    Ok(Arc::new(ChainSum::new(o, ctx.seed)))
+}
+
+/// The final answer of a response: the digits after its last `>`.
+pub fn final_answer(response: &str) -> Option<u64> {
+    let tail = response.rsplit_once('>')?.1.trim();
+    if tail.is_empty() || !tail.bytes().all(|b| b.is_ascii_digit()) || tail.len() > 18 {
+        return None;
+    }
+    tail.parse().ok()
+}
+
+/// Reward 1 when the final answer is the sum, 0 otherwise.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ChainSumVerifier;
+
+impl RewardVerifier for ChainSumVerifier {
+    fn name(&self) -> &str {
+        "chain-sum"
+    }
+
+    fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {
+        let answer = input.reference["answer"].as_u64().ok_or_else(|| {
+            PluginError::failed(
+                self.name(),
+                format!("item {} has no integer `answer`", input.item_id),
+            )
+        })?;
+        let reward = match final_answer(&input.completion) {
+            None => Reward::new(0.0, Verdict::NoAnswer),
+            Some(a) if a == answer => Reward::new(1.0, Verdict::Accepted).with_detail("answer", a),
+            Some(a) => Reward::new(0.0, Verdict::WrongAnswer).with_detail("answer", a),
+        };
+        Ok(reward.with_version(env!("CARGO_PKG_VERSION")))
+    }
+}
+
+pub(crate) fn build_verifier(
+    config: &PluginConfig,
+    _ctx: &BuildContext,
+) -> Result<Arc<dyn RewardVerifier>, PluginError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NoOptions {}
+    let _: NoOptions = config.parse()?;
+    Ok(Arc::new(ChainSumVerifier))
+}

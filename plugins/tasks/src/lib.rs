@@ -1,0 +1,27 @@
+//! Built-in tasks of areal-rs.
+//!
+//! - `chain-sum` (task and reward): add a chain of digits step by step, with imperfect
+//!   demonstrations for the supervised warm-up; see [`chain_sum`].
+//!
+//! ```
+//! use areal_sdk::{Split, Task};
+//! use areal_tasks::chain_sum::{ChainSum, ChainSumOptions, response};
+//!
+//! let task = ChainSum::new(ChainSumOptions::default(), 1);
+//! assert_eq!(task.len(Split::Eval), Some(500));
+//! assert_eq!(response(&[5, 8, 3], || false), "5+8=13,13+3=16>16");
+//! assert_eq!(response(&[5, 8, 3], || true), "5+8=3,3+3=6>6");
+//! ```
+
+pub mod chain_sum;
+
+areal_sdk::register_task!(
+    "chain-sum",
+    "add a chain of digits step by step (response length grows with the chain); imperfect demonstrations",
+    chain_sum::build_task
+);
+areal_sdk::register_reward!(
+    "chain-sum",
+    "1 when the answer after the last `>` is the sum of the prompt's digits",
+    chain_sum::build_verifier
+);
