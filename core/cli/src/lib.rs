@@ -57,6 +57,32 @@ enum Command {
     },
     /// Print the resolved config (defaults, file and overrides merged) as TOML.
     Config(ConfigArgs),
+    /// Evaluate a checkpoint on the task's held-out split: greedy pass@1, or pass@k sampled.
+    Eval(EvalArgs),
+}
+
+#[derive(Debug, Args)]
+struct EvalArgs {
+    /// A checkpoint folder (e.g. `runs/NAME/checkpoint`).
+    checkpoint: PathBuf,
+    /// The run's config; by default the `config.toml` next to the checkpoint, if any.
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Which held-out split.
+    #[arg(long, default_value = "eval", value_parser = ["eval", "validation"])]
+    split: String,
+    /// Completions per item: 1 is greedy pass@1; more are sampled for pass@k.
+    #[arg(short, long, default_value_t = 1)]
+    k: usize,
+    /// Sampling temperature for k > 1 (default: the run's `rollout.temperature`).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Evaluate at most this many items (0: all).
+    #[arg(long, default_value_t = 0)]
+    max_items: usize,
+    /// Print this many graded completions.
+    #[arg(long, default_value_t = 0)]
+    show: usize,
 }
 
 #[derive(Debug, Args)]
@@ -142,6 +168,7 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Train(args) => train(args, started),
+        Command::Eval(args) => eval(args),
     }
 }
 
@@ -183,10 +210,9 @@ fn loader(args: &ConfigArgs) -> Result<ConfigLoader, ConfigError> {
     Ok(loader)
 }
 
-fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
-    let loader = loader(&args.config)?;
+/// Load the config and build its plugins, reporting engine and plugin problems together.
+fn config_and_plugins(loader: &ConfigLoader) -> anyhow::Result<(areal_core::Config, Plugins)> {
     let config = loader.load_unchecked()?;
-    // Report the engine's problems and every plugin's together.
     let mut problems = loader.problems(&config);
     let plugins = match Plugins::build(&config) {
         Ok(plugins) if problems.is_empty() => plugins,
@@ -202,6 +228,11 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e.into()),
     };
+    Ok((config, plugins))
+}
+
+fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
+    let (config, plugins) = config_and_plugins(&loader(&args.config)?)?;
     let out = args
         .out
         .unwrap_or_else(|| Path::new("runs").join(utc_timestamp()));
@@ -242,6 +273,90 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
             summary.reward_mean_last,
         );
         println!("run folder: {}", out.display());
+    }
+    Ok(())
+}
+
+fn eval(args: EvalArgs) -> anyhow::Result<()> {
+    let mut config_args = args.config;
+    if config_args.config.is_none() {
+        // a checkpoint inside a run folder: use that run's config
+        let beside = args.checkpoint.parent().map(|p| p.join("config.toml"));
+        config_args.config = beside.filter(|p| p.exists());
+    }
+    let (config, plugins) = config_and_plugins(&loader(&config_args)?)?;
+    let split = if args.split == "validation" {
+        areal_sdk::Split::Validation
+    } else {
+        areal_sdk::Split::Eval
+    };
+    let k = args.k.max(1);
+    let sampling = if k == 1 {
+        areal_sdk::SamplingParams::greedy()
+    } else {
+        areal_sdk::SamplingParams {
+            temperature: args.temperature.unwrap_or(config.rollout.temperature),
+            top_p: config.rollout.top_p,
+            seed: config.seed,
+        }
+    };
+    let r = &config.rollout;
+    let spec = areal_core::eval::EvalSpec {
+        split,
+        max_items: args.max_items,
+        samples: k,
+        sampling,
+        max_new_tokens: r.max_new_tokens,
+        concurrency: r.max_concurrent * r.group_size,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let outcome = runtime.block_on(areal_core::eval::evaluate_checkpoint(
+        &config,
+        plugins,
+        &args.checkpoint,
+        &spec,
+    ))?;
+    #[allow(clippy::print_stdout)]
+    {
+        for item in outcome.results.iter().take(args.show) {
+            for g in &item.completions {
+                println!(
+                    "{}  {}{}  [{}]",
+                    item.item_id,
+                    item.prompt,
+                    g.completion,
+                    g.verdict.as_str()
+                );
+            }
+        }
+        if k == 1 {
+            println!(
+                "{}: greedy pass@1 {:.3} on {} {} items (reward {:.3})",
+                args.checkpoint.display(),
+                outcome.accuracy,
+                outcome.items,
+                split.as_str(),
+                outcome.reward_mean
+            );
+        } else {
+            println!(
+                "{}: pass@1 {:.3}, pass@{k} {:.3} on {} {} items, {k} samples each at temperature {}",
+                args.checkpoint.display(),
+                outcome.accuracy,
+                outcome.pass_at_k,
+                outcome.items,
+                split.as_str(),
+                spec.sampling.temperature
+            );
+        }
+        println!(
+            "{}",
+            serde_json::to_string(&outcome).expect("the outcome serialises")
+        );
     }
     Ok(())
 }
@@ -295,6 +410,13 @@ impl Observer for Progress {
             }
             None => {}
         }
+    }
+
+    fn on_warmup(&self, m: &areal_core::WarmupMetrics) {
+        self.line(format!(
+            "warm-up step {}: loss {:.3}, validation accuracy {:.3} ({:.0} s, {:.0} tokens/s)",
+            m.step, m.loss, m.validation_accuracy, m.seconds, m.tokens_per_s
+        ));
     }
 
     fn on_eval(&self, m: &EvalMetrics) {

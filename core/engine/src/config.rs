@@ -42,6 +42,9 @@ pub struct Config {
     /// Held-out evaluation.
     #[serde(default)]
     pub eval: EvalConfig,
+    /// Supervised warm-up before RL.
+    #[serde(default)]
+    pub warmup: crate::warmup::WarmupConfig,
 }
 
 fn default_seed() -> u64 {
@@ -65,6 +68,7 @@ impl Default for Config {
             reward_service: RewardServiceConfig::default(),
             train: TrainConfig::default(),
             eval: EvalConfig::default(),
+            warmup: crate::warmup::WarmupConfig::default(),
         }
     }
 }
@@ -265,6 +269,7 @@ impl Config {
         if let Err(message) = crate::device::parse_device(&t.device) {
             p.0.push(("train.device".into(), message));
         }
+        p.0.extend(self.warmup.problems());
         p.0
     }
 

@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde::Serialize;
 use tokio::runtime::Handle;
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
 use crate::buffer::ReplayBuffer;
@@ -29,6 +29,7 @@ use crate::reward_service::RewardService;
 use crate::rollout::{GroupSpec, Rollout};
 use crate::staleness::{AdmissionCounts, StalenessManager};
 use crate::trainer::{StepReport, TrainerSettings, train_step};
+use crate::warmup::{self, WarmupMetrics, WarmupReport};
 
 /// The plugins of a run.
 pub struct Plugins {
@@ -125,6 +126,11 @@ pub trait Observer: Send + Sync {
     fn on_eval(&self, metrics: &EvalMetrics) {
         let _ = metrics;
     }
+
+    /// A warm-up evaluation finished.
+    fn on_warmup(&self, metrics: &WarmupMetrics) {
+        let _ = metrics;
+    }
 }
 
 /// An observer that does nothing.
@@ -187,6 +193,11 @@ pub struct RunSummary {
     pub groups_rejected: u64,
     /// Samples lost to verifier failures.
     pub reward_failures: u64,
+    /// Seconds the supervised warm-up took (when it ran; a reused one reports its original
+    /// time), 0 without warm-up.
+    pub warmup_seconds: f64,
+    /// The warm-up, if there was one.
+    pub warmup: Option<WarmupReport>,
     /// Every evaluation.
     pub evals: Vec<EvalMetrics>,
 }
@@ -204,6 +215,7 @@ struct Shared {
     fatal: Mutex<Option<EngineError>>,
     consecutive_failures: AtomicUsize,
     started: Instant,
+    controller: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -273,12 +285,12 @@ pub async fn run(
         fatal: Mutex::new(None),
         consecutive_failures: AtomicUsize::new(0),
         started: options.started,
+        controller: Mutex::new(None),
     });
     // If this future is dropped (a caller's timeout, Ctrl-C), the trainer thread must not
     // wait for data forever.
     let _stop_on_drop = StopOnDrop(&shared.stop);
     shared.observer.on_start(config.train.steps);
-    let controller = tokio::spawn(controller(shared.clone()));
     let handle = Handle::current();
     let out_dir = options.out_dir.clone();
     let trainer = {
@@ -294,7 +306,10 @@ pub async fn run(
         ))),
     };
     shared.stop.send_replace(true);
-    let _ = controller.await;
+    let controller = shared.controller.lock().expect("controller lock").take();
+    if let Some(controller) = controller {
+        let _ = controller.await;
+    }
     let summary = result?;
     if let Some(dir) = &options.out_dir {
         let path = dir.join("summary.json");
@@ -538,80 +553,40 @@ async fn publish(shared: &Shared, weights: WeightUpdate) -> Result<(), EngineErr
 }
 
 /// The policy's current weights as version `version`, with its architecture.
-fn weight_update(policy: &dyn Policy, version: PolicyVersion) -> WeightUpdate {
+pub(crate) fn weight_update(policy: &dyn Policy, version: PolicyVersion) -> WeightUpdate {
     WeightUpdate::new(version, policy.weights()).with_architecture(policy.architecture())
 }
 
-/// Greedy pass@1 over the eval split (at most `eval.max_items` items).
+/// Greedy pass@1 over `split` (at most `eval.max_items` items).
 async fn evaluate(
     shared: &Shared,
+    split: Split,
     step: u64,
     version: PolicyVersion,
 ) -> Result<EvalMetrics, EngineError> {
-    let total = shared.task.len(Split::Eval).unwrap_or(0);
-    let items = match shared.config.eval.max_items {
-        0 => total,
-        max => total.min(max),
-    };
     let r = &shared.config.rollout;
-    let permits = Arc::new(Semaphore::new(r.max_concurrent * r.group_size));
-    let mut jobs = JoinSet::new();
-    for index in 0..items {
-        let item = shared
-            .task
-            .item(Split::Eval, index as u64)
-            .map_err(|e| EngineError::plugin(format!("reading eval item {index}"), e))?;
-        let rollout = shared.rollout.clone();
-        let permits = permits.clone();
-        let max_new_tokens = r.max_new_tokens;
-        jobs.spawn(async move {
-            let _permit = permits.acquire().await.expect("semaphore is never closed");
-            let sample_id = u64::MAX / 2 + index as u64;
-            let prompt = rollout.tokenizer().encode(&item.prompt)?;
-            let completion = rollout
-                .generate(
-                    sample_id,
-                    &prompt,
-                    max_new_tokens,
-                    &SamplingParams::greedy(),
-                )
-                .await?;
-            rollout.reward(sample_id, &item, &completion).await
-        });
-    }
-    let (mut accepted, mut reward_sum, mut failures) = (0usize, 0.0f64, 0usize);
-    while let Some(joined) = jobs.join_next().await {
-        let verified = joined
-            .map_err(|e| EngineError::Invalid(format!("eval task failed: {e}")))?
-            .map_err(|e| EngineError::plugin("evaluating", e))?;
-        match verified.reward.verdict {
-            v if v.is_failure() => failures += 1,
-            Verdict::Accepted => accepted += 1,
-            _ => {}
-        }
-        reward_sum += verified.reward.value;
-    }
+    let spec = crate::eval::EvalSpec {
+        split,
+        max_items: shared.config.eval.max_items,
+        samples: 1,
+        sampling: SamplingParams::greedy(),
+        max_new_tokens: r.max_new_tokens,
+        concurrency: r.max_concurrent * r.group_size,
+    };
+    let outcome = crate::eval::evaluate(&shared.task, &shared.rollout, &spec).await?;
     Ok(EvalMetrics {
         step,
         policy_version: version,
         wall_s: shared.started.elapsed().as_secs_f64(),
-        accuracy: if items > 0 {
-            accepted as f64 / items as f64
-        } else {
-            0.0
-        },
-        reward_mean: if items > 0 {
-            reward_sum / items as f64
-        } else {
-            0.0
-        },
-        items,
-        failures,
+        accuracy: outcome.accuracy,
+        reward_mean: outcome.reward_mean,
+        items: outcome.items,
+        failures: outcome.failures,
     })
 }
 
 fn trainer_loop(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     mut policy: Box<dyn Policy>,
     handle: &Handle,
     mut writer: Option<MetricsWriter>,
@@ -619,6 +594,25 @@ fn trainer_loop(
 ) -> Result<RunSummary, EngineError> {
     let config = &shared.config;
     let t = &config.train;
+    let warmup = if config.warmup.enabled {
+        let report = warm_up(shared, policy.as_mut(), handle, &mut writer)?;
+        handle
+            .block_on(
+                shared
+                    .rollout
+                    .generator()
+                    .update_weights(weight_update(policy.as_ref(), 0)),
+            )
+            .map_err(|e| {
+                EngineError::plugin("loading the warmed-up weights into the generator", e)
+            })?;
+        Some(report)
+    } else {
+        None
+    };
+    // RL starts now: generation may run ahead from here.
+    *shared.controller.lock().expect("controller lock") =
+        Some(handle.spawn(controller(shared.clone())));
     let mut optimizer = AdamWConfig::new()
         .with_beta_1(t.beta1 as f32)
         .with_beta_2(t.beta2 as f32)
@@ -634,7 +628,7 @@ fn trainer_loop(
     };
     let mut evals = Vec::new();
     let mut eval = |step: u64, version: PolicyVersion, writer: &mut Option<MetricsWriter>| {
-        let m = handle.block_on(evaluate(shared, step, version))?;
+        let m = handle.block_on(evaluate(shared, Split::Eval, step, version))?;
         tracing::info!(target: "areal::eval", step, policy_version = version, accuracy = m.accuracy, reward_mean = m.reward_mean, "eval");
         record(writer, "eval", &m)?;
         shared.observer.on_eval(&m);
@@ -718,7 +712,7 @@ fn trainer_loop(
             Err(e) => return Err(EngineError::plugin("saving the final checkpoint", e)),
         }
     }
-    Ok(summarise(shared, &steps, evals))
+    Ok(summarise(shared, &steps, evals, warmup))
 }
 
 /// The metrics of a step that trained `groups` on version `version`; the caller fills in
@@ -768,7 +762,12 @@ fn step_metrics(
     }
 }
 
-fn summarise(shared: &Shared, steps: &[StepMetrics], evals: Vec<EvalMetrics>) -> RunSummary {
+fn summarise(
+    shared: &Shared,
+    steps: &[StepMetrics],
+    evals: Vec<EvalMetrics>,
+    warmup: Option<WarmupReport>,
+) -> RunSummary {
     let config = &shared.config;
     let counts = shared.counts();
     let tokens: usize = steps.iter().map(|m| m.trained_tokens).sum();
@@ -800,8 +799,118 @@ fn summarise(shared: &Shared, steps: &[StepMetrics], evals: Vec<EvalMetrics>) ->
         groups_accepted: counts.accepted,
         groups_rejected: counts.rejected,
         reward_failures: steps.iter().map(|m| m.reward_failures).sum(),
+        warmup_seconds: warmup.as_ref().map_or(0.0, |w| w.seconds),
+        warmup,
         evals,
     }
+}
+
+/// The supervised warm-up: reuse a cached one, or train on demonstrations until validation
+/// accuracy stops improving (and cache the result).
+fn warm_up(
+    shared: &Shared,
+    policy: &mut dyn Policy,
+    handle: &Handle,
+    writer: &mut Option<MetricsWriter>,
+) -> Result<WarmupReport, EngineError> {
+    let config = &shared.config;
+    let w = &config.warmup;
+    let cache = warmup::cache_path(config);
+    if let Some(dir) = &cache
+        && let Some(mut report) = warmup::read_cached(dir)
+    {
+        policy.load(dir).map_err(|e| {
+            EngineError::plugin(format!("loading the cached warm-up {}", dir.display()), e)
+        })?;
+        report.cached = true;
+        tracing::info!(target: "areal::warmup", dir = %dir.display(), seconds = report.seconds, "reusing a cached warm-up");
+        for m in &report.curve {
+            record(writer, "warmup", m)?;
+            shared.observer.on_warmup(m);
+        }
+        return Ok(report);
+    }
+    let started = Instant::now();
+    let mut optimizer = AdamWConfig::new()
+        .with_beta_1(config.train.beta1 as f32)
+        .with_beta_2(config.train.beta2 as f32)
+        .with_weight_decay(config.train.weight_decay as f32)
+        .init();
+    let max_grad_norm = (config.train.max_grad_norm > 0.0).then_some(config.train.max_grad_norm);
+    let tokenizer = policy.tokenizer();
+    // warm-up draws from a part of the (unbounded) train split that RL does not start from
+    let first = 1u64 << 40;
+    let (mut best, mut since_best, mut plateau) = (f64::NEG_INFINITY, 0u32, false);
+    let (mut loss_sum, mut tokens, mut window) = (0.0, 0usize, Instant::now());
+    let mut curve = Vec::new();
+    let mut steps = 0;
+    while steps < w.max_steps {
+        steps += 1;
+        let start = first + (steps - 1) * w.batch_size as u64;
+        let batch = warmup::examples(
+            shared.task.as_ref(),
+            tokenizer.as_ref(),
+            start..start + w.batch_size as u64,
+        )?;
+        let (loss, n) = warmup::sft_step(
+            policy,
+            &mut optimizer,
+            &batch,
+            w.lr,
+            max_grad_norm,
+            config.train.token_budget,
+        )?;
+        loss_sum += loss * n as f64;
+        tokens += n;
+        if steps % w.eval_every == 0 || steps == w.max_steps {
+            handle
+                .block_on(
+                    shared
+                        .rollout
+                        .generator()
+                        .update_weights(weight_update(policy, 0)),
+                )
+                .map_err(|e| {
+                    EngineError::plugin("loading warm-up weights into the generator", e)
+                })?;
+            let eval = handle.block_on(evaluate(shared, Split::Validation, steps, 0))?;
+            let m = WarmupMetrics {
+                step: steps,
+                loss: loss_sum / tokens.max(1) as f64,
+                validation_accuracy: eval.accuracy,
+                seconds: started.elapsed().as_secs_f64(),
+                tokens_per_s: tokens as f64 / window.elapsed().as_secs_f64().max(1e-9),
+            };
+            tracing::info!(target: "areal::warmup", step = steps, loss = m.loss, validation_accuracy = m.validation_accuracy, "warm-up");
+            record(writer, "warmup", &m)?;
+            shared.observer.on_warmup(&m);
+            curve.push(m);
+            (loss_sum, tokens, window) = (0.0, 0, Instant::now());
+            if eval.accuracy >= best + w.min_delta {
+                best = eval.accuracy;
+                since_best = 0;
+            } else {
+                since_best += 1;
+                if since_best >= w.patience {
+                    plateau = true;
+                    break;
+                }
+            }
+        }
+    }
+    let report = WarmupReport {
+        steps,
+        seconds: started.elapsed().as_secs_f64(),
+        validation_accuracy: curve.last().map_or(0.0, |m| m.validation_accuracy),
+        best_validation_accuracy: best.max(0.0),
+        plateau,
+        curve,
+        cached: false,
+    };
+    if let Some(dir) = &cache {
+        warmup::write_cache(dir, policy, &report)?;
+    }
+    Ok(report)
 }
 
 /// Append a record to the run's `metrics.jsonl`, if there is a run folder.

@@ -28,12 +28,14 @@ pub mod config;
 mod device;
 mod engine;
 mod error;
+pub mod eval;
 pub mod metrics;
 pub mod packing;
 mod reward_service;
 mod rollout;
 mod staleness;
 pub mod trainer;
+pub mod warmup;
 
 pub use buffer::ReplayBuffer;
 pub use config::{Config, ConfigError, ConfigLoader, ConfigProblem, Origin};
@@ -44,6 +46,7 @@ pub use metrics::{EvalMetrics, StalenessStats, StepMetrics};
 pub use reward_service::{RewardService, Verified};
 pub use rollout::{GroupSpec, Rollout, RolloutCounters};
 pub use staleness::{AdmissionCounts, StalenessManager};
+pub use warmup::{WarmupConfig, WarmupMetrics, WarmupReport};
 
 use areal_sdk::PluginInfo;
 

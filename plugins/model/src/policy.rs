@@ -16,8 +16,9 @@ use crate::hf::{export, load_checkpoint, save_checkpoint};
 use crate::model::Transformer;
 use crate::tokenizer::{HfTokenizer, char_tokenizer};
 
-/// Per-token logprobs of a packed batch (see [`Policy::logprobs`]): the sequences are laid out
-/// as a right-padded `[sequences, longest]` batch, run causally, and gathered back.
+/// Per-token logprobs of a packed batch (see [`Policy::logprobs`]): sequences of similar
+/// length are laid out together as right-padded batches (so padding stays small), run
+/// causally, and gathered back into packed order.
 pub fn packed_logprobs(
     model: &Transformer,
     batch: &PackedBatch,
@@ -25,8 +26,6 @@ pub fn packed_logprobs(
 ) -> Result<Tensor<1>, PluginError> {
     let device = model.embed_tokens.weight.val().device();
     let n = batch.num_tokens();
-    let b = batch.num_sequences();
-    let t = batch.max_len();
     if n == 0 {
         return Ok(Tensor::zeros([0], &device));
     }
@@ -36,26 +35,69 @@ pub fn packed_logprobs(
             format!("token id {bad} is outside the vocabulary of {vocab}"),
         ));
     }
-    let mut padded = vec![0i64; b * t];
+    let ranges: Vec<std::ops::Range<usize>> = batch.ranges().collect();
+    let mut parts = Vec::new();
+    // position in the concatenation of the buckets' padded outputs of each packed token
     let mut index = vec![0i64; n];
-    for (s, range) in batch.ranges().enumerate() {
-        for (j, i) in range.enumerate() {
-            padded[s * t + j] = i64::from(batch.tokens[i]);
-            index[i] = (s * t + j) as i64;
+    let mut offset = 0usize;
+    for bucket in length_buckets(&ranges) {
+        let b = bucket.len();
+        let t = bucket.iter().map(|&s| ranges[s].len()).max().unwrap_or(0);
+        let mut padded = vec![0i64; b * t];
+        for (row, &s) in bucket.iter().enumerate() {
+            for (j, i) in ranges[s].clone().enumerate() {
+                padded[row * t + j] = i64::from(batch.tokens[i]);
+                index[i] = (offset + row * t + j) as i64;
+            }
+        }
+        offset += b * t;
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(padded, [b, t]), &device);
+        if t < 2 {
+            parts.push(Tensor::zeros([b * t], &device));
+            continue;
+        }
+        let logits = model.forward(tokens.clone()).narrow(1, 0, t - 1);
+        let logprobs = log_softmax(logits.div_scalar(batch.temperature.max(1e-6)), 2);
+        let next = tokens.narrow(1, 1, t - 1).unsqueeze_dim::<3>(2);
+        let picked = logprobs.gather(2, next).reshape([b, t - 1]);
+        // position 0 of every sequence has no logprob
+        parts.push(Tensor::cat(vec![Tensor::zeros([b, 1], &device), picked], 1).reshape([b * t]));
+    }
+    let all = if parts.len() == 1 {
+        parts.pop().expect("one part")
+    } else {
+        Tensor::cat(parts, 0)
+    };
+    let index = Tensor::<1, Int>::from_data(TensorData::new(index, [n]), &device);
+    Ok(all.select(0, index))
+}
+
+/// Group sequences (longest first) so that each group's padded size stays within 30% of its
+/// real tokens; returns indices into `ranges`.
+fn length_buckets(ranges: &[std::ops::Range<usize>]) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..ranges.len()).collect();
+    order.sort_by_key(|&s| std::cmp::Reverse(ranges[s].len()));
+    let mut buckets: Vec<Vec<usize>> = Vec::new();
+    let mut tokens = 0usize;
+    for s in order {
+        let len = ranges[s].len();
+        match buckets.last_mut() {
+            Some(bucket)
+                if {
+                    let longest = ranges[bucket[0]].len();
+                    longest * (bucket.len() + 1) * 10 <= (tokens + len) * 13
+                } =>
+            {
+                bucket.push(s);
+                tokens += len;
+            }
+            _ => {
+                buckets.push(vec![s]);
+                tokens = len;
+            }
         }
     }
-    let tokens = Tensor::<2, Int>::from_data(TensorData::new(padded, [b, t]), &device);
-    if t < 2 {
-        return Ok(Tensor::zeros([n], &device));
-    }
-    let logits = model.forward(tokens.clone()).narrow(1, 0, t - 1);
-    let logprobs = log_softmax(logits.div_scalar(batch.temperature.max(1e-6)), 2);
-    let next = tokens.narrow(1, 1, t - 1).unsqueeze_dim::<3>(2);
-    let picked = logprobs.gather(2, next).reshape([b, t - 1]);
-    // position 0 of every sequence has no logprob
-    let full = Tensor::cat(vec![Tensor::zeros([b, 1], &device), picked], 1).reshape([b * t]);
-    let index = Tensor::<1, Int>::from_data(TensorData::new(index, [n]), &device);
-    Ok(full.select(0, index))
+    buckets
 }
 
 /// Options of the `transformer` policy.
@@ -209,6 +251,22 @@ impl Policy for TransformerPolicy {
 
     fn save(&self, dir: &Path) -> Result<(), PluginError> {
         save_checkpoint(dir, &self.config, self.module.module(), &self.tokenizer)
+    }
+
+    fn load(&mut self, dir: &Path) -> Result<(), PluginError> {
+        let (config, model, tokenizer) = load_checkpoint(dir, &self.device)?;
+        if config != self.config {
+            return Err(PluginError::failed(
+                "transformer",
+                format!(
+                    "checkpoint {} has another architecture than this model",
+                    dir.display()
+                ),
+            ));
+        }
+        self.module.replace(model);
+        self.tokenizer = Arc::new(tokenizer);
+        Ok(())
     }
 }
 

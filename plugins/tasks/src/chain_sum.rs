@@ -1,21 +1,24 @@
 //! `chain-sum`: add a chain of digits step by step.
 //!
-//! A prompt is a sum of `n` digits, `5+8+3=`; the expected response keeps a running total,
-//! one step per term, and ends with the answer after `>`:
+//! A prompt is `n` digits to add, each after a letter that names it, `a5b8c3=`; the expected
+//! response takes the terms in order, one step per term — the term's letter, its digit, and the
+//! running total — and ends with the answer after `>`:
 //!
 //! ```text
-//! 5+8+3=  →  5+8=13,13+3=16>16
+//! a5b8c3=  →  a5=5,b8=13,c3=16>16
 //! ```
 //!
-//! Response length grows with `n` (9 characters for two terms, ~90 for twelve), and `n` follows
-//! a decaying distribution, so a few prompts take far longer to answer than most: the long tail
-//! asynchronous RL is meant for.
+//! (The letters let a small model find the next term by looking it up rather than by
+//! counting.) Response length grows with `n` (11 characters for two terms, 75 for twelve), and
+//! `n` follows a decaying distribution, so a few prompts take far longer to answer than most:
+//! the long tail asynchronous RL is meant for.
 //!
 //! **Demonstrations are imperfect on purpose.** The demonstrator forgets the carry — writes
-//! `18+5=13` instead of `23` — with probability `demo_carry_error` (0.6 by default) whenever a
-//! step crosses a multiple of ten, and carries on from its own wrong total. A model warmed up on
-//! them learns to forget carries more often than not; the reward (the final answer is right)
-//! is what teaches it to carry. Everything else in the demonstrations is correct.
+//! `c5=13` after a total of 18 instead of `c5=23` — with probability `demo_carry_error` (0.6
+//! by default) whenever a step crosses a multiple of ten, and carries on from its own wrong
+//! total. A model warmed up on them learns to forget carries more often than not; the reward
+//! (the final answer is right) is what teaches it to carry. Everything else in the
+//! demonstrations is correct.
 //!
 //! **Splits are disjoint by construction**: a prompt's hash puts it in exactly one of train,
 //! validation and eval; the held-out splits are lists of distinct prompts fixed by the task's
@@ -34,7 +37,12 @@ use serde::Deserialize;
 use serde_json::json;
 
 /// Characters of prompts and responses.
-pub const ALPHABET: &str = "0123456789+=,>";
+pub const ALPHABET: &str = "0123456789=,>abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN";
+
+/// The letter that names term `i` (0-based): `a`, `b`, ...
+fn label(i: usize) -> char {
+    ALPHABET[13..].chars().nth(i).expect("at most 40 terms")
+}
 
 /// Options of the `chain-sum` task.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -92,23 +100,27 @@ pub fn split_of(prompt: &str) -> Split {
     }
 }
 
-/// `5+8+3=` for terms 5, 8, 3.
+/// `a5b8c3=` for terms 5, 8, 3.
 pub fn prompt(terms: &[u32]) -> String {
-    let body: Vec<String> = terms.iter().map(u32::to_string).collect();
-    format!("{}=", body.join("+"))
+    let body: String = terms
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("{}{t}", label(i)))
+        .collect();
+    format!("{body}=")
 }
 
-/// The response with running totals; `forget(step)` says whether the demonstrator forgets the
+/// The response with running totals; `forget()` says whether the demonstrator forgets the
 /// carry at a step that crosses a multiple of ten.
 pub fn response(terms: &[u32], mut forget: impl FnMut() -> bool) -> String {
-    let mut total = terms[0];
+    let mut total = 0;
     let mut steps = Vec::with_capacity(terms.len());
-    for &t in &terms[1..] {
+    for (i, &t) in terms.iter().enumerate() {
         let mut next = total + t;
         if total % 10 + t >= 10 && forget() {
             next -= 10;
         }
-        steps.push(format!("{total}+{t}={next}"));
+        steps.push(format!("{}{t}={next}", label(i)));
         total = next;
     }
     format!("{}>{total}", steps.join(","))

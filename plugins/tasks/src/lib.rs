@@ -9,8 +9,8 @@
 //!
 //! let task = ChainSum::new(ChainSumOptions::default(), 1);
 //! assert_eq!(task.len(Split::Eval), Some(500));
-//! assert_eq!(response(&[5, 8, 3], || false), "5+8=13,13+3=16>16");
-//! assert_eq!(response(&[5, 8, 3], || true), "5+8=3,3+3=6>6");
+//! assert_eq!(response(&[5, 8, 3], || false), "a5=5,b8=13,c3=16>16");
+//! assert_eq!(response(&[5, 8, 3], || true), "a5=5,b8=3,c3=6>6");
 //! ```
 
 pub mod chain_sum;

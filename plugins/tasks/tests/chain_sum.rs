@@ -77,11 +77,8 @@ fn response_lengths_have_a_long_tail() {
         median < max / 2,
         "most responses are short: median {median}, max {max}"
     );
-    assert_eq!(
-        response(&[9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], || false).len(),
-        91
-    );
-    assert_eq!(response(&[1, 2], || false), "1+2=3>3");
+    assert_eq!(response(&[9; 12], || false).len(), 75);
+    assert_eq!(response(&[1, 2], || false), "a1=1,b2=3>3");
 }
 
 #[test]
@@ -103,12 +100,14 @@ fn demonstrations_forget_carries_and_nothing_else() {
             .map(|x| x.as_u64().unwrap() as u32)
             .collect();
         // replay the demonstration's steps
-        let mut total = terms[0];
+        let mut total = 0;
         let steps = demo.split_once('>').unwrap().0;
+        assert_eq!(steps.split(',').count(), terms.len());
         let mut crossed_any = false;
-        for (step, &term) in steps.split(',').zip(&terms[1..]) {
+        for (i, (step, &term)) in steps.split(',').zip(&terms).enumerate() {
+            let letter = char::from(b'a' + i as u8);
             assert!(
-                step.starts_with(&format!("{total}+{term}=")),
+                step.starts_with(&format!("{letter}{term}=")),
                 "{step} in {demo}"
             );
             let written: u32 = step.rsplit_once('=').unwrap().1.parse().unwrap();
@@ -154,19 +153,19 @@ fn input(prompt_text: &str, completion: &str, answer: u64) -> RewardInput {
 #[test]
 fn verifier_checks_the_final_answer() {
     let p = prompt(&[5, 8, 3]);
-    assert_eq!(p, "5+8+3=");
+    assert_eq!(p, "a5b8c3=");
     conformance::check_verifier(
         &ChainSumVerifier,
         &[
-            (input(&p, "5+8=13,13+3=16>16", 16), 1.0),
-            (input(&p, "5+8=3,3+3=6>6", 16), 0.0),
-            (input(&p, "5+8=13,13+3=16", 16), 0.0),
+            (input(&p, "a5=5,b8=13,c3=16>16", 16), 1.0),
+            (input(&p, "a5=5,b8=3,c3=6>6", 16), 0.0),
+            (input(&p, "a5=5,b8=13,c3=16", 16), 0.0),
             (input(&p, "garbage>16", 16), 1.0),
             (input(&p, ">16>15", 16), 0.0),
-            (input(&p, "5+8=13>", 16), 0.0),
+            (input(&p, "a5=5,b8=13>", 16), 0.0),
         ],
     );
-    assert_eq!(final_answer("1+2=3>3"), Some(3));
-    assert_eq!(final_answer("1+2=3>3x"), None);
+    assert_eq!(final_answer("a1=1,b2=3>3"), Some(3));
+    assert_eq!(final_answer("a1=1,b2=3>3x"), None);
     assert_eq!(final_answer("no answer"), None);
 }

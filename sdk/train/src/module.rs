@@ -36,6 +36,13 @@ impl<M: Module + 'static> TrainableModule<M> {
         }
     }
 
+    /// Replace the module (and drop any accumulated gradient).
+    pub fn replace(&mut self, module: M) {
+        self.module = Some(module);
+        self.accumulator = GradientsAccumulator::new();
+        self.pending = 0;
+    }
+
     /// The module.
     pub fn module(&self) -> &M {
         self.module

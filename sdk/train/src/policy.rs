@@ -117,4 +117,11 @@ pub trait Policy: Send + 'static {
         let _ = dir;
         Err(PluginError::unsupported(self.name(), "save"))
     }
+
+    /// Replace the weights with those of a checkpoint written by [`save`](Policy::save) for
+    /// the same architecture.
+    fn load(&mut self, dir: &Path) -> Result<(), PluginError> {
+        let _ = dir;
+        Err(PluginError::unsupported(self.name(), "load"))
+    }
 }

@@ -1,0 +1,252 @@
+//! Supervised warm-up: train on the task's demonstrations until held-out accuracy stops
+//! improving, before RL starts from the plateaued model. The result is cached by everything
+//! that determines it, so a later run with the same settings reuses it.
+
+use std::path::{Path, PathBuf};
+
+use areal_sdk::{PluginError, Split, Task, Tokenizer};
+use areal_sdk_train::burn::optim::ModuleOptimizer;
+use areal_sdk_train::burn::tensor::{Tensor, TensorData};
+use areal_sdk_train::{PackedBatch, Policy};
+use serde::{Deserialize, Serialize};
+
+use crate::error::EngineError;
+use crate::packing::pack;
+
+/// `[warmup]`: supervised training on the task's demonstrations before RL.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmupConfig {
+    /// Whether to warm up. By default false (the task must provide demonstrations).
+    pub enabled: bool,
+    /// Demonstrations per step. By default 32.
+    pub batch_size: usize,
+    /// AdamW learning rate. By default 0.003.
+    pub lr: f64,
+    /// Evaluate greedy accuracy on the validation split every this many steps. By default 100.
+    pub eval_every: u64,
+    /// Stop after this many evaluations without an improvement of at least `min_delta` over the
+    /// best so far (the plateau). By default 3.
+    pub patience: u32,
+    /// Smallest improvement that counts. By default 0.01.
+    pub min_delta: f64,
+    /// Stop here even without a plateau. By default 5000.
+    pub max_steps: u64,
+    /// Folder of cached warm-ups (one sub-folder per settings hash); empty disables caching.
+    /// By default `.cache/warmup`.
+    pub cache_dir: String,
+}
+
+impl Default for WarmupConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            batch_size: 32,
+            lr: 3e-3,
+            eval_every: 100,
+            patience: 3,
+            min_delta: 0.01,
+            max_steps: 5000,
+            cache_dir: ".cache/warmup".into(),
+        }
+    }
+}
+
+impl WarmupConfig {
+    /// Problems with the settings, as (key, message).
+    pub fn problems(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if !self.enabled {
+            return out;
+        }
+        if self.batch_size == 0 {
+            out.push((
+                "warmup.batch_size".into(),
+                "must be at least 1, found 0".into(),
+            ));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            out.push((
+                "warmup.lr".into(),
+                format!("must be positive, found {}", self.lr),
+            ));
+        }
+        if self.eval_every == 0 {
+            out.push((
+                "warmup.eval_every".into(),
+                "must be at least 1, found 0".into(),
+            ));
+        }
+        if self.max_steps == 0 {
+            out.push((
+                "warmup.max_steps".into(),
+                "must be at least 1, found 0".into(),
+            ));
+        }
+        out
+    }
+}
+
+/// One line of `metrics.jsonl` (`"event": "warmup"`) per evaluation of the warm-up.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WarmupMetrics {
+    /// Warm-up steps done.
+    pub step: u64,
+    /// Mean loss (negative logprob per demonstration token) since the previous evaluation.
+    pub loss: f64,
+    /// Greedy accuracy on the validation split.
+    pub validation_accuracy: f64,
+    /// Seconds since the warm-up started.
+    pub seconds: f64,
+    /// Demonstration tokens trained per second since the previous evaluation.
+    pub tokens_per_s: f64,
+}
+
+/// What the warm-up did (or what the cached one it reused did).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WarmupReport {
+    /// Steps trained.
+    pub steps: u64,
+    /// Wall time of the warm-up when it ran (also when it is reused from the cache).
+    pub seconds: f64,
+    /// Validation accuracy at the plateau (the last evaluation).
+    pub validation_accuracy: f64,
+    /// Best validation accuracy seen.
+    pub best_validation_accuracy: f64,
+    /// Whether it stopped at a plateau (rather than at `max_steps`).
+    pub plateau: bool,
+    /// Every evaluation.
+    pub curve: Vec<WarmupMetrics>,
+    /// Whether this run reused a cached warm-up.
+    #[serde(default)]
+    pub cached: bool,
+}
+
+/// One demonstration: prompt ids and response ids (ending with a stop token).
+pub(crate) type Example = (Vec<u32>, Vec<u32>);
+
+/// The examples of one step.
+pub(crate) fn examples(
+    task: &dyn Task,
+    tokenizer: &dyn Tokenizer,
+    indices: impl Iterator<Item = u64>,
+) -> Result<Vec<Example>, EngineError> {
+    let stop = tokenizer.stop_token_ids().first().copied();
+    let plugin = |e: PluginError| EngineError::plugin("preparing warm-up demonstrations", e);
+    indices
+        .map(|i| {
+            let item = task.item(Split::Train, i).map_err(plugin)?;
+            let demo = task.demonstration(&item).map_err(plugin)?.ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "task {} has no demonstrations to warm up on",
+                    task.name()
+                ))
+            })?;
+            let prompt = tokenizer.encode(&item.prompt).map_err(plugin)?;
+            let mut completion = tokenizer.encode(&demo).map_err(plugin)?;
+            completion.extend(stop);
+            Ok((prompt, completion))
+        })
+        .collect()
+}
+
+/// One supervised step: the mean negative logprob of the demonstration tokens, packed under
+/// `token_budget`; returns the loss and the number of demonstration tokens.
+pub(crate) fn sft_step(
+    policy: &mut dyn Policy,
+    optimizer: &mut ModuleOptimizer,
+    examples: &[Example],
+    lr: f64,
+    max_grad_norm: Option<f64>,
+    token_budget: usize,
+) -> Result<(f64, usize), EngineError> {
+    let lengths: Vec<usize> = examples.iter().map(|(p, c)| p.len() + c.len()).collect();
+    let targets: usize = examples.iter().map(|(_, c)| c.len()).sum();
+    let device = policy.device();
+    let mut loss_sum = 0.0;
+    for members in pack(&lengths, token_budget, 1).microbatches {
+        let mut batch = PackedBatch::new(1.0);
+        let mut mask = Vec::new();
+        for &i in &members {
+            let (prompt, completion) = &examples[i];
+            let mut seq = prompt.clone();
+            seq.extend(completion);
+            batch.push(&seq);
+            mask.extend(std::iter::repeat_n(0.0f32, prompt.len()));
+            mask.extend(std::iter::repeat_n(1.0f32, completion.len()));
+        }
+        let n = mask.len();
+        let mask = Tensor::<1>::from_data(TensorData::new(mask, [n]), &device);
+        let logprobs = policy
+            .logprobs(&batch)
+            .map_err(|e| EngineError::plugin("warm-up forward pass", e))?;
+        let loss = (logprobs * mask)
+            .sum()
+            .neg()
+            .div_scalar(targets.max(1) as f32);
+        loss_sum += f64::from(loss.clone().into_scalar::<f32>());
+        policy
+            .backward(loss)
+            .map_err(|e| EngineError::plugin("warm-up backward pass", e))?;
+    }
+    policy
+        .step(optimizer, lr, max_grad_norm)
+        .map_err(|e| EngineError::plugin("warm-up optimizer step", e))?;
+    Ok((loss_sum, targets))
+}
+
+/// Where a warm-up with these settings is cached, if caching is on.
+pub(crate) fn cache_path(config: &crate::Config) -> Option<PathBuf> {
+    if config.warmup.cache_dir.is_empty() {
+        return None;
+    }
+    let mut warmup = config.warmup.clone();
+    warmup.cache_dir.clear();
+    // everything that decides the warmed-up weights and the plateau
+    let key = serde_json::json!({
+        "policy": config.policy,
+        "task": config.task,
+        "reward": config.reward,
+        "warmup": warmup,
+        "seed": config.seed,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "token_budget": config.train.token_budget,
+        "max_grad_norm": config.train.max_grad_norm,
+        "version": env!("CARGO_PKG_VERSION"),
+    });
+    let text = key.to_string();
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    Some(Path::new(&config.warmup.cache_dir).join(format!("{hash:016x}")))
+}
+
+/// File of a cached warm-up's report.
+pub(crate) const REPORT_FILE: &str = "warmup.json";
+
+/// Read a cached warm-up's report, if the folder holds a complete one.
+pub(crate) fn read_cached(dir: &Path) -> Option<WarmupReport> {
+    let text = std::fs::read_to_string(dir.join(REPORT_FILE)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Save the policy and the report into `dir` (written under a temporary name first, so an
+/// interrupted save never looks complete).
+pub(crate) fn write_cache(
+    dir: &Path,
+    policy: &dyn Policy,
+    report: &WarmupReport,
+) -> Result<(), EngineError> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| EngineError::io(parent, e))?;
+    let partial = dir.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&partial);
+    policy
+        .save(&partial)
+        .map_err(|e| EngineError::plugin("saving the warmed-up policy", e))?;
+    let json = serde_json::to_string_pretty(report).expect("the report serialises");
+    let path = partial.join(REPORT_FILE);
+    std::fs::write(&path, json).map_err(|e| EngineError::io(&path, e))?;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::rename(&partial, dir).map_err(|e| EngineError::io(dir, e))
+}
