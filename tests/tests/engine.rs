@@ -9,14 +9,21 @@ use areal_core::{
 use areal_sdk::{PolicyVersion, TrajectoryGroup};
 // Link the plugin crates whose registrations these tests use.
 use areal_algo_ppo as _;
+use areal_gen_burn as _;
+use areal_model as _;
+use areal_tasks as _;
 use areal_testkit as _;
 
 mod interruption;
+mod pipeline;
 mod rewards;
 mod trainer;
 
+/// The testkit run (see `areal_testkit::CONFIG`) with `overrides`.
 fn config(overrides: &[&str]) -> Config {
     ConfigLoader::new()
+        .toml(areal_testkit::CONFIG, std::path::Path::new("testkit.toml"))
+        .unwrap()
         .set_all(overrides)
         .unwrap()
         .load()
@@ -291,7 +298,7 @@ fn plugin_build_errors_are_all_reported() {
         "`task.letters`",
         "`generator.kind`",
         "`reward.threads`",
-        "known: testkit-bigram",
+        "(known: burn, testkit-bigram)",
     ] {
         assert!(all.contains(needle), "{needle} missing from:\n{all}");
     }

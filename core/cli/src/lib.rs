@@ -414,8 +414,8 @@ impl Observer for Progress {
 
     fn on_warmup(&self, m: &areal_core::WarmupMetrics) {
         self.line(format!(
-            "warm-up step {}: loss {:.3}, validation accuracy {:.3} ({:.0} s, {:.0} tokens/s)",
-            m.step, m.loss, m.validation_accuracy, m.seconds, m.tokens_per_s
+            "warm-up step {}: loss {:.3}, validation loss {:.3}, accuracy {:.3} ({:.0} s, {:.0} tokens/s)",
+            m.step, m.loss, m.validation_loss, m.validation_accuracy, m.seconds, m.tokens_per_s
         ));
     }
 

@@ -10,6 +10,13 @@ fn areal(args: &[&str]) -> Output {
         .expect("run areal")
 }
 
+/// The testkit's fast config, written to a file in `dir`.
+fn testkit_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("testkit.toml");
+    std::fs::write(&path, areal_testkit::CONFIG).unwrap();
+    path
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -64,9 +71,12 @@ fn plugins_lists_every_built_in_plugin() {
 fn train_writes_a_run_folder() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
+    let config = testkit_config(dir.path());
     let out = areal(&[
         "train",
         "-q",
+        "--config",
+        config.to_str().unwrap(),
         "--out",
         run.to_str().unwrap(),
         "--set",
@@ -81,6 +91,7 @@ fn train_writes_a_run_folder() {
         "config.toml",
         "metrics.jsonl",
         "summary.json",
+        "accuracy.png",
         "checkpoint/bigram.json",
     ] {
         assert!(run.join(file).exists(), "{file} missing");

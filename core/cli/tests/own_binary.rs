@@ -47,10 +47,14 @@ fn a_users_binary_trains_with_its_own_plugin() {
     );
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
+    let config = dir.path().join("testkit.toml");
+    std::fs::write(&config, areal_testkit::CONFIG).unwrap();
     let code = areal_cli::main_from([
         "areal",
         "train",
         "-q",
+        "--config",
+        config.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
         "--set",

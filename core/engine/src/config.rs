@@ -19,13 +19,14 @@ pub struct Config {
     /// Seed of everything random in the run. By default 1.
     #[serde(default = "default_seed")]
     pub seed: u64,
-    /// The trainable model (`kind` = a policy plugin). By default `testkit-bigram`.
+    /// The trainable model (`kind` = a policy plugin). By default a fresh 2-layer
+    /// `transformer` with a character tokenizer.
     pub policy: Value,
-    /// Rollout generation (`kind` = a generator plugin). By default `testkit-bigram`.
+    /// Rollout generation (`kind` = a generator plugin). By default `burn`.
     pub generator: Value,
-    /// The prompts (`kind` = a task plugin). By default `testkit-successor`.
+    /// The prompts (`kind` = a task plugin). By default `chain-sum`.
     pub task: Value,
-    /// The reward verifier (`kind` = a reward plugin). By default `testkit-successor`.
+    /// The reward verifier (`kind` = a reward plugin). By default `chain-sum`.
     pub reward: Value,
     /// The policy-gradient algorithm (`kind` = an algorithm plugin). By default
     /// `decoupled-ppo`.
@@ -55,20 +56,36 @@ fn plugin(kind: &str) -> Value {
     serde_json::json!({ "kind": kind })
 }
 
+/// Characters of the built-in task (`chain-sum`), for the default model's tokenizer.
+const CHAIN_SUM_ALPHABET: &str = "0123456789=,>abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN";
+
+/// The built-in job: a small transformer learns to add chains of digits step by step —
+/// supervised warm-up on imperfect demonstrations to its plateau, then asynchronous RL.
 impl Default for Config {
     fn default() -> Self {
         Self {
             seed: default_seed(),
-            policy: plugin("testkit-bigram"),
-            generator: plugin("testkit-bigram"),
-            task: plugin("testkit-successor"),
-            reward: plugin("testkit-successor"),
+            policy: serde_json::json!({
+                "kind": "transformer",
+                "alphabet": CHAIN_SUM_ALPHABET,
+                "hidden_size": 64,
+                "layers": 2,
+                "heads": 4,
+                "kv_heads": 2,
+                "max_positions": 128,
+            }),
+            generator: serde_json::json!({ "kind": "burn", "max_batch": 64 }),
+            task: plugin("chain-sum"),
+            reward: plugin("chain-sum"),
             algorithm: plugin("decoupled-ppo"),
             rollout: RolloutConfig::default(),
             reward_service: RewardServiceConfig::default(),
             train: TrainConfig::default(),
             eval: EvalConfig::default(),
-            warmup: crate::warmup::WarmupConfig::default(),
+            warmup: crate::warmup::WarmupConfig {
+                enabled: true,
+                ..Default::default()
+            },
         }
     }
 }
@@ -79,15 +96,15 @@ impl Default for Config {
 pub struct RolloutConfig {
     /// B: prompts (groups) per training step. By default 8.
     pub batch_size: usize,
-    /// n: samples generated per prompt. By default 4.
+    /// n: samples generated per prompt. By default 8.
     pub group_size: usize,
     /// η: how many policy versions generation may run ahead of training; 0 is synchronous RL.
     /// A rollout starts only while `accepted + running + 1 ≤ (η + version + 1) · B`. By
     /// default 4.
     pub max_staleness: u64,
-    /// Most groups generating at once. By default 32.
+    /// Most groups generating at once. By default 16.
     pub max_concurrent: usize,
-    /// Most tokens generated per sample. By default 8.
+    /// Most tokens generated per sample. By default 80.
     pub max_new_tokens: usize,
     /// Sampling temperature (must be positive: the loss needs the sampling distribution). By
     /// default 1.
@@ -102,10 +119,10 @@ impl Default for RolloutConfig {
     fn default() -> Self {
         Self {
             batch_size: 8,
-            group_size: 4,
+            group_size: 8,
             max_staleness: 4,
-            max_concurrent: 32,
-            max_new_tokens: 8,
+            max_concurrent: 16,
+            max_new_tokens: 80,
             temperature: 1.0,
             top_p: 1.0,
             max_consecutive_failures: 32,
@@ -138,9 +155,9 @@ impl Default for RewardServiceConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct TrainConfig {
     /// Training steps; each consumes `rollout.batch_size` groups and produces one policy
-    /// version. By default 60.
+    /// version. By default 150.
     pub steps: u64,
-    /// AdamW learning rate. By default 0.3 (right for the built-in bigram demo).
+    /// AdamW learning rate. By default 0.0002.
     pub lr: f64,
     /// AdamW weight decay. By default 0.
     pub weight_decay: f64,
@@ -165,8 +182,8 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
-            steps: 60,
-            lr: 0.3,
+            steps: 150,
+            lr: 2e-4,
             weight_decay: 0.0,
             beta1: 0.9,
             beta2: 0.999,
@@ -184,7 +201,7 @@ impl Default for TrainConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct EvalConfig {
     /// Evaluate before training, every `every` steps and after the last; 0 evaluates only
-    /// before and after. By default 10.
+    /// before and after. By default 25.
     pub every: u64,
     /// Evaluate at most this many held-out items; 0 means all. By default 0.
     pub max_items: usize,
@@ -195,7 +212,7 @@ pub struct EvalConfig {
 impl Default for EvalConfig {
     fn default() -> Self {
         Self {
-            every: 10,
+            every: 25,
             max_items: 0,
             enabled: true,
         }
@@ -647,7 +664,7 @@ mod tests {
             .set_all([
                 "rollout.max_staleness=0",
                 "rollout.group_size=2",
-                "task.length=3",
+                "task.max_terms=6",
             ])
             .unwrap();
         let c = loader.load().unwrap();
@@ -661,7 +678,7 @@ mod tests {
         );
         assert_eq!(
             c.task,
-            serde_json::json!({"kind": "testkit-successor", "length": 3})
+            serde_json::json!({"kind": "chain-sum", "max_terms": 6})
         );
         assert_eq!(
             loader.origin("rollout.max_staleness"),
@@ -691,6 +708,13 @@ mod tests {
             .load()
             .unwrap();
         assert_eq!(c.algorithm, serde_json::json!({"kind": "decoupled-ppo"}));
+        // the default transformer's options do not follow a switch to another model
+        let c = ConfigLoader::new()
+            .set("policy.kind=testkit-bigram")
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(c.policy, serde_json::json!({"kind": "testkit-bigram"}));
     }
 
     fn problems(e: ConfigError) -> Vec<ConfigProblem> {

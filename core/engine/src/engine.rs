@@ -24,9 +24,10 @@ use crate::buffer::ReplayBuffer;
 use crate::config::Config;
 use crate::device::parse_device;
 use crate::error::EngineError;
-use crate::metrics::{EvalMetrics, MetricsWriter, StepMetrics, percentile, staleness};
+use crate::metrics::{EvalMetrics, StepMetrics, percentile, staleness};
 use crate::reward_service::RewardService;
 use crate::rollout::{GroupSpec, Rollout};
+use crate::runlog::RunLog;
 use crate::staleness::{AdmissionCounts, StalenessManager};
 use crate::trainer::{StepReport, TrainerSettings, train_step};
 use crate::warmup::{self, WarmupMetrics, WarmupReport};
@@ -251,10 +252,7 @@ pub async fn run(
         algorithm,
     } = plugins;
     check_task(task.as_ref(), &config)?;
-    let writer = match &options.out_dir {
-        Some(dir) => Some(prepare_run_dir(dir, &config)?),
-        None => None,
-    };
+    let log = RunLog::new(options.out_dir.as_deref(), &config)?;
     let tokenizer = policy.tokenizer();
     let rewards = RewardService::new(
         verifier,
@@ -296,7 +294,7 @@ pub async fn run(
     let trainer = {
         let shared = shared.clone();
         tokio::task::spawn_blocking(move || {
-            trainer_loop(&shared, policy, &handle, writer, out_dir.as_deref())
+            trainer_loop(&shared, policy, &handle, log, out_dir.as_deref())
         })
     };
     let result = match trainer.await {
@@ -333,14 +331,6 @@ fn check_task(task: &dyn Task, config: &Config) -> Result<(), EngineError> {
         )));
     }
     Ok(())
-}
-
-fn prepare_run_dir(dir: &Path, config: &Config) -> Result<MetricsWriter, EngineError> {
-    std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
-    let path = dir.join("config.toml");
-    std::fs::write(&path, config.to_toml()).map_err(|e| EngineError::io(path, e))?;
-    let path = dir.join("metrics.jsonl");
-    MetricsWriter::create(&path).map_err(|e| EngineError::io(path, e))
 }
 
 /// Train-split indices: in order for unbounded tasks, a fresh shuffle per epoch otherwise.
@@ -589,13 +579,13 @@ fn trainer_loop(
     shared: &Arc<Shared>,
     mut policy: Box<dyn Policy>,
     handle: &Handle,
-    mut writer: Option<MetricsWriter>,
+    mut log: RunLog,
     out_dir: Option<&Path>,
 ) -> Result<RunSummary, EngineError> {
     let config = &shared.config;
     let t = &config.train;
     let warmup = if config.warmup.enabled {
-        let report = warm_up(shared, policy.as_mut(), handle, &mut writer)?;
+        let report = warm_up(shared, policy.as_mut(), handle, &mut log)?;
         handle
             .block_on(
                 shared
@@ -611,6 +601,7 @@ fn trainer_loop(
         None
     };
     // RL starts now: generation may run ahead from here.
+    log.rl_started(shared.started.elapsed().as_secs_f64());
     *shared.controller.lock().expect("controller lock") =
         Some(handle.spawn(controller(shared.clone())));
     let mut optimizer = AdamWConfig::new()
@@ -627,16 +618,17 @@ fn trainer_loop(
         temperature: config.rollout.temperature,
     };
     let mut evals = Vec::new();
-    let mut eval = |step: u64, version: PolicyVersion, writer: &mut Option<MetricsWriter>| {
+    let mut eval = |step: u64, version: PolicyVersion, log: &mut RunLog| {
         let m = handle.block_on(evaluate(shared, Split::Eval, step, version))?;
         tracing::info!(target: "areal::eval", step, policy_version = version, accuracy = m.accuracy, reward_mean = m.reward_mean, "eval");
-        record(writer, "eval", &m)?;
+        log.record("eval", &m)?;
+        log.eval_point(m.wall_s, m.accuracy)?;
         shared.observer.on_eval(&m);
         evals.push(m);
         Ok::<_, EngineError>(())
     };
     if config.eval.enabled {
-        eval(0, 0, &mut writer)?;
+        eval(0, 0, &mut log)?;
     }
 
     let counters = &shared.rollout.counters;
@@ -690,16 +682,16 @@ fn trainer_loop(
             loss = metrics.loss,
             "step"
         );
-        record(&mut writer, "step", &metrics)?;
+        log.record("step", &metrics)?;
         shared.observer.on_step(&metrics);
         steps.push(metrics);
         let every = config.eval.every;
         if config.eval.enabled && every > 0 && step % every == 0 && step != t.steps {
-            eval(step, version, &mut writer)?;
+            eval(step, version, &mut log)?;
         }
     }
     if config.eval.enabled {
-        eval(t.steps, version, &mut writer)?;
+        eval(t.steps, version, &mut log)?;
     }
     if let Some(dir) = out_dir {
         let checkpoint = dir.join("checkpoint");
@@ -811,7 +803,7 @@ fn warm_up(
     shared: &Shared,
     policy: &mut dyn Policy,
     handle: &Handle,
-    writer: &mut Option<MetricsWriter>,
+    log: &mut RunLog,
 ) -> Result<WarmupReport, EngineError> {
     let config = &shared.config;
     let w = &config.warmup;
@@ -825,7 +817,7 @@ fn warm_up(
         report.cached = true;
         tracing::info!(target: "areal::warmup", dir = %dir.display(), seconds = report.seconds, "reusing a cached warm-up");
         for m in &report.curve {
-            record(writer, "warmup", m)?;
+            log.record("warmup", m)?;
             shared.observer.on_warmup(m);
         }
         return Ok(report);
@@ -840,7 +832,15 @@ fn warm_up(
     let tokenizer = policy.tokenizer();
     // warm-up draws from a part of the (unbounded) train split that RL does not start from
     let first = 1u64 << 40;
-    let (mut best, mut since_best, mut plateau) = (f64::NEG_INFINITY, 0u32, false);
+    let validation_items = shared.task.len(Split::Validation).unwrap_or(0) as u64;
+    let validation = warmup::examples(
+        shared.task.as_ref(),
+        tokenizer.as_ref(),
+        Split::Validation,
+        0..validation_items,
+    )?;
+    let (mut best, mut best_loss, mut since_best, mut plateau) =
+        (f64::NEG_INFINITY, f64::INFINITY, 0u32, false);
     let (mut loss_sum, mut tokens, mut window) = (0.0, 0usize, Instant::now());
     let mut curve = Vec::new();
     let mut steps = 0;
@@ -850,6 +850,7 @@ fn warm_up(
         let batch = warmup::examples(
             shared.task.as_ref(),
             tokenizer.as_ref(),
+            Split::Train,
             start..start + w.batch_size as u64,
         )?;
         let (loss, n) = warmup::sft_step(
@@ -874,20 +875,37 @@ fn warm_up(
                     EngineError::plugin("loading warm-up weights into the generator", e)
                 })?;
             let eval = handle.block_on(evaluate(shared, Split::Validation, steps, 0))?;
+            let validation_loss =
+                warmup::validation_loss(policy, &validation, config.train.token_budget)?;
             let m = WarmupMetrics {
                 step: steps,
                 loss: loss_sum / tokens.max(1) as f64,
                 validation_accuracy: eval.accuracy,
+                validation_loss,
                 seconds: started.elapsed().as_secs_f64(),
                 tokens_per_s: tokens as f64 / window.elapsed().as_secs_f64().max(1e-9),
             };
-            tracing::info!(target: "areal::warmup", step = steps, loss = m.loss, validation_accuracy = m.validation_accuracy, "warm-up");
-            record(writer, "warmup", &m)?;
+            tracing::info!(
+                target: "areal::warmup",
+                step = steps,
+                loss = m.loss,
+                validation_loss,
+                validation_accuracy = m.validation_accuracy,
+                "warm-up"
+            );
+            log.record("warmup", &m)?;
+            log.warmup_point(
+                shared.started.elapsed().as_secs_f64(),
+                m.validation_accuracy,
+            );
             shared.observer.on_warmup(&m);
             curve.push(m);
             (loss_sum, tokens, window) = (0.0, 0, Instant::now());
-            if eval.accuracy >= best + w.min_delta {
-                best = eval.accuracy;
+            let accuracy_improved = eval.accuracy >= best + w.min_delta;
+            let loss_improved = validation_loss <= best_loss * (1.0 - w.min_loss_improvement);
+            best = best.max(eval.accuracy);
+            best_loss = best_loss.min(validation_loss);
+            if accuracy_improved || loss_improved {
                 since_best = 0;
             } else {
                 since_best += 1;
@@ -911,18 +929,4 @@ fn warm_up(
         warmup::write_cache(dir, policy, &report)?;
     }
     Ok(report)
-}
-
-/// Append a record to the run's `metrics.jsonl`, if there is a run folder.
-fn record<T: Serialize>(
-    writer: &mut Option<MetricsWriter>,
-    kind: &str,
-    record: &T,
-) -> Result<(), EngineError> {
-    match writer {
-        Some(w) => w
-            .write(kind, record)
-            .map_err(|e| EngineError::io(w.path(), e)),
-        None => Ok(()),
-    }
 }

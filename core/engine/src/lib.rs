@@ -31,9 +31,12 @@ mod error;
 pub mod eval;
 pub mod metrics;
 pub mod packing;
+pub mod plot;
 mod reward_service;
 mod rollout;
+mod runlog;
 mod staleness;
+pub mod tensorboard;
 pub mod trainer;
 pub mod warmup;
 

@@ -25,11 +25,15 @@ pub struct WarmupConfig {
     pub lr: f64,
     /// Evaluate greedy accuracy on the validation split every this many steps. By default 100.
     pub eval_every: u64,
-    /// Stop after this many evaluations without an improvement of at least `min_delta` over the
-    /// best so far (the plateau). By default 3.
+    /// Stop after this many evaluations in a row that improve neither the validation accuracy
+    /// by `min_delta` nor the validation loss by `min_loss_improvement` over the best so far:
+    /// the plateau. (Accuracy alone stays flat at 0 while a small model is still learning to
+    /// read its prompt; the loss shows that learning goes on.) By default 3.
     pub patience: u32,
-    /// Smallest improvement that counts. By default 0.01.
+    /// Smallest accuracy improvement that counts. By default 0.01.
     pub min_delta: f64,
+    /// Smallest relative decrease of the validation loss that counts. By default 0.02.
+    pub min_loss_improvement: f64,
     /// Stop here even without a plateau. By default 5000.
     pub max_steps: u64,
     /// Folder of cached warm-ups (one sub-folder per settings hash); empty disables caching.
@@ -46,6 +50,7 @@ impl Default for WarmupConfig {
             eval_every: 100,
             patience: 3,
             min_delta: 0.01,
+            min_loss_improvement: 0.02,
             max_steps: 5000,
             cache_dir: ".cache/warmup".into(),
         }
@@ -96,6 +101,8 @@ pub struct WarmupMetrics {
     pub loss: f64,
     /// Greedy accuracy on the validation split.
     pub validation_accuracy: f64,
+    /// Mean negative logprob per token of the validation split's demonstrations.
+    pub validation_loss: f64,
     /// Seconds since the warm-up started.
     pub seconds: f64,
     /// Demonstration tokens trained per second since the previous evaluation.
@@ -129,13 +136,14 @@ pub(crate) type Example = (Vec<u32>, Vec<u32>);
 pub(crate) fn examples(
     task: &dyn Task,
     tokenizer: &dyn Tokenizer,
+    split: Split,
     indices: impl Iterator<Item = u64>,
 ) -> Result<Vec<Example>, EngineError> {
     let stop = tokenizer.stop_token_ids().first().copied();
     let plugin = |e: PluginError| EngineError::plugin("preparing warm-up demonstrations", e);
     indices
         .map(|i| {
-            let item = task.item(Split::Train, i).map_err(plugin)?;
+            let item = task.item(split, i).map_err(plugin)?;
             let demo = task.demonstration(&item).map_err(plugin)?.ok_or_else(|| {
                 EngineError::Invalid(format!(
                     "task {} has no demonstrations to warm up on",
@@ -148,6 +156,41 @@ pub(crate) fn examples(
             Ok((prompt, completion))
         })
         .collect()
+}
+
+/// Mean negative logprob per demonstration token of `examples`, without gradient.
+pub(crate) fn validation_loss(
+    policy: &dyn Policy,
+    examples: &[Example],
+    token_budget: usize,
+) -> Result<f64, EngineError> {
+    let lengths: Vec<usize> = examples.iter().map(|(p, c)| p.len() + c.len()).collect();
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    for members in pack(&lengths, token_budget, 1).microbatches {
+        let mut batch = PackedBatch::new(1.0);
+        for &i in &members {
+            let (prompt, completion) = &examples[i];
+            let mut seq = prompt.clone();
+            seq.extend(completion);
+            batch.push(&seq);
+        }
+        let values: Vec<f32> = policy
+            .logprobs_no_grad(&batch)
+            .map_err(|e| EngineError::plugin("warm-up validation pass", e))?
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .expect("converted to f32");
+        for (&i, range) in members.iter().zip(batch.ranges()) {
+            let prompt = examples[i].0.len();
+            sum -= values[range.start + prompt..range.end]
+                .iter()
+                .map(|&v| f64::from(v))
+                .sum::<f64>();
+            count += range.len() - prompt;
+        }
+    }
+    Ok(sum / count.max(1) as f64)
 }
 
 /// One supervised step: the mean negative logprob of the demonstration tokens, packed under

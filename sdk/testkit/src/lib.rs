@@ -29,6 +29,7 @@
 //! ```
 
 mod bigram;
+mod config;
 pub mod conformance;
 mod successor;
 mod tokenizer;
@@ -36,6 +37,7 @@ mod tokenizer;
 pub use bigram::{
     BigramGenerator, BigramGeneratorOptions, BigramModel, BigramPolicy, BigramPolicyOptions, TABLE,
 };
+pub use config::CONFIG;
 pub use successor::{
     FaultyOptions, FaultyVerifier, SuccessorTask, SuccessorTaskOptions, SuccessorVerifier,
     successor_reward,

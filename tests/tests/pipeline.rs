@@ -1,0 +1,134 @@
+//! The built-in job's pipeline on tiny budgets: warm-up to a plateau (and its cache), RL on
+//! the transformer through the burn generator, the run folder, and evaluating a checkpoint.
+
+use areal_core::eval::{EvalSpec, evaluate_checkpoint};
+use areal_core::{ConfigLoader, Plugins, RunOptions, run};
+use areal_sdk::{SamplingParams, Split};
+
+use super::within_limit;
+
+fn tiny(cache: &std::path::Path) -> areal_core::Config {
+    ConfigLoader::new()
+        .set_all([
+            "task.eval_items=24",
+            "task.validation_items=16",
+            "task.max_terms=4",
+            "warmup.eval_every=10",
+            "warmup.max_steps=30",
+            "warmup.batch_size=8",
+            &format!("warmup.cache_dir={}", cache.display()),
+            "train.steps=3",
+            "eval.every=2",
+            "rollout.batch_size=2",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=30",
+        ])
+        .unwrap()
+        .load()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_pipeline_runs_end_to_end_and_reuses_its_warm_up() {
+    let cache = tempfile::tempdir().unwrap();
+    let runs = tempfile::tempdir().unwrap();
+    let config = tiny(cache.path());
+    let first = runs.path().join("first");
+    let options = RunOptions {
+        out_dir: Some(first.clone()),
+        ..RunOptions::default()
+    };
+    let summary = within_limit(run(
+        config.clone(),
+        Plugins::build(&config).unwrap(),
+        options,
+    ))
+    .await
+    .unwrap();
+
+    let warmup = summary.warmup.clone().expect("the default job warms up");
+    assert!(!warmup.cached);
+    assert!(warmup.steps > 0 && warmup.steps <= 30);
+    assert_eq!(warmup.curve.len() as u64, warmup.steps.div_ceil(10));
+    assert!(summary.warmup_seconds > 0.0 && summary.warmup_seconds < summary.wall_seconds);
+    assert_eq!(summary.steps, 3);
+    assert_eq!(summary.evals.len(), 3, "before, after step 2, after step 3");
+    assert!(summary.evals.iter().all(|e| e.items == 24));
+    for file in [
+        "config.toml",
+        "metrics.jsonl",
+        "summary.json",
+        "accuracy.png",
+        "checkpoint/config.json",
+        "checkpoint/model.safetensors",
+        "checkpoint/tokenizer.json",
+    ] {
+        assert!(
+            first.join(file).exists(),
+            "{file} missing from the run folder"
+        );
+    }
+    let events: Vec<_> = std::fs::read_dir(&first)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("events.out.tfevents.")
+        })
+        .collect();
+    assert_eq!(events.len(), 1);
+    let records = areal_core::tensorboard::read_records(&events[0]).unwrap();
+    let has = |tag: &str| {
+        records
+            .iter()
+            .any(|r| r.windows(tag.len()).any(|w| w == tag.as_bytes()))
+    };
+    assert!(has("eval/accuracy") && has("step/reward_mean") && has("warmup/validation_accuracy"));
+
+    // the final checkpoint evaluates to the run's final accuracy
+    let spec = EvalSpec {
+        split: Split::Eval,
+        max_items: 0,
+        samples: 1,
+        sampling: SamplingParams::greedy(),
+        max_new_tokens: config.rollout.max_new_tokens,
+        concurrency: config.rollout.max_concurrent * config.rollout.group_size,
+    };
+    let outcome = evaluate_checkpoint(
+        &config,
+        Plugins::build(&config).unwrap(),
+        &first.join("checkpoint"),
+        &spec,
+    )
+    .await
+    .unwrap();
+    assert_eq!(Some(outcome.accuracy), summary.final_accuracy);
+
+    // a second run with the same settings reuses the warm-up and starts where it ended
+    let second = runs.path().join("second");
+    let options = RunOptions {
+        out_dir: Some(second.clone()),
+        ..RunOptions::default()
+    };
+    let again = within_limit(run(
+        config.clone(),
+        Plugins::build(&config).unwrap(),
+        options,
+    ))
+    .await
+    .unwrap();
+    let reused = again.warmup.clone().unwrap();
+    assert!(reused.cached);
+    assert_eq!(
+        reused.seconds, warmup.seconds,
+        "a reused warm-up reports its original time"
+    );
+    assert_eq!(reused.curve, warmup.curve);
+    assert_eq!(again.warmup_seconds, summary.warmup_seconds);
+    assert_eq!(
+        again.evals[0].accuracy, summary.evals[0].accuracy,
+        "the same baseline"
+    );
+}
