@@ -76,7 +76,7 @@ async fn within_limit<T>(run: impl std::future::Future<Output = T>) -> T {
 /// The default config trains the bigram policy through every stage, asynchronously, and it
 /// learns: sampled reward from ~0.02 to above 0.9, greedy held-out accuracy from 0 to 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn default_run_learns_through_every_stage() {
+async fn testkit_run_learns_through_every_stage() {
     let dir = tempfile::tempdir().unwrap();
     let (summary, recorder) = run_recorded(config(&[]), Some(dir.path())).await;
     let summary = summary.unwrap();
@@ -303,4 +303,19 @@ fn plugin_build_errors_are_all_reported() {
         assert!(all.contains(needle), "{needle} missing from:\n{all}");
     }
     assert_eq!(errors.len(), 4, "{all}");
+}
+
+#[test]
+fn a_bad_generator_device_is_named_with_its_key() {
+    let config = config(&["generator.kind=burn", "generator.device=tpu"]);
+    let Err(EngineError::Build { errors }) = Plugins::build(&config) else {
+        panic!("expected a build error");
+    };
+    let all: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    let all = all.join("\n");
+    assert_eq!(errors.len(), 1, "{all}");
+    assert!(
+        all.contains("`generator.device`") && all.contains("\"tpu\""),
+        "{all}"
+    );
 }

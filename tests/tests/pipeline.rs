@@ -50,6 +50,29 @@ async fn the_default_pipeline_runs_end_to_end_and_reuses_its_warm_up() {
     assert!(!warmup.cached);
     assert!(warmup.steps > 0 && warmup.steps <= 30);
     assert_eq!(warmup.curve.len() as u64, warmup.steps.div_ceil(10));
+    let best = warmup
+        .curve
+        .iter()
+        .map(|m| m.validation_accuracy)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let best_at = warmup
+        .curve
+        .iter()
+        .find(|m| m.validation_accuracy == best)
+        .unwrap()
+        .step;
+    assert_eq!(
+        warmup.best_step, best_at,
+        "the warm-up ends with its best validation weights"
+    );
+    assert_eq!(warmup.best_validation_accuracy, best);
+    let (first_eval, last_eval) = (&warmup.curve[0], warmup.curve.last().unwrap());
+    assert!(
+        last_eval.validation_loss < 0.8 * first_eval.validation_loss,
+        "supervised warm-up does not learn: validation loss {} → {}",
+        first_eval.validation_loss,
+        last_eval.validation_loss
+    );
     assert!(summary.warmup_seconds > 0.0 && summary.warmup_seconds < summary.wall_seconds);
     assert_eq!(summary.steps, 3);
     assert_eq!(summary.evals.len(), 3, "before, after step 2, after step 3");

@@ -240,7 +240,8 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
     let observer: Arc<dyn Observer> = if args.quiet {
         Arc::new(areal_core::Quiet)
     } else {
-        Arc::new(Progress::new(steps))
+        let warmup_steps = config.warmup.enabled.then_some(config.warmup.max_steps);
+        Arc::new(Progress::new(steps, warmup_steps))
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -261,8 +262,13 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
     #[allow(clippy::print_stdout)]
     {
         let acc = |a: Option<f64>| a.map_or("-".to_owned(), |a| format!("{:.3}", a));
+        let warmup = match &summary.warmup {
+            Some(w) if w.cached => format!(", warm-up of {:.0} s reused", w.seconds),
+            Some(w) => format!(", warm-up {:.0} s included", w.seconds),
+            None => String::new(),
+        };
         println!(
-            "trained {} steps in {:.1} s ({}, η = {}): held-out accuracy {} → {}, reward {:.3} → {:.3}",
+            "trained {} steps in {:.1} s{warmup} ({}, η = {}): held-out accuracy {} → {}, reward {:.3} → {:.3}",
             summary.steps,
             summary.wall_seconds,
             summary.algorithm,
@@ -361,27 +367,48 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A progress bar on a terminal; a line every few steps otherwise (logs, CI).
+/// A progress bar on a terminal; a line every few steps otherwise (logs, CI). The bar counts
+/// warm-up steps (up to `warmup.max_steps`; it may stop earlier at its plateau), then RL steps.
 struct Progress {
     bar: Option<ProgressBar>,
     every: u64,
+    steps: u64,
 }
 
 impl Progress {
-    fn new(steps: u64) -> Self {
+    fn new(steps: u64, warmup_steps: Option<u64>) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = ProgressBar::new(steps);
+            let bar = ProgressBar::new(warmup_steps.unwrap_or(steps));
             bar.set_style(
                 ProgressStyle::with_template(
-                    "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+                    "{prefix:>7} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
                 )
                 .expect("valid template"),
             );
+            bar.set_prefix(if warmup_steps.is_some() {
+                "warm-up"
+            } else {
+                "RL"
+            });
+            bar.enable_steady_tick(std::time::Duration::from_millis(500));
             bar
         });
         Self {
             bar,
             every: (steps / 20).max(1),
+            steps,
+        }
+    }
+
+    /// Switch the bar from warm-up to RL steps (idempotent).
+    fn rl_phase(&self) {
+        if let Some(bar) = &self.bar
+            && bar.prefix() != "RL"
+        {
+            bar.set_prefix("RL");
+            bar.set_length(self.steps);
+            bar.set_position(0);
+            bar.set_message("");
         }
     }
 
@@ -400,6 +427,7 @@ impl Observer for Progress {
             "v{} reward {:.3} lag≤{} gen {:.0} tok/s",
             m.policy_version, m.reward_mean, m.staleness.token_lag_max, m.gen_tokens_per_s
         );
+        self.rl_phase();
         match &self.bar {
             Some(bar) => {
                 bar.set_position(m.step);
@@ -413,6 +441,10 @@ impl Observer for Progress {
     }
 
     fn on_warmup(&self, m: &areal_core::WarmupMetrics) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(m.step);
+            bar.set_message(format!("validation accuracy {:.3}", m.validation_accuracy));
+        }
         self.line(format!(
             "warm-up step {}: loss {:.3}, validation loss {:.3}, accuracy {:.3} ({:.0} s, {:.0} tokens/s)",
             m.step, m.loss, m.validation_loss, m.validation_accuracy, m.seconds, m.tokens_per_s
@@ -420,6 +452,7 @@ impl Observer for Progress {
     }
 
     fn on_eval(&self, m: &EvalMetrics) {
+        self.rl_phase();
         self.line(format!(
             "eval after step {} (v{}): accuracy {:.3}, reward {:.3} on {} held-out items",
             m.step, m.policy_version, m.accuracy, m.reward_mean, m.items

@@ -155,7 +155,7 @@ impl Default for RewardServiceConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct TrainConfig {
     /// Training steps; each consumes `rollout.batch_size` groups and produces one policy
-    /// version. By default 150.
+    /// version. By default 300.
     pub steps: u64,
     /// AdamW learning rate. By default 0.0002.
     pub lr: f64,
@@ -182,7 +182,7 @@ pub struct TrainConfig {
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
-            steps: 150,
+            steps: 300,
             lr: 2e-4,
             weight_decay: 0.0,
             beta1: 0.9,
@@ -201,7 +201,7 @@ impl Default for TrainConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct EvalConfig {
     /// Evaluate before training, every `every` steps and after the last; 0 evaluates only
-    /// before and after. By default 25.
+    /// before and after. By default 50.
     pub every: u64,
     /// Evaluate at most this many held-out items; 0 means all. By default 0.
     pub max_items: usize,
@@ -212,7 +212,7 @@ pub struct EvalConfig {
 impl Default for EvalConfig {
     fn default() -> Self {
         Self {
-            every: 25,
+            every: 50,
             max_items: 0,
             enabled: true,
         }

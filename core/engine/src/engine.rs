@@ -841,6 +841,11 @@ fn warm_up(
     )?;
     let (mut best, mut best_loss, mut since_best, mut plateau) =
         (f64::NEG_INFINITY, f64::INFINITY, 0u32, false);
+    // The weights with the best validation accuracy so far: the warm-up ends with them, so the
+    // baseline is the best the demonstrations gave, not wherever the last step happened to be.
+    let snapshots = tempfile::tempdir().map_err(|e| EngineError::io(Path::new("(temp dir)"), e))?;
+    let best_dir = snapshots.path().join("best");
+    let (mut best_step, mut can_snapshot) = (0u64, true);
     let (mut loss_sum, mut tokens, mut window) = (0.0, 0usize, Instant::now());
     let mut curve = Vec::new();
     let mut steps = 0;
@@ -903,6 +908,15 @@ fn warm_up(
             (loss_sum, tokens, window) = (0.0, 0, Instant::now());
             let accuracy_improved = eval.accuracy >= best + w.min_delta;
             let loss_improved = validation_loss <= best_loss * (1.0 - w.min_loss_improvement);
+            if eval.accuracy > best && can_snapshot {
+                match policy.save(&best_dir) {
+                    Ok(()) => best_step = steps,
+                    Err(e) if e.is_unsupported() => can_snapshot = false,
+                    Err(e) => {
+                        return Err(EngineError::plugin("saving the best warm-up weights", e));
+                    }
+                }
+            }
             best = best.max(eval.accuracy);
             best_loss = best_loss.min(validation_loss);
             if accuracy_improved || loss_improved {
@@ -916,9 +930,18 @@ fn warm_up(
             }
         }
     }
+    let last_step = curve.last().map_or(0, |m| m.step);
+    if can_snapshot && best_step > 0 && best_step != last_step {
+        policy
+            .load(&best_dir)
+            .map_err(|e| EngineError::plugin("restoring the best warm-up weights", e))?;
+    } else {
+        best_step = last_step;
+    }
     let report = WarmupReport {
         steps,
         seconds: started.elapsed().as_secs_f64(),
+        best_step,
         validation_accuracy: curve.last().map_or(0.0, |m| m.validation_accuracy),
         best_validation_accuracy: best.max(0.0),
         plateau,

@@ -1,6 +1,7 @@
-//! Supervised warm-up: train on the task's demonstrations until held-out accuracy stops
-//! improving, before RL starts from the plateaued model. The result is cached by everything
-//! that determines it, so a later run with the same settings reuses it.
+//! Supervised warm-up: train on the task's demonstrations until held-out accuracy and loss stop
+//! improving, then go back to the weights with the best validation accuracy; RL starts from
+//! them. The result is cached by everything that determines it, so a later run with the same
+//! settings reuses it.
 
 use std::path::{Path, PathBuf};
 
@@ -116,9 +117,13 @@ pub struct WarmupReport {
     pub steps: u64,
     /// Wall time of the warm-up when it ran (also when it is reused from the cache).
     pub seconds: f64,
-    /// Validation accuracy at the plateau (the last evaluation).
+    /// The step whose weights the warm-up ends with: the evaluation with the best validation
+    /// accuracy (the first of equals), or the last step when the policy cannot save.
+    #[serde(default)]
+    pub best_step: u64,
+    /// Validation accuracy at the last evaluation.
     pub validation_accuracy: f64,
-    /// Best validation accuracy seen.
+    /// Best validation accuracy seen: that of the weights the warm-up ends with.
     pub best_validation_accuracy: f64,
     /// Whether it stopped at a plateau (rather than at `max_steps`).
     pub plateau: bool,
@@ -256,6 +261,8 @@ pub(crate) fn cache_path(config: &crate::Config) -> Option<PathBuf> {
         "token_budget": config.train.token_budget,
         "max_grad_norm": config.train.max_grad_norm,
         "version": env!("CARGO_PKG_VERSION"),
+        // what a cached warm-up means: 2 = it ends with the best-validation-accuracy weights
+        "format": 2,
     });
     let text = key.to_string();
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {

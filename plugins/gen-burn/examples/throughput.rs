@@ -1,5 +1,13 @@
-//! Training and decoding throughput of the transformer on this machine's CPU:
-//! `cargo run --release -p areal-gen-burn --example throughput -- [hidden layers batch len]`.
+//! Training and decoding throughput of the transformer on burn's CPU backends, as a table:
+//!
+//! ```sh
+//! cargo run --release -p areal-gen-burn --example throughput                      # flex only
+//! cargo run --release -p areal-gen-burn --features ndarray --example throughput   # flex and ndarray
+//! cargo run --release -p areal-gen-burn --example throughput -- 128 4 16 64       # hidden layers batch len
+//! ```
+//!
+//! The default shape is the built-in job's model (hidden 64, 2 layers) on sequences of its
+//! typical length.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,72 +19,74 @@ use areal_sdk_train::burn::optim::AdamWConfig;
 use areal_sdk_train::burn::tensor::Device;
 use areal_sdk_train::{PackedBatch, Policy};
 
-#[allow(clippy::print_stdout)]
-fn main() {
-    let args: Vec<usize> = std::env::args()
-        .skip(1)
-        .map(|a| a.parse().expect("numbers"))
-        .collect();
-    let (hidden, layers, batch, len) = match args[..] {
-        [h, l, b, n] => (h, l, b, n),
-        _ => (128, 4, 16, 64),
-    };
+/// The CPU backends this build has.
+fn backends() -> Vec<(&'static str, Device)> {
+    #[allow(unused_mut)]
+    let mut list = vec![("flex", Device::flex())];
+    #[cfg(feature = "ndarray")]
+    #[allow(deprecated)]
+    list.push(("ndarray", Device::ndarray()));
+    list
+}
+
+struct Shape {
+    hidden: usize,
+    layers: usize,
+    batch: usize,
+    len: usize,
+}
+
+/// Tokens per second of a training step (forward, backward, AdamW) and of batched decoding at
+/// batch 1 and at `shape.batch`.
+fn measure(shape: &Shape, device: &Device) -> (f64, f64, f64) {
     let options = TransformerOptions {
-        hidden_size: hidden,
-        layers,
+        hidden_size: shape.hidden,
+        layers: shape.layers,
         heads: 4,
         kv_heads: 2,
         max_positions: 256,
         ..TransformerOptions::default()
     };
     let alphabet = "0123456789+-*=,; \n";
-    let mut policy =
-        TransformerPolicy::fresh(&options, alphabet, 1, &Device::flex().autodiff()).unwrap();
-    println!(
-        "model: hidden {hidden}, layers {layers}, {} parameters",
-        policy.config().num_parameters()
-    );
-    let mut batch_tokens = PackedBatch::new(1.0);
-    for i in 0..batch {
-        batch_tokens.push(
-            &(0..len)
+    let mut policy = TransformerPolicy::fresh(&options, alphabet, 1, &device.clone().autodiff())
+        .expect("a fresh model");
+    let mut batch = PackedBatch::new(1.0);
+    for i in 0..shape.batch {
+        batch.push(
+            &(0..shape.len)
                 .map(|t| ((i + t) % 18) as u32 + 2)
                 .collect::<Vec<_>>(),
         );
     }
     let mut optimizer = AdamWConfig::new().init();
-    for warm in [true, false] {
-        let steps = if warm { 1 } else { 5 };
+    let mut train = 0.0;
+    for (steps, timed) in [(1, false), (5, true)] {
         let start = Instant::now();
         for _ in 0..steps {
-            let loss = policy.logprobs(&batch_tokens).unwrap().sum().neg();
-            policy.backward(loss).unwrap();
-            policy.step(&mut optimizer, 1e-3, Some(1.0)).unwrap();
+            let loss = policy.logprobs(&batch).expect("logprobs").sum().neg();
+            policy.backward(loss).expect("backward");
+            policy.step(&mut optimizer, 1e-3, Some(1.0)).expect("step");
         }
-        if !warm {
-            let s = start.elapsed().as_secs_f64();
-            println!(
-                "train: batch {batch} × {len}: {:.0} tokens/s ({:.3} s/step)",
-                (batch * len * steps) as f64 / s,
-                s / steps as f64
-            );
+        if timed {
+            train = (shape.batch * shape.len * steps) as f64 / start.elapsed().as_secs_f64();
         }
     }
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        for max_batch in [1, batch] {
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let decode = |max_batch: usize| {
+        runtime.block_on(async {
             let g = Arc::new(BurnGenerator::new(
                 &BurnGeneratorOptions {
                     max_batch,
                     max_len: None,
+                    ..BurnGeneratorOptions::default()
                 },
-                Device::flex(),
+                device.clone(),
             ));
             g.update_weights(
                 WeightUpdate::new(0, policy.weights()).with_architecture(policy.architecture()),
             )
             .await
-            .unwrap();
+            .expect("weights");
             let start = Instant::now();
             let mut calls = Vec::new();
             for i in 0..max_batch.max(4) {
@@ -84,7 +94,7 @@ fn main() {
                 let r = GenerateRequest {
                     sample_id: i as u64,
                     input_ids: vec![2, 3, 4, 5],
-                    max_new_tokens: len,
+                    max_new_tokens: shape.len,
                     sampling: SamplingParams {
                         temperature: 1.0,
                         top_p: 1.0,
@@ -92,19 +102,56 @@ fn main() {
                     },
                     stop_token_ids: vec![],
                 };
-                calls.push(tokio::spawn(
-                    async move { g.generate(r).await.unwrap().len() },
-                ));
+                calls.push(tokio::spawn(async move {
+                    g.generate(r).await.expect("generate").len()
+                }));
             }
             let mut tokens = 0;
             for c in calls {
-                tokens += c.await.unwrap();
+                tokens += c.await.expect("task");
             }
-            let s = start.elapsed().as_secs_f64();
-            println!(
-                "decode: batch {max_batch}: {:.0} tokens/s",
-                tokens as f64 / s
-            );
-        }
-    });
+            tokens as f64 / start.elapsed().as_secs_f64()
+        })
+    };
+    let one = decode(1);
+    let many = decode(shape.batch);
+    (train, one, many)
+}
+
+#[allow(clippy::print_stdout)]
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|a| {
+            a.parse()
+                .expect("arguments are numbers: hidden layers batch len")
+        })
+        .collect();
+    let shape = match args[..] {
+        [hidden, layers, batch, len] => Shape {
+            hidden,
+            layers,
+            batch,
+            len,
+        },
+        _ => Shape {
+            hidden: 64,
+            layers: 2,
+            batch: 32,
+            len: 64,
+        },
+    };
+    println!(
+        "model: hidden {}, {} layers; train batch {} × {} tokens; decode {} new tokens per sequence",
+        shape.hidden, shape.layers, shape.batch, shape.len, shape.len
+    );
+    println!(
+        "| backend | train tokens/s | decode tokens/s, batch 1 | decode tokens/s, batch {} |",
+        shape.batch
+    );
+    println!("|---|---|---|---|");
+    for (name, device) in backends() {
+        let (train, one, many) = measure(&shape, &device);
+        println!("| {name} | {train:.0} | {one:.0} | {many:.0} |");
+    }
 }

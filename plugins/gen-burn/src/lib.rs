@@ -40,6 +40,9 @@ pub struct BurnGeneratorOptions {
     pub max_batch: usize,
     /// Context length of the cache; by default the model's `max_position_embeddings`.
     pub max_len: Option<usize>,
+    /// Where to decode: `cpu` (burn's flex backend) or `cuda:N` (a build with the `cuda`
+    /// feature). By default `cpu`.
+    pub device: String,
 }
 
 impl Default for BurnGeneratorOptions {
@@ -47,6 +50,7 @@ impl Default for BurnGeneratorOptions {
         Self {
             max_batch: 32,
             max_len: None,
+            device: "cpu".into(),
         }
     }
 }
@@ -141,7 +145,9 @@ fn build(config: &PluginConfig, _ctx: &BuildContext) -> Result<Arc<dyn Generator
     if options.max_batch == 0 {
         return Err(config.invalid("max_batch", "must be at least 1, found 0"));
     }
-    Ok(Arc::new(BurnGenerator::new(&options, Device::flex())))
+    let device = areal_sdk_train::parse_device(&options.device)
+        .map_err(|message| config.invalid("device", message))?;
+    Ok(Arc::new(BurnGenerator::new(&options, device)))
 }
 
 register_generator!(

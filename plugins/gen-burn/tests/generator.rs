@@ -32,6 +32,7 @@ fn generator(max_batch: usize) -> Arc<BurnGenerator> {
         &BurnGeneratorOptions {
             max_batch,
             max_len: None,
+            ..BurnGeneratorOptions::default()
         },
         Device::flex(),
     ))

@@ -57,6 +57,7 @@
 
 pub mod advantages;
 mod algorithm;
+mod device;
 mod module;
 mod policy;
 pub mod registry;
@@ -65,6 +66,7 @@ pub use algorithm::{
     Algorithm, BehaviourLogprobs, CurrentLogprobs, LossInput, LossOutput, LossStats,
     ProximalLogprobs, ProximalMode, Requirements,
 };
+pub use device::parse_device;
 pub use module::{TrainableModule, module_weights};
 pub use policy::{PackedBatch, Policy, StepStats};
 pub use registry::{AlgorithmPlugin, PolicyContext, PolicyPlugin};
