@@ -8,7 +8,7 @@
 CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: setup train test lint cuda-check
+.PHONY: setup train test lint cuda-check python-wasi
 
 # Everything the project needs is built from the package registries by cargo itself; later
 # parts (the WASI interpreter for code rewards) add their steps here.
@@ -32,3 +32,8 @@ lint:
 # LLVM); DOCS_RS=1 skips that download so the code behind the `cuda` feature is type-checked.
 cuda-check:
 	DOCS_RS=1 CARGO_TARGET_DIR=$(TARGET_DIR)/cuda-check $(CARGO) check --locked -p areal-cli --features cuda
+
+# The sandbox's guest interpreter (CPython 3.11 for wasm32-wasip1), built from Debian's source
+# package with Debian's clang-16 into .cache/python-wasi (~3 min; installs the toolchain with apt).
+python-wasi:
+	rewards/sandbox/scripts/build-python-wasi.sh

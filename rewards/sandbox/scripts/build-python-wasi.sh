@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Build the sandbox's guest interpreter: CPython 3.11 for wasm32-wasip1, from Debian's own
+# source package, with Debian's clang-16 / lld-16 / wasi-libc, and a 64 MiB C stack (the ready
+# WASI builds on PyPI have 512 KiB, so memoised recursion traps ~100 deep).
+#
+# Everything comes from the Debian archive through apt: the toolchain as packages, the source
+# through a private deb-src list (the system's apt sources are not touched); apt checks both
+# against the archive's signed indices. Takes ~3 minutes on 2 cores.
+#
+# Output, in $OUT (default .cache/python-wasi):
+#   python.wasm                   the interpreter
+#   lib/python3.11/               its standard library (tests left out), mounted read-only
+#   SHA256SUMS, PROVENANCE        the interpreter's sha256; versions and flags it was built with
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
+OUT="${OUT:-$ROOT/.cache/python-wasi}"
+WORK="${WORK:-$ROOT/.cache/python-wasi-build}"
+SUITE="${DEBIAN_SUITE:-bookworm}"
+STACK_BYTES=$((64 * 1024 * 1024))
+PACKAGES=(clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32 python3.11)
+
+if [[ -f "$OUT/python.wasm" && -f "$OUT/SHA256SUMS" ]] && (cd "$OUT" && sha256sum --quiet -c SHA256SUMS); then
+    echo "python-wasi: up to date in $OUT"
+    exit 0
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "python-wasi: installing ${missing[*]}"
+    SUDO=""
+    [[ $(id -u) -eq 0 ]] || SUDO="sudo"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+fi
+
+rm -rf "$WORK"
+mkdir -p "$WORK/apt/lists/partial" "$WORK/src"
+echo "deb-src http://deb.debian.org/debian $SUITE main" >"$WORK/apt/sources.list"
+APT=(-o "Dir::Etc::SourceList=$WORK/apt/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+     -o "Dir::State::Lists=$WORK/apt/lists" -o "APT::Sandbox::User=root")
+apt-get "${APT[@]}" -q update >/dev/null
+(cd "$WORK/src" && apt-get "${APT[@]}" -q source --download-only python3.11 >/dev/null)
+ORIG="$(ls "$WORK"/src/python3.11_*.orig.tar.gz)"
+DSC="$(ls "$WORK"/src/python3.11_*.dsc)"
+tar -xzf "$ORIG" -C "$WORK/src"
+SRC="$(ls -d "$WORK"/src/Python-3.11.*/)"
+SRC="${SRC%/}"
+
+BUILD="$SRC/builddir/wasi"
+mkdir -p "$BUILD"
+cd "$BUILD"
+# Host libraries (zlib, lzma, uuid) must not be found: the guest links against wasi-libc only.
+# wasi-libc's clockid_t is a pointer, which CPython 3.11's time module stores as an int
+# constant: allowed as a warning (those constants are unused in the guest).
+export PKG_CONFIG_PATH="" PKG_CONFIG_LIBDIR=/nonexistent
+CONFIG_SITE="$SRC/Tools/wasm/config.site-wasm32-wasi" \
+CC="clang-16 --target=wasm32-wasi" CPP="clang-16 --target=wasm32-wasi -E" \
+AR=/usr/lib/llvm-16/bin/llvm-ar RANLIB=/usr/lib/llvm-16/bin/llvm-ranlib \
+CFLAGS="-Wno-error=int-conversion" LDFLAGS="-Wl,-z,stack-size=$STACK_BYTES" \
+    "$SRC/configure" -C --host=wasm32-unknown-wasi --build="$(uname -m)-pc-linux-gnu" \
+    --with-build-python=/usr/bin/python3.11 --disable-ipv6 --disable-shared >"$WORK/configure.log" 2>&1 \
+    || { echo "configure failed: see $WORK/configure.log" >&2; exit 1; }
+make -j"$(nproc)" >"$WORK/make.log" 2>&1 || { echo "make failed: see $WORK/make.log" >&2; exit 1; }
+
+rm -rf "$OUT"
+mkdir -p "$OUT/lib"
+cp "$BUILD/python.wasm" "$OUT/python.wasm"
+cp -r "$SRC/Lib" "$OUT/lib/python3.11"
+rm -rf "$OUT/lib/python3.11/test" "$OUT/lib/python3.11/idlelib" "$OUT/lib/python3.11/tkinter" "$OUT/lib/python3.11/turtledemo"
+find "$OUT/lib" -name __pycache__ -prune -exec rm -rf {} +
+cp "$BUILD"/build/lib.wasi-wasm32-3.11/_sysconfigdata__wasi_wasm32-wasi.py "$OUT/lib/python3.11/"
+(cd "$OUT" && sha256sum python.wasm >SHA256SUMS)
+{
+    echo "source: $(basename "$DSC") (Debian $SUITE), orig sha256 $(sha256sum "$ORIG" | cut -d' ' -f1)"
+    echo "toolchain: $(clang-16 --version | head -1); wasi-libc $(dpkg-query -W -f='${Version}' wasi-libc)"
+    echo "target: wasm32-wasip1, C stack $STACK_BYTES bytes, --disable-ipv6 --disable-shared"
+    echo "python.wasm sha256: $(cut -d' ' -f1 "$OUT/SHA256SUMS")"
+} >"$OUT/PROVENANCE"
+rm -rf "$WORK"
+cat "$OUT/PROVENANCE"
