@@ -91,6 +91,15 @@ impl PluginConfig {
         Value::Object(table)
     }
 
+    /// Check that the section has no options besides `kind` (for plugins that take none): an
+    /// option given anyway is an error naming its key.
+    pub fn no_options(&self) -> Result<(), PluginError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct NoOptions {}
+        self.parse::<NoOptions>().map(|_| ())
+    }
+
     /// Deserialise the options into the plugin's own config type.
     ///
     /// Use `#[serde(deny_unknown_fields)]` on `T` so a misspelt option is an error, and

@@ -64,6 +64,20 @@ pub use rollout::{
 };
 pub use task::{Split, Task, TaskItem, Tokenizer};
 
+/// A hash of `text` that never changes between builds, platforms or runs (64-bit FNV-1a), for
+/// what must stay put: a prompt's split, a cache key. Not for hash tables of untrusted keys.
+///
+/// ```
+/// // the FNV-1a reference values
+/// assert_eq!(areal_sdk::stable_hash(""), 0xcbf2_9ce4_8422_2325);
+/// assert_eq!(areal_sdk::stable_hash("a"), 0xaf63_dc4c_8601_ec8c);
+/// ```
+pub fn stable_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// Derive an independent seed for `stream` (a sample id, an epoch...) from `seed`
 /// (splitmix64 finaliser), so every random stream of a run follows from its one seed.
 pub fn mix_seed(seed: u64, stream: u64) -> u64 {

@@ -103,6 +103,14 @@ impl Completion {
         self.token_ids.is_empty()
     }
 
+    /// Append one sampled token with its behaviour logprob and the version of the weights that
+    /// sampled it, keeping the three per-token vectors in step.
+    pub fn push(&mut self, token_id: u32, behaviour_logprob: f32, version: PolicyVersion) {
+        self.token_ids.push(token_id);
+        self.behaviour_logprobs.push(behaviour_logprob);
+        self.versions.push(version);
+    }
+
     /// Append a continuation generated after an interruption; the finish reason becomes the
     /// continuation's. Earlier tokens keep their logprobs and versions.
     pub fn extend(&mut self, continuation: Completion) {

@@ -28,23 +28,28 @@ fn tiny(cache: &std::path::Path) -> areal_core::Config {
         .unwrap()
 }
 
+/// Run `config` into the run folder `out`.
+async fn run_into(config: &areal_core::Config, out: &std::path::Path) -> areal_core::RunSummary {
+    let options = RunOptions {
+        out_dir: Some(out.to_owned()),
+        ..RunOptions::default()
+    };
+    within_limit(run(
+        config.clone(),
+        Plugins::build(config).unwrap(),
+        options,
+    ))
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_pipeline_runs_end_to_end_and_reuses_its_warm_up() {
     let cache = tempfile::tempdir().unwrap();
     let runs = tempfile::tempdir().unwrap();
     let config = tiny(cache.path());
     let first = runs.path().join("first");
-    let options = RunOptions {
-        out_dir: Some(first.clone()),
-        ..RunOptions::default()
-    };
-    let summary = within_limit(run(
-        config.clone(),
-        Plugins::build(&config).unwrap(),
-        options,
-    ))
-    .await
-    .unwrap();
+    let summary = run_into(&config, &first).await;
 
     let warmup = summary.warmup.clone().expect("the default job warms up");
     assert!(!warmup.cached);
@@ -131,17 +136,7 @@ async fn the_default_pipeline_runs_end_to_end_and_reuses_its_warm_up() {
 
     // a second run with the same settings reuses the warm-up and starts where it ended
     let second = runs.path().join("second");
-    let options = RunOptions {
-        out_dir: Some(second.clone()),
-        ..RunOptions::default()
-    };
-    let again = within_limit(run(
-        config.clone(),
-        Plugins::build(&config).unwrap(),
-        options,
-    ))
-    .await
-    .unwrap();
+    let again = run_into(&config, &second).await;
     let reused = again.warmup.clone().unwrap();
     assert!(reused.cached);
     assert_eq!(

@@ -163,22 +163,32 @@ pub(crate) fn examples(
         .collect()
 }
 
+/// The examples packed under `token_budget`: each micro-batch's members (indices into
+/// `examples`) and their prompt + response sequences.
+fn microbatches(examples: &[Example], token_budget: usize) -> Vec<(Vec<usize>, PackedBatch)> {
+    let lengths: Vec<usize> = examples.iter().map(|(p, c)| p.len() + c.len()).collect();
+    pack(&lengths, token_budget, 1)
+        .microbatches
+        .into_iter()
+        .map(|members| {
+            let mut batch = PackedBatch::new(1.0);
+            for &i in &members {
+                let (prompt, completion) = &examples[i];
+                batch.push(&[prompt.as_slice(), completion].concat());
+            }
+            (members, batch)
+        })
+        .collect()
+}
+
 /// Mean negative logprob per demonstration token of `examples`, without gradient.
 pub(crate) fn validation_loss(
     policy: &dyn Policy,
     examples: &[Example],
     token_budget: usize,
 ) -> Result<f64, EngineError> {
-    let lengths: Vec<usize> = examples.iter().map(|(p, c)| p.len() + c.len()).collect();
     let (mut sum, mut count) = (0.0f64, 0usize);
-    for members in pack(&lengths, token_budget, 1).microbatches {
-        let mut batch = PackedBatch::new(1.0);
-        for &i in &members {
-            let (prompt, completion) = &examples[i];
-            let mut seq = prompt.clone();
-            seq.extend(completion);
-            batch.push(&seq);
-        }
+    for (members, batch) in microbatches(examples, token_budget) {
         let values: Vec<f32> = policy
             .logprobs_no_grad(&batch)
             .map_err(|e| EngineError::plugin("warm-up validation pass", e))?
@@ -208,18 +218,13 @@ pub(crate) fn sft_step(
     max_grad_norm: Option<f64>,
     token_budget: usize,
 ) -> Result<(f64, usize), EngineError> {
-    let lengths: Vec<usize> = examples.iter().map(|(p, c)| p.len() + c.len()).collect();
     let targets: usize = examples.iter().map(|(_, c)| c.len()).sum();
     let device = policy.device();
     let mut loss_sum = 0.0;
-    for members in pack(&lengths, token_budget, 1).microbatches {
-        let mut batch = PackedBatch::new(1.0);
+    for (members, batch) in microbatches(examples, token_budget) {
         let mut mask = Vec::new();
         for &i in &members {
             let (prompt, completion) = &examples[i];
-            let mut seq = prompt.clone();
-            seq.extend(completion);
-            batch.push(&seq);
             mask.extend(std::iter::repeat_n(0.0f32, prompt.len()));
             mask.extend(std::iter::repeat_n(1.0f32, completion.len()));
         }
@@ -264,10 +269,7 @@ pub(crate) fn cache_path(config: &crate::Config) -> Option<PathBuf> {
         // what a cached warm-up means: 2 = it ends with the best-validation-accuracy weights
         "format": 2,
     });
-    let text = key.to_string();
-    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let hash = areal_sdk::stable_hash(&key.to_string());
     Some(Path::new(&config.warmup.cache_dir).join(format!("{hash:016x}")))
 }
 

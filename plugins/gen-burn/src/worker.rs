@@ -260,9 +260,7 @@ impl Worker {
             request.sampling.top_p,
             rng.random::<f64>(),
         );
-        out.token_ids.push(token);
-        out.behaviour_logprobs.push(logprob);
-        out.versions.push(loaded.version);
+        out.push(token, logprob, loaded.version);
         self.stats.lock().expect("stats lock").tokens += 1;
         let active = Active {
             request,
@@ -328,9 +326,7 @@ impl Worker {
                 a.request.sampling.top_p,
                 u,
             );
-            a.out.token_ids.push(token);
-            a.out.behaviour_logprobs.push(logprob);
-            a.out.versions.push(loaded.version);
+            a.out.push(token, logprob, loaded.version);
             a.pending = token;
         }
         let mut i = self.active.len();

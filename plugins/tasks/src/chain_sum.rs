@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use areal_sdk::{
     BuildContext, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, Split, Task,
-    TaskItem, Verdict, VerifyContext, mix_seed,
+    TaskItem, Verdict, VerifyContext, mix_seed, stable_hash,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -84,16 +84,9 @@ pub struct ChainSum {
     validation: Arc<Vec<Vec<u32>>>,
 }
 
-/// FNV-1a: a stable hash that decides each prompt's split.
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 /// The split a prompt belongs to: 1 in 20 to eval, 1 in 20 to validation, the rest to train.
 pub fn split_of(prompt: &str) -> Split {
-    match fnv1a(prompt) % 20 {
+    match stable_hash(prompt) % 20 {
         0 => Split::Eval,
         1 => Split::Validation,
         _ => Split::Train,
@@ -231,13 +224,15 @@ impl Task for ChainSum {
 
     fn demonstration(&self, item: &TaskItem) -> Result<Option<String>, PluginError> {
         let terms = terms_of(item)?;
-        let mut rng = StdRng::seed_from_u64(mix_seed(self.seed ^ 0xdead_beef, fnv1a(&item.id)));
+        let mut rng =
+            StdRng::seed_from_u64(mix_seed(self.seed ^ 0xdead_beef, stable_hash(&item.id)));
         let p = self.options.demo_carry_error;
         Ok(Some(response(&terms, || rng.random::<f64>() < p)))
     }
 }
 
-fn terms_of(item: &TaskItem) -> Result<Vec<u32>, PluginError> {
+/// The digits an item asks to add (its `reference.terms`).
+pub fn terms_of(item: &TaskItem) -> Result<Vec<u32>, PluginError> {
     item.reference["terms"]
         .as_array()
         .and_then(|a| {
@@ -313,9 +308,6 @@ pub(crate) fn build_verifier(
     config: &PluginConfig,
     _ctx: &BuildContext,
 ) -> Result<Arc<dyn RewardVerifier>, PluginError> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct NoOptions {}
-    let _: NoOptions = config.parse()?;
+    config.no_options()?;
     Ok(Arc::new(ChainSumVerifier))
 }

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use areal_sdk::{FinishReason, RewardInput, Split, Task};
 use areal_tasks::chain_sum::{
-    ChainSum, ChainSumOptions, ChainSumVerifier, final_answer, prompt, response, split_of,
+    ChainSum, ChainSumOptions, ChainSumVerifier, final_answer, prompt, response, split_of, terms_of,
 };
 use areal_testkit::conformance;
 
@@ -61,12 +61,7 @@ fn response_lengths_have_a_long_tail() {
     let mut lengths: Vec<usize> = (0..2000)
         .map(|i| {
             let item = t.item(Split::Train, i).unwrap();
-            let terms: Vec<u32> = item.reference["terms"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect();
+            let terms = terms_of(&item).unwrap();
             response(&terms, || false).len()
         })
         .collect();
@@ -93,12 +88,7 @@ fn demonstrations_forget_carries_and_nothing_else() {
             t.demonstration(&item).unwrap().unwrap(),
             "demonstrations are deterministic"
         );
-        let terms: Vec<u32> = item.reference["terms"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
+        let terms = terms_of(&item).unwrap();
         // replay the demonstration's steps
         let mut total = 0;
         let steps = demo.split_once('>').unwrap().0;

@@ -318,9 +318,7 @@ impl Generator for BigramGenerator {
                 request.sampling.top_p,
                 rng.random::<f64>(),
             );
-            out.token_ids.push(token);
-            out.behaviour_logprobs.push(logprob);
-            out.versions.push(w.version);
+            out.push(token, logprob, w.version);
             prev = token;
             if request.stop_token_ids.contains(&token) {
                 out.finish_reason = FinishReason::Stop;

@@ -166,10 +166,7 @@ pub(crate) fn build_verifier(
     config: &PluginConfig,
     _ctx: &BuildContext,
 ) -> Result<Arc<dyn RewardVerifier>, PluginError> {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct NoOptions {}
-    let _: NoOptions = config.parse()?;
+    config.no_options()?;
     Ok(Arc::new(SuccessorVerifier))
 }
 
