@@ -27,10 +27,13 @@ use areal_core::{
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+mod grade;
+
 // The built-in plugins: naming the crates links their registrations.
 use areal_algo_ppo as _;
 use areal_gen_burn as _;
 use areal_model as _;
+use areal_reward_code as _;
 use areal_tasks as _;
 use areal_testkit as _;
 
@@ -59,6 +62,9 @@ enum Command {
     Config(ConfigArgs),
     /// Evaluate a checkpoint on the task's held-out split: greedy pass@1, or pass@k sampled.
     Eval(EvalArgs),
+    /// Grade answers outside training (code: LiveCodeBench records in the wasm sandbox).
+    #[command(subcommand)]
+    Grade(grade::GradeCommand),
 }
 
 #[derive(Debug, Args)]
@@ -169,6 +175,7 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
         }
         Command::Train(args) => train(args, started),
         Command::Eval(args) => eval(args),
+        Command::Grade(command) => grade::run(command),
     }
 }
 

@@ -59,10 +59,17 @@ export PKG_CONFIG_PATH="" PKG_CONFIG_LIBDIR=/nonexistent
 CONFIG_SITE="$SRC/Tools/wasm/config.site-wasm32-wasi" \
 CC="clang-16 --target=wasm32-wasi" CPP="clang-16 --target=wasm32-wasi -E" \
 AR=/usr/lib/llvm-16/bin/llvm-ar RANLIB=/usr/lib/llvm-16/bin/llvm-ranlib \
-CFLAGS="-Wno-error=int-conversion" LDFLAGS="-Wl,-z,stack-size=$STACK_BYTES" \
+CFLAGS="-Wno-error=int-conversion" \
     "$SRC/configure" -C --host=wasm32-unknown-wasi --build="$(uname -m)-pc-linux-gnu" \
     --with-build-python=/usr/bin/python3.11 --disable-ipv6 --disable-shared >"$WORK/configure.log" 2>&1 \
     || { echo "configure failed: see $WORK/configure.log" >&2; exit 1; }
+# configure's WASI defaults link with a 512 KiB C stack and 10 MiB of initial memory (in
+# LDFLAGS_NODIST, after LDFLAGS, so they win over anything passed in): replace the stack size
+# and let the linker size the initial memory. The stack stays first in memory, so an overflow
+# traps instead of overwriting data.
+grep -q -- '-z stack-size=524288' Makefile \
+    || { echo "configure no longer sets a 512 KiB stack: check LDFLAGS_NODIST in Makefile" >&2; exit 1; }
+sed -i -e "s/-z stack-size=524288/-z stack-size=$STACK_BYTES/g" -e 's/-Wl,--initial-memory=[0-9]*//g' Makefile
 make -j"$(nproc)" >"$WORK/make.log" 2>&1 || { echo "make failed: see $WORK/make.log" >&2; exit 1; }
 
 rm -rf "$OUT"
@@ -72,6 +79,12 @@ cp -r "$SRC/Lib" "$OUT/lib/python3.11"
 rm -rf "$OUT/lib/python3.11/test" "$OUT/lib/python3.11/idlelib" "$OUT/lib/python3.11/tkinter" "$OUT/lib/python3.11/turtledemo"
 find "$OUT/lib" -name __pycache__ -prune -exec rm -rf {} +
 cp "$BUILD"/build/lib.wasi-wasm32-3.11/_sysconfigdata__wasi_wasm32-wasi.py "$OUT/lib/python3.11/"
+# No extension modules are loaded from disk, but the interpreter looks for this folder.
+mkdir -p "$OUT/lib/python3.11/lib-dynload"
+# The mount is read-only, so the guest cannot cache bytecode: compile it here, with hashes
+# instead of timestamps (valid whatever the files' mtimes are). Files that are not Python 3
+# (lib2to3's test data) are skipped.
+/usr/bin/python3.11 -m compileall -q -j0 --invalidation-mode unchecked-hash "$OUT/lib/python3.11" >/dev/null 2>&1 || true
 (cd "$OUT" && sha256sum python.wasm >SHA256SUMS)
 {
     echo "source: $(basename "$DSC") (Debian $SUITE), orig sha256 $(sha256sum "$ORIG" | cut -d' ' -f1)"

@@ -1,0 +1,154 @@
+//! LiveCodeBench grading on the wasm sandbox (DESIGN.md §6), as the `lcb` reward plugin.
+//!
+//! - [`Problem::from_record`] reads LiveCodeBench's records, including compressed private
+//!   tests through a decoder that unpickles one string and nothing else.
+//! - [`grade_completion`] takes the last fenced code block of a response and runs it on every
+//!   test, each in a fresh sandbox, stopping at the first failure. Expected outputs never
+//!   enter the sandbox: stdout, or the return value in a closed encoding, comes out and the
+//!   host compares it with LiveCodeBench's rules ([`compare`]).
+//! - [`reward_of`] turns a [`Grade`] into a [`Reward`] whose provenance names the interpreter's
+//!   sha256, wasmtime's version and every limit used.
+//!
+//! As a plugin: `[reward] kind = "lcb"` with the keys of [`GradeOptions`]; the task's
+//! reference for each item is the record itself.
+
+pub mod compare;
+mod grade;
+pub mod record;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use areal_sandbox::{Mode, Sandbox, SandboxError, Settings};
+use areal_sdk::{
+    BuildContext, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, VerifyContext,
+};
+
+pub use grade::{Grade, GradeOptions, TestRun, grade_code, grade_completion};
+pub use record::{Problem, RecordError, TestCase, TestKind, extract_code};
+
+/// The process's sandbox for `mode`, built (and its module compiled or loaded from the
+/// cache) on first use: one wasmtime engine per process and mode.
+pub fn shared_sandbox(mode: Mode) -> Result<Arc<Sandbox>, SandboxError> {
+    static SANDBOXES: Mutex<Option<HashMap<Mode, Arc<Sandbox>>>> = Mutex::new(None);
+    let mut map = SANDBOXES.lock().unwrap_or_else(|p| p.into_inner());
+    let map = map.get_or_insert_with(HashMap::new);
+    if let Some(sb) = map.get(&mode) {
+        return Ok(Arc::clone(sb));
+    }
+    let sb = Arc::new(Sandbox::new(&Settings {
+        mode,
+        ..Settings::default()
+    })?);
+    map.insert(mode, Arc::clone(&sb));
+    Ok(sb)
+}
+
+/// The version string of every reward: this crate, the interpreter, wasmtime.
+pub fn verifier_version(sandbox: &Sandbox) -> String {
+    format!(
+        "areal-reward-code {}; python.wasm sha256 {}; wasmtime {}",
+        env!("CARGO_PKG_VERSION"),
+        sandbox.interpreter().sha256(),
+        areal_sandbox::wasmtime_version()
+    )
+}
+
+/// The reward of a grade, with its full provenance.
+pub fn reward_of(grade: &Grade, options: &GradeOptions, sandbox: &Sandbox) -> Reward {
+    let limits = options.limits();
+    let mut reward = Reward::new(grade.reward(options), grade.verdict)
+        .with_version(verifier_version(sandbox))
+        .with_limit("timeout_s", options.timeout_s)
+        .with_limit("time_scale", options.time_scale)
+        .with_limit("cpu_s", limits.cpu.as_secs_f64())
+        .with_limit("wall_s", limits.wall.as_secs_f64())
+        .with_limit("memory_mb", options.memory_mb as u64)
+        .with_limit("output_bytes", options.output_bytes as u64)
+        .with_limit(
+            "mode",
+            match sandbox.mode() {
+                Mode::Fast => "fast",
+                Mode::Deterministic => "deterministic",
+            },
+        )
+        .with_detail("passed", grade.passed as u64)
+        .with_detail("total", grade.total as u64)
+        .with_detail("interpreter_sha256", sandbox.interpreter().sha256());
+    if sandbox.mode() == Mode::Deterministic {
+        reward = reward.with_limit("fuel", options.fuel);
+    }
+    if let Some(i) = grade.failed_test {
+        reward = reward.with_detail("failed_test", i as u64);
+    }
+    if let Some(m) = &grade.message {
+        reward = reward.with_detail("message", m.as_str());
+    }
+    reward.provenance.verifier = "lcb".into();
+    reward.provenance.wall_ms = grade.wall_ms;
+    reward.provenance.fuel = grade.fuel();
+    reward
+}
+
+/// The `lcb` reward: LiveCodeBench grading of the response's last code block.
+pub struct LcbVerifier {
+    sandbox: Arc<Sandbox>,
+    options: GradeOptions,
+}
+
+impl std::fmt::Debug for LcbVerifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LcbVerifier")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LcbVerifier {
+    /// A verifier on `sandbox` with `options`.
+    pub fn new(sandbox: Arc<Sandbox>, options: GradeOptions) -> Self {
+        Self { sandbox, options }
+    }
+}
+
+impl RewardVerifier for LcbVerifier {
+    fn name(&self) -> &str {
+        "lcb"
+    }
+
+    fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {
+        let problem = Problem::from_record(&input.reference).map_err(|e| {
+            PluginError::failed(
+                "lcb",
+                format!(
+                    "item {}: reference is not a LiveCodeBench record: {e}",
+                    input.item_id
+                ),
+            )
+        })?;
+        let grade = grade_completion(&self.sandbox, &problem, &input.completion, &self.options);
+        Ok(reward_of(&grade, &self.options, &self.sandbox))
+    }
+}
+
+fn build_verifier(
+    config: &PluginConfig,
+    _ctx: &BuildContext,
+) -> Result<Arc<dyn RewardVerifier>, PluginError> {
+    let options: GradeOptions = config.parse()?;
+    if !(options.timeout_s > 0.0 && options.timeout_s.is_finite()) {
+        return Err(config.invalid("timeout_s", "must be a positive number of seconds"));
+    }
+    if !(options.time_scale > 0.0 && options.time_scale.is_finite()) {
+        return Err(config.invalid("time_scale", "must be a positive factor"));
+    }
+    let sandbox =
+        shared_sandbox(options.mode).map_err(|e| PluginError::failed("lcb", e.to_string()))?;
+    Ok(Arc::new(LcbVerifier::new(sandbox, options)))
+}
+
+areal_sdk::register_reward!(
+    "lcb",
+    "LiveCodeBench grading: the response's last code block runs on the record's tests in a wasm sandbox",
+    build_verifier
+);

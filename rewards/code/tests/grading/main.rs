@@ -1,0 +1,390 @@
+//! LiveCodeBench grading in the wasm sandbox: real records, real programs, real limits.
+//!
+//! Needs the WASI interpreter (`make python-wasi`); `make test` builds it first.
+
+mod hostile;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use areal_reward_code::{
+    GradeOptions, Problem, TestCase, TestKind, grade_code, grade_completion, reward_of,
+    shared_sandbox,
+};
+use areal_sandbox::{Mode, Sandbox};
+use areal_sdk::Verdict;
+use serde_json::{Value, json};
+
+pub(crate) fn sandbox() -> Arc<Sandbox> {
+    shared_sandbox(Mode::Fast).expect("the WASI interpreter: run `make python-wasi`")
+}
+
+/// Short limits so that hostile programs end quickly.
+pub(crate) fn quick() -> GradeOptions {
+    GradeOptions {
+        timeout_s: 1.0,
+        time_scale: 1.5,
+        memory_mb: 256,
+        output_bytes: 1 << 20,
+        ..GradeOptions::default()
+    }
+}
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/data/lcb")
+        .join(name)
+}
+
+fn official_record() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(data("lcb_official_record_1873A.json")).unwrap())
+        .unwrap()
+}
+
+fn public_records() -> Vec<Value> {
+    std::fs::read_to_string(data("lcb_public_tests.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn record(id: &str) -> Value {
+    public_records()
+        .into_iter()
+        .find(|r| r["question_id"] == id)
+        .unwrap_or_else(|| panic!("no record {id}"))
+}
+
+pub(crate) fn stdin_problem(tests: &[(&str, &str)]) -> Problem {
+    Problem {
+        id: None,
+        tests: tests
+            .iter()
+            .map(|(i, o)| TestCase {
+                input: (*i).into(),
+                output: (*o).into(),
+                kind: TestKind::Stdin,
+            })
+            .collect(),
+        func_name: None,
+    }
+}
+
+pub(crate) fn call_problem(func: &str, tests: &[(&str, &str)]) -> Problem {
+    Problem {
+        id: None,
+        tests: tests
+            .iter()
+            .map(|(i, o)| TestCase {
+                input: (*i).into(),
+                output: (*o).into(),
+                kind: TestKind::Functional,
+            })
+            .collect(),
+        func_name: Some(func.into()),
+    }
+}
+
+const SOLVE_1873A: &str = r#"
+t = int(input())
+for _ in range(t):
+    s = input().strip()
+    diff = sum(1 for a, b in zip(s, "abc") if a != b)
+    print("YES" if diff in (0, 2) else "NO")
+"#;
+
+#[test]
+fn the_official_record_decodes_and_grades() {
+    let record = official_record();
+    let problem = Problem::from_record(&record).unwrap();
+    let public = 1;
+    assert!(problem.tests.len() > public, "private tests decoded");
+    assert!(problem.tests.iter().all(|t| t.kind == TestKind::Stdin));
+    let sb = sandbox();
+    let grade = grade_code(&sb, &problem, SOLVE_1873A, &quick());
+    assert_eq!(grade.verdict, Verdict::Accepted, "{grade:?}");
+    assert_eq!(grade.passed, problem.tests.len());
+
+    // Hard-coding the public answer passes the public test and fails the private ones.
+    let public_output = problem.tests[0].output.clone();
+    let cheat = format!("print({public_output:?}, end='')");
+    let grade = grade_code(&sb, &problem, &cheat, &quick());
+    assert_eq!(grade.verdict, Verdict::WrongAnswer);
+    assert_eq!((grade.passed, grade.failed_test), (1, Some(1)));
+
+    let reward = reward_of(&grade, &quick(), &sb);
+    assert_eq!(reward.value, 0.0);
+    assert_eq!(reward.provenance.verifier, "lcb");
+    assert!(
+        reward
+            .provenance
+            .verifier_version
+            .contains(sb.interpreter().sha256())
+    );
+    assert_eq!(reward.provenance.limits["time_scale"], json!(1.5));
+    assert_eq!(reward.provenance.details["passed"], json!(1));
+    let partial = GradeOptions {
+        partial_credit: true,
+        ..quick()
+    };
+    assert_eq!(
+        reward_of(&grade, &partial, &sb).value,
+        1.0 / problem.tests.len() as f64
+    );
+}
+
+#[test]
+fn records_with_bad_fields_are_rejected_by_name() {
+    let mut r = official_record();
+    r["private_test_cases"] = json!("gASVBQAAAAAAAACMAXiULg==x");
+    let err = Problem::from_record(&r).unwrap_err();
+    assert_eq!(err.field, "private_test_cases");
+    // pickle.dumps of an object whose __reduce__ calls os.system("echo pwned"), compressed
+    // as LiveCodeBench compresses: refused before anything is built.
+    r["private_test_cases"] =
+        json!("eJxrYJmqygABPawF+cWZFVN62Iori0tSc6dMntLDlZqcka9QUJ6XmjKldUrQFD0AXoEQvQ==");
+    let err = Problem::from_record(&r).unwrap_err();
+    assert_eq!(err.field, "private_test_cases");
+    assert!(err.message.contains("pickle"), "{err}");
+    let mut r = record("lcb-005");
+    r["metadata"] = json!("{}");
+    let err = Problem::from_record(&r).unwrap_err();
+    assert_eq!(err.field, "metadata");
+}
+
+#[test]
+fn zero_tests_is_an_error_never_a_pass() {
+    let problem = stdin_problem(&[]);
+    let grade = grade_code(&sandbox(), &problem, "print(1)", &quick());
+    assert_eq!(grade.verdict, Verdict::Error);
+    assert_eq!(reward_of(&grade, &quick(), &sandbox()).value, 0.0);
+}
+
+#[test]
+fn code_comes_from_the_last_fenced_block() {
+    let problem = stdin_problem(&[("1 2\n", "3\n")]);
+    let sb = sandbox();
+    let completion = "First try:\n```python\nprint(0)\n```\nBetter:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```\n";
+    let grade = grade_completion(&sb, &problem, completion, &quick());
+    assert_eq!(grade.verdict, Verdict::Accepted);
+    let grade = grade_completion(&sb, &problem, "print(3)", &quick());
+    assert_eq!(grade.verdict, Verdict::NoCode);
+}
+
+#[test]
+fn stdin_programs_see_the_prelude_main_block_and_real_stdin() {
+    let problem = stdin_problem(&[("3\n1 2 3\n", "6\n"), ("2\n10 -4\n", "6\n")]);
+    let sb = sandbox();
+    for code in [
+        // `if __name__ == "__main__"` runs; prelude names (`List`, `accumulate`) are there.
+        "def main():\n    n = int(input())\n    xs: List[int] = list(map(int, input().split()))\n    print(list(accumulate(xs))[-1])\nif __name__ == '__main__':\n    main()",
+        // open(0), sys.stdin.buffer and os.read all read the test input.
+        "print(sum(map(int, open(0).read().split()[1:])))",
+        "import sys\ndata = sys.stdin.buffer.read().split()\nprint(sum(map(int, data[1:])))",
+        "import os\nprint(sum(map(int, os.read(0, 1 << 20).split()[1:])))",
+        // SystemExit is swallowed and what was printed is graded.
+        "import sys\nn = int(input())\nprint(sum(map(int, input().split())))\nsys.exit(0)",
+        "n = int(input())\nprint(sum(map(int, input().split())))\nexit()",
+    ] {
+        let grade = grade_code(&sb, &problem, code, &quick());
+        assert_eq!(grade.verdict, Verdict::Accepted, "{code}\n{grade:?}");
+    }
+    // LCB's comparison: decimals compare exactly, whitespace around lines does not matter.
+    let problem = stdin_problem(&[("", "0.50 1\nYes\n")]);
+    let grade = grade_code(
+        &sb,
+        &problem,
+        "print('  0.5 1.0 ')\nprint('Yes')\nprint()",
+        &quick(),
+    );
+    assert_eq!(grade.verdict, Verdict::Accepted, "{grade:?}");
+    let grade = grade_code(
+        &sb,
+        &problem,
+        "print('0.5000001 1')\nprint('Yes')",
+        &quick(),
+    );
+    assert_eq!(grade.verdict, Verdict::WrongAnswer);
+}
+
+#[test]
+fn functional_problems_compare_return_values_like_python() {
+    let sb = sandbox();
+    let problem = call_problem("f", &[("[1, 2]\n3", "[1, 2, 3]"), ("[]\n0", "[0]")]);
+    let cases = [
+        ("def f(xs, x):\n    return xs + [x]", Verdict::Accepted),
+        // A returned tuple compares as a list (top level), as in LiveCodeBench.
+        (
+            "def f(xs, x):\n    return tuple(xs + [x])",
+            Verdict::Accepted,
+        ),
+        // 1.0 == 1 and True == 1.
+        (
+            "def f(xs, x):\n    return [float(v) for v in xs + [x]]",
+            Verdict::Accepted,
+        ),
+        (
+            "def f(xs, x):\n    return [tuple(xs + [x])]",
+            Verdict::WrongAnswer,
+        ),
+        (
+            "def f(xs, x):\n    print('noise')\n    return xs + [x]",
+            Verdict::Accepted,
+        ),
+        ("def f(xs, x):\n    return None", Verdict::WrongAnswer),
+        ("def g(xs, x):\n    return xs", Verdict::RuntimeError),
+        ("def f(xs, x):\n    return xs[5]", Verdict::RuntimeError),
+    ];
+    for (code, want) in cases {
+        let grade = grade_code(&sb, &problem, code, &quick());
+        assert_eq!(grade.verdict, want, "{code}\n{grade:?}");
+    }
+    // class Solution is instantiated and its method called; starter code's `List` works.
+    let problem = call_problem("twoSum", &[("[2, 7, 11]\n9", "[0, 1]")]);
+    let code = "class Solution:\n    def twoSum(self, nums: List[int], target: int) -> List[int]:\n        seen = {}\n        for i, v in enumerate(nums):\n            if target - v in seen:\n                return [seen[target - v], i]\n            seen[v] = i";
+    assert_eq!(
+        grade_code(&sb, &problem, code, &quick()).verdict,
+        Verdict::Accepted
+    );
+    // Big integers, dicts, strings, floats: exact.
+    let problem = call_problem(
+        "g",
+        &[(
+            "30",
+            "{\"a\": 1073741824, \"s\": \"\\u00e9\", \"big\": 1000000000000000000000000000000}",
+        )],
+    );
+    let code = "def g(n):\n    return {'s': 'é', 'a': 2 ** n, 'big': 10 ** n}";
+    assert_eq!(
+        grade_code(&sb, &problem, code, &quick()).verdict,
+        Verdict::Accepted
+    );
+}
+
+#[test]
+fn real_functional_record_grades() {
+    let problem = Problem::from_record(&record("lcb-007")).unwrap();
+    assert_eq!(problem.func_name.as_deref(), Some("finalPositionOfSnake"));
+    let code = "class Solution:\n    def finalPositionOfSnake(self, n: int, commands: List[str]) -> int:\n        r = c = 0\n        for cmd in commands:\n            if cmd == 'UP': r -= 1\n            elif cmd == 'DOWN': r += 1\n            elif cmd == 'LEFT': c -= 1\n            else: c += 1\n        return r * n + c";
+    let grade = grade_code(&sandbox(), &problem, code, &quick());
+    assert_eq!(grade.verdict, Verdict::Accepted, "{grade:?}");
+    assert_eq!(grade.passed, problem.tests.len());
+}
+
+#[test]
+fn deep_recursion_survives() {
+    // Python-to-Python calls keep their frames on the heap: 49 000 deep, just under the
+    // prelude's recursion limit of 50 000. Memoised recursion goes through functools' C wrapper and the C
+    // stack (64 MiB here; the PyPI WASI build's 512 KiB traps at ~100): 10 000 deep works, as
+    // it does natively (natively 50 000 segfaults; here it is a runtime error).
+    let plain = "def s(n):\n    return 0 if n == 0 else n + s(n - 1)\nprint(s(int(input())))";
+    let memo = format!("from functools import lru_cache\n@lru_cache(None)\n{plain}");
+    let memo = memo.replacen("print(s(int(input())))", "", 1) + "print(s(int(input())))";
+    let options = GradeOptions {
+        timeout_s: 10.0,
+        time_scale: 1.0,
+        ..quick()
+    };
+    let sb = sandbox();
+    let deep = stdin_problem(&[("49000\n", "1200524500\n")]);
+    let grade = grade_code(&sb, &deep, plain, &options);
+    assert_eq!(grade.verdict, Verdict::Accepted, "{grade:?}");
+    let memo_10k = stdin_problem(&[("10000\n", "50005000\n")]);
+    let grade = grade_code(&sb, &memo_10k, &memo, &options);
+    assert_eq!(grade.verdict, Verdict::Accepted, "{grade:?}");
+    let grade = grade_code(&sb, &deep, &memo, &options);
+    assert_eq!(grade.verdict, Verdict::RuntimeError, "{grade:?}");
+}
+
+#[test]
+fn the_32_bit_guest_is_patched_where_verdicts_would_differ() {
+    let sb = sandbox();
+    // sys.maxsize as "infinity" must stay above sums of real values, as on 64-bit CPython.
+    let problem = stdin_problem(&[("3000000000\n", "3000000000\n")]);
+    let code = "import sys\nbest = sys.maxsize\nbest = min(best, int(input()))\nprint(best)";
+    assert_eq!(
+        grade_code(&sb, &problem, code, &quick()).verdict,
+        Verdict::Accepted
+    );
+    let problem = stdin_problem(&[("", "9223372036854775807\n")]);
+    let code = "import sys\nprint(sys.maxsize)";
+    assert_eq!(
+        grade_code(&sb, &problem, code, &quick()).verdict,
+        Verdict::Accepted
+    );
+    // The deep-recursion idiom: a big thread stack and main() in a thread.
+    let problem = stdin_problem(&[("20000\n", "200010000\n")]);
+    let code = "import sys, threading\nsys.setrecursionlimit(1 << 25)\nthreading.stack_size(1 << 27)\ndef s(n):\n    return 0 if n == 0 else n + s(n - 1)\ndef main():\n    print(s(int(input())))\nthreading.Thread(target=main).start()";
+    let grade = grade_code(&sb, &problem, code, &quick());
+    assert_eq!(grade.verdict, Verdict::Accepted, "{grade:?}");
+}
+
+#[test]
+fn deterministic_mode_gives_identical_verdicts_and_fuel() {
+    let sb = shared_sandbox(Mode::Deterministic).unwrap();
+    let options = GradeOptions {
+        mode: Mode::Deterministic,
+        fuel: 2_000_000_000,
+        ..quick()
+    };
+    let problem = stdin_problem(&[("1 2\n", "3\n"), ("5 7\n", "12\n")]);
+    let programs = [
+        // hashing, random, time and set order: all fixed in this mode
+        (
+            "a, b = map(int, input().split())\nimport random, time\nrandom.random(); time.time()\nprint(a + b)",
+            Verdict::Accepted,
+        ),
+        (
+            "print(hash('areal'), list({str(i) for i in range(20)}))",
+            Verdict::WrongAnswer,
+        ),
+        (
+            "import random\nprint(random.randint(0, 10**9))",
+            Verdict::WrongAnswer,
+        ),
+        ("while True:\n    pass", Verdict::TimeLimit),
+        ("x = 1 / 0", Verdict::RuntimeError),
+    ];
+    let mut first: Vec<(Verdict, Option<u64>, usize)> = Vec::new();
+    for round in 0..20 {
+        for (i, (code, want)) in programs.iter().enumerate() {
+            let grade = grade_code(&sb, &problem, code, &options);
+            assert_eq!(grade.verdict, *want, "{code}\n{grade:?}");
+            let fuel = grade.fuel();
+            assert!(fuel.is_some_and(|f| f > 0));
+            let seen = (grade.verdict, fuel, grade.passed);
+            if round == 0 {
+                first.push(seen);
+            } else {
+                assert_eq!(seen, first[i], "round {round} differs for {code}");
+            }
+        }
+    }
+    // What the guest sees is fixed too: hashes, set order, random numbers, the clock.
+    let probe = areal_sandbox::Run {
+        args: vec![
+            "-c".into(),
+            "import random, time, os\nprint(hash('areal'), list({str(i) for i in range(20)}), random.random(), os.urandom(4).hex(), time.time(), time.monotonic())".into(),
+        ],
+        env: vec![("PYTHONHASHSEED".into(), "0".into())],
+        limits: options.limits(),
+        ..areal_sandbox::Run::default()
+    };
+    let runs: Vec<_> = (0..20).map(|_| sb.run_blocking(&probe).unwrap()).collect();
+    assert!(
+        runs.iter()
+            .all(|r| r.stdout == runs[0].stdout && r.fuel == runs[0].fuel)
+    );
+    assert!(!runs[0].stdout.is_empty());
+    // The budget is the limit: the infinite loop spent exactly its fuel (per test).
+    assert_eq!(first[3].1, Some(options.fuel));
+    let reward = reward_of(
+        &grade_code(&sb, &problem, programs[0].0, &options),
+        &options,
+        &sb,
+    );
+    assert_eq!(reward.provenance.limits["mode"], json!("deterministic"));
+    assert_eq!(reward.provenance.limits["fuel"], json!(2_000_000_000u64));
+    assert!(reward.provenance.fuel.is_some());
+}

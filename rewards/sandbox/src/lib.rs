@@ -1,0 +1,25 @@
+//! The reward sandbox: untrusted Python, run by a WASI CPython inside wasmtime.
+//!
+//! - One [`Sandbox`] holds one wasmtime `Engine` and the interpreter's module, compiled once
+//!   and cached as a precompiled file keyed by wasmtime's version, the engine's settings and the
+//!   interpreter's sha256. Build it once per process and share it (it is `Send + Sync`).
+//! - Every [`Sandbox::run`] gets a fresh `Store`: stdin from memory, stdout and stderr captured
+//!   up to a byte cap, memory capped by a resource limiter, CPU bounded by epoch interruption,
+//!   wall time bounded by a tokio timeout around the async call (epoch deadlines alone do not
+//!   stop a guest that sleeps in a host call), and optionally a fuel budget.
+//! - The guest sees no network, only the environment variables the caller passes (never the
+//!   host's), and no host files except the interpreter's standard library, mounted read-only.
+//! - [`Pool`] runs many sandboxes on parallel threads.
+//!
+//! DESIGN.md §5 has the facts this was built on; `docs/sandbox.md` the threat model.
+
+mod capture;
+mod guest;
+mod pool;
+mod sandbox;
+
+pub use guest::{INTERPRETER_ENV, Interpreter, InterpreterError};
+pub use pool::Pool;
+pub use sandbox::{
+    Limits, Mode, Outcome, Run, RunReport, Sandbox, SandboxError, Settings, wasmtime_version,
+};
