@@ -10,8 +10,8 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: setup train test lint cuda-check python-wasi
 
-# Everything the project needs is built from the package registries by cargo itself; later
-# parts (the WASI interpreter for code rewards) add their steps here.
+# Everything `areal train` needs is built from the package registries by cargo itself. Code
+# rewards also need the WASI interpreter: `make python-wasi` (apt, Debian's source package).
 setup:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust 1.95 with rustup" >&2; exit 1; }
 	$(CARGO) build --release --locked -p areal-cli
@@ -19,8 +19,9 @@ setup:
 train: setup
 	$(TARGET_DIR)/release/areal train
 
-# burn is ~30x slower without optimisation, so tests run in release.
-test:
+# burn is ~30x slower without optimisation, so tests run in release. The code-grading tests
+# need the WASI interpreter, built first (once; ~3 min).
+test: python-wasi
 	$(CARGO) test --workspace --release --locked
 	$(MAKE) lint cuda-check
 

@@ -27,6 +27,7 @@ use areal_core::{
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+mod bench;
 mod grade;
 
 // The built-in plugins: naming the crates links their registrations.
@@ -65,6 +66,9 @@ enum Command {
     /// Grade answers outside training (code: LiveCodeBench records in the wasm sandbox).
     #[command(subcommand)]
     Grade(grade::GradeCommand),
+    /// Benchmarks that print tables (sandbox: the wasm sandbox against native Python).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[derive(Debug, Args)]
@@ -176,6 +180,7 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
         Command::Train(args) => train(args, started),
         Command::Eval(args) => eval(args),
         Command::Grade(command) => grade::run(command),
+        Command::Bench(command) => bench::run(command),
     }
 }
 

@@ -10,7 +10,19 @@ use crate::compare::{PyValue, parse_python_json, stdout_matches};
 use crate::record::{Problem, TestKind, extract_code};
 
 const HARNESS: &str = include_str!("harness.py");
+
+/// LiveCodeBench's import prelude, run before every program (`sys.setrecursionlimit(50000)`
+/// included), so that starter code using `List` or `accumulate` without imports works.
+pub const PRELUDE: &str = "from string import *\nfrom re import *\nfrom datetime import *\n\
+from collections import *\nfrom heapq import *\nfrom bisect import *\nfrom copy import *\n\
+from math import *\nfrom random import *\nfrom statistics import *\nfrom itertools import *\n\
+from functools import *\nfrom operator import *\nfrom io import *\nfrom sys import *\n\
+from json import *\nfrom builtins import *\nfrom typing import *\nimport string\nimport re\n\
+import datetime\nimport collections\nimport heapq\nimport bisect\nimport copy\nimport math\n\
+import random\nimport statistics\nimport itertools\nimport functools\nimport operator\n\
+import io\nimport sys\nimport json\nsys.setrecursionlimit(50000)\n";
 const MARK: &[u8] = b"\x1eareal-result\x1e";
+const EXEC_MARK: &[u8] = b"\x1eareal-exec-ns=";
 
 /// Limits and scoring of a grading.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -77,7 +89,12 @@ pub struct TestRun {
     /// Wall time of the run, start-up included (ms).
     pub wall_ms: f64,
     /// Of which instantiation (ms).
-    pub startup_ms: f64,
+    pub instantiate_ms: f64,
+    /// Of which the program itself, as the guest measured it: the rest is start-up
+    /// (instantiation, the interpreter's initialisation, the import prelude). `None` when the
+    /// program never ran to its end or drowned the measurement in stderr.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exec_ms: Option<f64>,
     /// Fuel spent (deterministic mode).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fuel: Option<u64>,
@@ -135,6 +152,9 @@ impl Grade {
 
     /// Fuel spent over all runs (deterministic mode).
     pub fn fuel(&self) -> Option<u64> {
+        if self.runs.is_empty() {
+            return None;
+        }
         self.runs.iter().map(|r| r.fuel).sum()
     }
 }
@@ -187,17 +207,21 @@ pub fn grade_code(
             &test.input,
             options,
         ) {
-            Ok(report) => {
+            Ok(mut report) => {
+                let exec_ns = take_exec_mark(&mut report.stderr);
                 let (verdict, message) = judge(&report, test.kind, &test.output);
-                (verdict, message, Some(report))
+                (verdict, message, Some((report, exec_ns)))
             }
             Err(e) => (Verdict::Error, Some(e.to_string()), None),
         };
         grade.runs.push(TestRun {
             verdict,
-            wall_ms: report.as_ref().map_or(0.0, |r| ms(r.wall)),
-            startup_ms: report.as_ref().map_or(0.0, |r| ms(r.startup)),
-            fuel: report.as_ref().and_then(|r| r.fuel),
+            wall_ms: report.as_ref().map_or(0.0, |(r, _)| ms(r.wall)),
+            instantiate_ms: report.as_ref().map_or(0.0, |(r, _)| ms(r.startup)),
+            exec_ms: report
+                .as_ref()
+                .and_then(|(_, ns)| ns.map(|ns| ns as f64 / 1e6)),
+            fuel: report.as_ref().and_then(|(r, _)| r.fuel),
         });
         if verdict != Verdict::Accepted {
             grade.verdict = verdict;
@@ -209,6 +233,20 @@ pub fn grade_code(
     }
     grade.wall_ms = ms(started.elapsed());
     grade
+}
+
+/// Remove the harness's timing line from the end of stderr and return its nanoseconds.
+fn take_exec_mark(stderr: &mut Vec<u8>) -> Option<u64> {
+    let at = stderr
+        .windows(EXEC_MARK.len())
+        .rposition(|w| w == EXEC_MARK)?;
+    let value = std::str::from_utf8(&stderr[at + EXEC_MARK.len()..])
+        .ok()?
+        .trim()
+        .parse()
+        .ok();
+    stderr.truncate(at);
+    value
 }
 
 fn ms(d: Duration) -> f64 {
@@ -227,6 +265,7 @@ fn run_test(
         "kind": match kind { TestKind::Stdin => "stdin", TestKind::Functional => "call" },
         "func": func,
         "code": code.len(),
+        "prelude": PRELUDE,
     });
     let mut stdin = serde_json::to_vec(&header).expect("a JSON header");
     stdin.push(b'\n');

@@ -1,6 +1,7 @@
 # areal-rs guest harness: runs ONE LiveCodeBench test of ONE program inside the sandbox.
 #
-# stdin: a JSON header line {"kind": "stdin"|"call", "func": name, "code": n}, then n bytes of
+# stdin: a JSON header line {"kind": "stdin"|"call", "func": name, "code": n, "prelude": text},
+# then n bytes of
 # program text, then the test's input. The header and the program are read with os.read, byte
 # for byte, so the test input is left unread on the real fd 0: `input()`, `sys.stdin`,
 # `open(0)` and `os.read(0, n)` all see exactly the test input.
@@ -9,13 +10,18 @@
 #   stdin tests: the program's own stdout;
 #   call tests:  stdout carries MARK + the return value in a closed JSON encoding (None, bool,
 #                int, float, str, list, tuple, dict, set); the program's prints are discarded.
+#   stderr:      the program's, then EXEC_MARK + the nanoseconds the program itself ran
+#                (after the prelude), which the host strips off.
 # Exit status: 0 ran to the end (a stdin program's SystemExit is swallowed, as LiveCodeBench
-# does), 1 the program raised (in a call test, SystemExit too: nothing was returned), 3 MemoryError, 4 a call test's function is missing, 5 the return value is
-# outside the closed encoding, 2 the harness itself was misused.
+# does); 1 the program raised (in a call test SystemExit too: nothing was returned);
+# 2 the harness itself was misused; 3 MemoryError; 4 a call test's function is missing;
+# 5 the return value is outside the closed encoding.
 import os
 import sys
 
 MARK = b"\x1eareal-result\x1e"
+EXEC_MARK = b"\x1eareal-exec-ns="
+_t0 = None  # when the program itself started (after the prelude), for start-up/exec timings
 
 
 def _read_exact(n):
@@ -44,6 +50,11 @@ def _finish(status):
             stream.flush()
         except BaseException:
             pass
+    if _t0 is not None:
+        try:
+            os.write(2, EXEC_MARK + b"%d\n" % (time.perf_counter_ns() - _t0))
+        except BaseException:
+            pass
     os._exit(status)
 
 
@@ -61,6 +72,7 @@ def _fail(status):
 
 _stdout = sys.stdout
 import json  # noqa: E402  (after the helpers; the program's own imports come later)
+import time  # noqa: E402
 
 try:
     _header = json.loads(_read_line())
@@ -69,18 +81,7 @@ try:
 except BaseException:
     _fail(2)
 
-PRELUDE = (
-    "from string import *\nfrom re import *\nfrom datetime import *\n"
-    "from collections import *\nfrom heapq import *\nfrom bisect import *\n"
-    "from copy import *\nfrom math import *\nfrom random import *\n"
-    "from statistics import *\nfrom itertools import *\nfrom functools import *\n"
-    "from operator import *\nfrom io import *\nfrom sys import *\nfrom json import *\n"
-    "from builtins import *\nfrom typing import *\n"
-    "import string\nimport re\nimport datetime\nimport collections\nimport heapq\n"
-    "import bisect\nimport copy\nimport math\nimport random\nimport statistics\n"
-    "import itertools\nimport functools\nimport operator\nimport io\nimport sys\nimport json\n"
-    "sys.setrecursionlimit(50000)\n"
-)
+PRELUDE = _header["prelude"]  # LiveCodeBench's import prelude, sent by the host
 
 
 # What the 32-bit guest would get wrong, patched before the program runs (docs/sandbox.md):
@@ -142,7 +143,9 @@ _globals = {"__builtins__": __builtins__}
 if _kind == "stdin":
     _globals["__name__"] = "__main__"
     try:
-        exec(compile(PRELUDE + _code, "<solution>", "exec"), _globals)
+        exec(compile(PRELUDE, "<prelude>", "exec"), _globals)
+        _t0 = time.perf_counter_ns()
+        exec(compile(_code, "<solution>", "exec"), _globals)
     except SystemExit:
         pass
     except MemoryError:
@@ -158,9 +161,11 @@ elif _kind == "call":
     except BaseException:
         _fail(2)
     _globals["__name__"] = "__solution__"
+    exec(compile(PRELUDE, "<prelude>", "exec"), _globals)
     sys.stdout = _Sink()
+    _t0 = time.perf_counter_ns()
     try:
-        exec(compile(PRELUDE + _code, "<solution>", "exec"), _globals)
+        exec(compile(_code, "<solution>", "exec"), _globals)
         if "class Solution" in _code:
             _target = getattr(_globals["Solution"](), _func, None)
         else:

@@ -24,7 +24,7 @@ use areal_sdk::{
     BuildContext, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, VerifyContext,
 };
 
-pub use grade::{Grade, GradeOptions, TestRun, grade_code, grade_completion};
+pub use grade::{Grade, GradeOptions, PRELUDE, TestRun, grade_code, grade_completion};
 pub use record::{Problem, RecordError, TestCase, TestKind, extract_code};
 
 /// The process's sandbox for `mode`, built (and its module compiled or loaded from the

@@ -7,20 +7,23 @@
 # through a private deb-src list (the system's apt sources are not touched); apt checks both
 # against the archive's signed indices. Takes ~3 minutes on 2 cores.
 #
-# Output, in $OUT (default .cache/python-wasi):
+# Output, in $OUT (default $AREAL_PYTHON_WASI, else .cache/python-wasi):
 #   python.wasm                   the interpreter
 #   lib/python3.11/               its standard library (tests left out), mounted read-only
 #   SHA256SUMS, PROVENANCE        the interpreter's sha256; versions and flags it was built with
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../../.." && pwd)"
-OUT="${OUT:-$ROOT/.cache/python-wasi}"
+OUT="${OUT:-${AREAL_PYTHON_WASI:-$ROOT/.cache/python-wasi}}"
 WORK="${WORK:-$ROOT/.cache/python-wasi-build}"
 SUITE="${DEBIAN_SUITE:-bookworm}"
 STACK_BYTES=$((64 * 1024 * 1024))
+# Bump when the recipe changes what is built: an older build is then rebuilt.
+RECIPE=2
 PACKAGES=(clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32 python3.11)
 
-if [[ -f "$OUT/python.wasm" && -f "$OUT/SHA256SUMS" ]] && (cd "$OUT" && sha256sum --quiet -c SHA256SUMS); then
+if [[ -f "$OUT/python.wasm" && -f "$OUT/SHA256SUMS" ]] && grep -qx "recipe: $RECIPE" "$OUT/PROVENANCE" \
+    && (cd "$OUT" && sha256sum --quiet -c SHA256SUMS); then
     echo "python-wasi: up to date in $OUT"
     exit 0
 fi
@@ -33,7 +36,9 @@ if ((${#missing[@]})); then
     echo "python-wasi: installing ${missing[*]}"
     SUDO=""
     [[ $(id -u) -eq 0 ]] || SUDO="sudo"
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+    install() { $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; }
+    # A fresh machine may have no package lists yet.
+    install "${missing[@]}" || { $SUDO apt-get update -q >/dev/null && install "${missing[@]}"; }
 fi
 
 rm -rf "$WORK"
@@ -87,6 +92,7 @@ mkdir -p "$OUT/lib/python3.11/lib-dynload"
 /usr/bin/python3.11 -m compileall -q -j0 --invalidation-mode unchecked-hash "$OUT/lib/python3.11" >/dev/null 2>&1 || true
 (cd "$OUT" && sha256sum python.wasm >SHA256SUMS)
 {
+    echo "recipe: $RECIPE"
     echo "source: $(basename "$DSC") (Debian $SUITE), orig sha256 $(sha256sum "$ORIG" | cut -d' ' -f1)"
     echo "toolchain: $(clang-16 --version | head -1); wasi-libc $(dpkg-query -W -f='${Version}' wasi-libc)"
     echo "target: wasm32-wasip1, C stack $STACK_BYTES bytes, --disable-ipv6 --disable-shared"

@@ -11,7 +11,7 @@ use areal_reward_code::{
     GradeOptions, Problem, TestCase, TestKind, grade_code, grade_completion, reward_of,
     shared_sandbox,
 };
-use areal_sandbox::{Mode, Sandbox};
+use areal_sandbox::{Mode, Pool, Sandbox};
 use areal_sdk::Verdict;
 use serde_json::{Value, json};
 
@@ -30,19 +30,23 @@ pub(crate) fn quick() -> GradeOptions {
     }
 }
 
-fn data(name: &str) -> PathBuf {
+/// Copied from `shared/data/lcb/`: the official record, and 23 public-test records, each with
+/// a reference solution written here (`code`), in `areal grade code`'s input format.
+fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/data/lcb")
+        .join("tests/fixtures")
         .join(name)
 }
 
 fn official_record() -> Value {
-    serde_json::from_str(&std::fs::read_to_string(data("lcb_official_record_1873A.json")).unwrap())
-        .unwrap()
+    serde_json::from_str(
+        &std::fs::read_to_string(fixture("lcb_official_record_1873A.json")).unwrap(),
+    )
+    .unwrap()
 }
 
-fn public_records() -> Vec<Value> {
-    std::fs::read_to_string(data("lcb_public_tests.jsonl"))
+fn reference_records() -> Vec<Value> {
+    std::fs::read_to_string(fixture("lcb_reference.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -50,7 +54,7 @@ fn public_records() -> Vec<Value> {
 }
 
 fn record(id: &str) -> Value {
-    public_records()
+    reference_records()
         .into_iter()
         .find(|r| r["question_id"] == id)
         .unwrap_or_else(|| panic!("no record {id}"))
@@ -147,7 +151,7 @@ fn records_with_bad_fields_are_rejected_by_name() {
     let err = Problem::from_record(&r).unwrap_err();
     assert_eq!(err.field, "private_test_cases");
     assert!(err.message.contains("pickle"), "{err}");
-    let mut r = record("lcb-005");
+    let mut r = record("lcb-007");
     r["metadata"] = json!("{}");
     let err = Problem::from_record(&r).unwrap_err();
     assert_eq!(err.field, "metadata");
@@ -387,4 +391,52 @@ fn deterministic_mode_gives_identical_verdicts_and_fuel() {
     assert_eq!(reward.provenance.limits["mode"], json!("deterministic"));
     assert_eq!(reward.provenance.limits["fuel"], json!(2_000_000_000u64));
     assert!(reward.provenance.fuel.is_some());
+}
+
+#[test]
+fn reference_solutions_are_accepted_and_misplaced_ones_are_not() {
+    let records = reference_records();
+    assert!(records.len() >= 20);
+    let kinds: Vec<bool> = records
+        .iter()
+        .map(|r| Problem::from_record(r).unwrap().func_name.is_some())
+        .collect();
+    assert!(
+        kinds.iter().filter(|f| **f).count() >= 8,
+        "functional problems"
+    );
+    assert!(kinds.iter().filter(|f| !**f).count() >= 8, "stdin problems");
+    let pool = Pool::new(sandbox(), 2);
+    let n = records.len();
+    // Each problem with its own solution, then with the next problem's.
+    let jobs: Vec<(Value, String, bool)> = (0..n)
+        .map(|i| {
+            (
+                records[i].clone(),
+                records[i]["code"].as_str().unwrap().to_owned(),
+                true,
+            )
+        })
+        .chain((0..n).map(|i| {
+            let other = records[(i + 1) % n]["code"].as_str().unwrap().to_owned();
+            (records[i].clone(), other, false)
+        }))
+        .collect();
+    let grades = pool.map(jobs.clone(), |sb, (record, code, _)| {
+        grade_code(sb, &Problem::from_record(&record).unwrap(), &code, &quick())
+    });
+    for ((record, _, own), grade) in jobs.iter().zip(grades) {
+        let grade = grade.unwrap();
+        let id = &record["question_id"];
+        if *own {
+            assert_eq!(grade.verdict, Verdict::Accepted, "{id}: {grade:?}");
+            assert_eq!(grade.passed, grade.total);
+        } else {
+            assert_ne!(
+                grade.verdict,
+                Verdict::Accepted,
+                "{id} accepted another's code"
+            );
+        }
+    }
 }
