@@ -11,6 +11,14 @@ use crate::record::{Problem, TestKind, extract_code};
 
 const HARNESS: &str = include_str!("harness.py");
 
+/// What a grading sandbox is pre-initialised with: the harness, the prelude imported.
+pub(crate) fn harness_source() -> String {
+    format!(
+        "PRELUDE = {}\n{HARNESS}",
+        serde_json::to_string(PRELUDE).expect("a JSON string is a Python string literal")
+    )
+}
+
 /// LiveCodeBench's import prelude, run before every program (`sys.setrecursionlimit(50000)`
 /// included), so that starter code using `List` or `accumulate` without imports works.
 pub const PRELUDE: &str = "from string import *\nfrom re import *\nfrom datetime import *\n\
@@ -265,28 +273,15 @@ fn run_test(
         "kind": match kind { TestKind::Stdin => "stdin", TestKind::Functional => "call" },
         "func": func,
         "code": code.len(),
-        "prelude": PRELUDE,
     });
     let mut stdin = serde_json::to_vec(&header).expect("a JSON header");
     stdin.push(b'\n');
     stdin.extend_from_slice(code.as_bytes());
     stdin.extend_from_slice(input.as_bytes());
-    let deterministic = sandbox.mode() == Mode::Deterministic;
-    let hash_seed = if deterministic {
-        0
-    } else {
-        rand::random::<u32>()
-    };
     let run = Run {
-        args: vec!["-c".into(), HARNESS.into()],
-        env: vec![
-            ("PYTHONHASHSEED".into(), hash_seed.to_string()),
-            ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
-            ("PYTHONIOENCODING".into(), "utf-8".into()),
-        ],
         stdin,
         limits: options.limits(),
-        seed: 0,
+        ..Run::default()
     };
     sandbox.run_blocking(&run)
 }

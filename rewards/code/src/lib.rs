@@ -27,8 +27,9 @@ use areal_sdk::{
 pub use grade::{Grade, GradeOptions, PRELUDE, TestRun, grade_code, grade_completion};
 pub use record::{Problem, RecordError, TestCase, TestKind, extract_code};
 
-/// The process's sandbox for `mode`, built (and its module compiled or loaded from the
-/// cache) on first use: one wasmtime engine per process and mode.
+/// The process's grading sandbox for `mode`, built on first use: one wasmtime engine per
+/// process and mode, its interpreter pre-initialised with the harness and LiveCodeBench's
+/// prelude (snapshotted once and cached; each test starts from the snapshot).
 pub fn shared_sandbox(mode: Mode) -> Result<Arc<Sandbox>, SandboxError> {
     static SANDBOXES: Mutex<Option<HashMap<Mode, Arc<Sandbox>>>> = Mutex::new(None);
     let mut map = SANDBOXES.lock().unwrap_or_else(|p| p.into_inner());
@@ -38,6 +39,7 @@ pub fn shared_sandbox(mode: Mode) -> Result<Arc<Sandbox>, SandboxError> {
     }
     let sb = Arc::new(Sandbox::new(&Settings {
         mode,
+        preinit: Some(grade::harness_source()),
         ..Settings::default()
     })?);
     map.insert(mode, Arc::clone(&sb));

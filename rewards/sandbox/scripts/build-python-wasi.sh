@@ -8,7 +8,8 @@
 # against the archive's signed indices. Takes ~3 minutes on 2 cores.
 #
 # Output, in $OUT (default $AREAL_PYTHON_WASI, else .cache/python-wasi):
-#   python.wasm                   the interpreter
+#   python.wasm                   the interpreter (a WASI command: `python -c ...`)
+#   areal-guest.wasm              the same interpreter as a reactor the sandbox pre-initialises
 #   lib/python3.11/               its standard library (tests left out), mounted read-only
 #   SHA256SUMS, PROVENANCE        the interpreter's sha256; versions and flags it was built with
 set -euo pipefail
@@ -19,7 +20,7 @@ WORK="${WORK:-$ROOT/.cache/python-wasi-build}"
 SUITE="${DEBIAN_SUITE:-bookworm}"
 STACK_BYTES=$((64 * 1024 * 1024))
 # Bump when the recipe changes what is built: an older build is then rebuilt.
-RECIPE=2
+RECIPE=3
 PACKAGES=(clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32 python3.11)
 
 if [[ -f "$OUT/python.wasm" && -f "$OUT/SHA256SUMS" ]] && grep -qx "recipe: $RECIPE" "$OUT/PROVENANCE" \
@@ -75,11 +76,22 @@ CFLAGS="-Wno-error=int-conversion" \
 grep -q -- '-z stack-size=524288' Makefile \
     || { echo "configure no longer sets a 512 KiB stack: check LDFLAGS_NODIST in Makefile" >&2; exit 1; }
 sed -i -e "s/-z stack-size=524288/-z stack-size=$STACK_BYTES/g" -e 's/-Wl,--initial-memory=[0-9]*//g' Makefile
-make -j"$(nproc)" >"$WORK/make.log" 2>&1 || { echo "make failed: see $WORK/make.log" >&2; exit 1; }
+# The pre-initialisable interpreter (guest/areal_guest.c): the same libpython linked as a WASI
+# reactor with `wizer.initialize` and `areal_run` entry points.
+cp "$ROOT/rewards/sandbox/guest/areal_guest.c" "$SRC/areal_guest.c"
+cat >>Makefile <<'MAKE'
+
+areal_guest.o: $(srcdir)/areal_guest.c $(PYTHON_HEADERS)
+	$(CC) -c $(PY_CORE_CFLAGS) -o $@ $(srcdir)/areal_guest.c
+
+areal-guest.wasm: areal_guest.o $(LINK_PYTHON_DEPS)
+	$(LINKCC) $(PY_CORE_LDFLAGS) $(LINKFORSHARED) -mexec-model=reactor -o $@ areal_guest.o $(LINK_PYTHON_DEPS) $(LIBS) $(MODLIBS) $(SYSLIBS)
+MAKE
+make -j"$(nproc)" all areal-guest.wasm >"$WORK/make.log" 2>&1 || { echo "make failed: see $WORK/make.log" >&2; exit 1; }
 
 rm -rf "$OUT"
 mkdir -p "$OUT/lib"
-cp "$BUILD/python.wasm" "$OUT/python.wasm"
+cp "$BUILD/python.wasm" "$BUILD/areal-guest.wasm" "$OUT/"
 cp -r "$SRC/Lib" "$OUT/lib/python3.11"
 rm -rf "$OUT/lib/python3.11/test" "$OUT/lib/python3.11/idlelib" "$OUT/lib/python3.11/tkinter" "$OUT/lib/python3.11/turtledemo"
 find "$OUT/lib" -name __pycache__ -prune -exec rm -rf {} +
@@ -90,13 +102,13 @@ mkdir -p "$OUT/lib/python3.11/lib-dynload"
 # instead of timestamps (valid whatever the files' mtimes are). Files that are not Python 3
 # (lib2to3's test data) are skipped.
 /usr/bin/python3.11 -m compileall -q -j0 --invalidation-mode unchecked-hash "$OUT/lib/python3.11" >/dev/null 2>&1 || true
-(cd "$OUT" && sha256sum python.wasm >SHA256SUMS)
+(cd "$OUT" && sha256sum python.wasm areal-guest.wasm >SHA256SUMS)
 {
     echo "recipe: $RECIPE"
     echo "source: $(basename "$DSC") (Debian $SUITE), orig sha256 $(sha256sum "$ORIG" | cut -d' ' -f1)"
     echo "toolchain: $(clang-16 --version | head -1); wasi-libc $(dpkg-query -W -f='${Version}' wasi-libc)"
     echo "target: wasm32-wasip1, C stack $STACK_BYTES bytes, --disable-ipv6 --disable-shared"
-    echo "python.wasm sha256: $(cut -d' ' -f1 "$OUT/SHA256SUMS")"
+    sed 's/^\([0-9a-f]*\)  \(.*\)/\2 sha256: \1/' "$OUT/SHA256SUMS"
 } >"$OUT/PROVENANCE"
-rm -rf "$WORK"
+[[ -n "${KEEP_BUILD:-}" ]] || rm -rf "$WORK"
 cat "$OUT/PROVENANCE"

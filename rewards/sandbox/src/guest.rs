@@ -40,11 +40,13 @@ pub enum InterpreterError {
     },
 }
 
-/// A verified interpreter install: `python.wasm`, its standard library, its sha256.
+/// A verified interpreter install: `python.wasm`, `areal-guest.wasm` (the same interpreter
+/// as a reactor, for pre-initialisation), the standard library, their sha256.
 #[derive(Clone, Debug)]
 pub struct Interpreter {
     root: PathBuf,
     sha256: String,
+    reactor_sha256: String,
 }
 
 impl Interpreter {
@@ -76,37 +78,56 @@ impl Interpreter {
         let root = dir.as_ref().to_path_buf();
         let wasm = root.join("python.wasm");
         if !wasm.is_file() || !root.join("lib/python3.11").is_dir() {
+            // (an install from before areal-guest.wasm fails below, naming the rebuild)
             return Err(InterpreterError::Missing(root));
         }
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| InterpreterError::Io { path, source }
         };
-        let bytes = std::fs::read(&wasm).map_err(io(&wasm))?;
-        let actual = hex(&Sha256::digest(&bytes));
         let sums = root.join("SHA256SUMS");
         let listed = std::fs::read_to_string(&sums).map_err(io(&sums))?;
-        let expected = listed
-            .lines()
-            .find_map(|l| l.strip_suffix("  python.wasm"))
-            .unwrap_or("")
-            .to_owned();
-        if expected != actual {
-            return Err(InterpreterError::Checksum {
-                path: wasm,
-                expected,
-                actual,
-            });
-        }
+        let verify = |name: &str| {
+            let path = root.join(name);
+            if !path.is_file() {
+                return Err(InterpreterError::Missing(root.clone()));
+            }
+            let bytes = std::fs::read(&path).map_err(io(&path))?;
+            let actual = hex(&Sha256::digest(&bytes));
+            let expected = listed
+                .lines()
+                .find_map(|l| l.strip_suffix(&format!("  {name}")))
+                .unwrap_or("")
+                .to_owned();
+            if expected != actual {
+                return Err(InterpreterError::Checksum {
+                    path,
+                    expected,
+                    actual,
+                });
+            }
+            Ok(actual)
+        };
         Ok(Self {
+            sha256: verify("python.wasm")?,
+            reactor_sha256: verify("areal-guest.wasm")?,
             root,
-            sha256: actual,
         })
     }
 
     /// `python.wasm`.
     pub fn wasm(&self) -> PathBuf {
         self.root.join("python.wasm")
+    }
+
+    /// `areal-guest.wasm`, the reactor build that pre-initialised sandboxes snapshot.
+    pub fn reactor(&self) -> PathBuf {
+        self.root.join("areal-guest.wasm")
+    }
+
+    /// The reactor build's sha256 (hex).
+    pub fn reactor_sha256(&self) -> &str {
+        &self.reactor_sha256
     }
 
     /// The standard library, mounted read-only in the guest at `/usr/local/lib/python3.11`.

@@ -23,6 +23,8 @@ const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// stay below the async fiber stack.
 const MAX_WASM_STACK: usize = 48 << 20;
 const ASYNC_STACK: usize = 64 << 20;
+/// Runs that may be in flight at once in one sandbox (slots of the instance pool).
+pub(crate) const MAX_CONCURRENT_RUNS: u32 = 64;
 
 /// The wasmtime version this crate runs (part of every cache key and provenance).
 pub fn wasmtime_version() -> &'static str {
@@ -42,22 +44,21 @@ pub enum Mode {
     Deterministic,
 }
 
-/// Engine-level settings: each distinct value compiles (and caches) its own module.
-#[derive(Clone, Debug)]
+/// What a sandbox is built from: each distinct value compiles (and caches) its own module.
+#[derive(Clone, Debug, Default)]
 pub struct Settings {
     /// Metering mode.
     pub mode: Mode,
-    /// Where precompiled modules are cached (default `<interpreter folder>/compiled`).
+    /// Where compiled modules are cached (default `<interpreter folder>/compiled`).
     pub cache_dir: Option<PathBuf>,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            mode: Mode::Fast,
-            cache_dir: None,
-        }
-    }
+    /// Pre-initialise: Python source that runs once, when the sandbox is built, in the
+    /// reactor build of the interpreter (`areal-guest.wasm`); the instance is then
+    /// snapshotted (wasmtime-wizer) and every run starts from that snapshot by calling the
+    /// `areal_main()` the source defined, instead of `python` with [`Run::args`]. The source's
+    /// imports are then paid once, not per run. The source sees `PYTHONHASHSEED=0` and, in
+    /// deterministic mode, the fixed clock and random source; what it computes is shared by
+    /// every run (reseed what should differ).
+    pub preinit: Option<String>,
 }
 
 /// Limits of one run.
@@ -91,10 +92,12 @@ impl Default for Limits {
     }
 }
 
-/// One guest run: `python` with `args`, the given environment and stdin.
+/// One guest run: `python` with `args` (or, pre-initialised, `areal_main()`), the given
+/// environment and stdin.
 #[derive(Clone, Debug, Default)]
 pub struct Run {
-    /// Arguments after `argv[0]` (e.g. `["-S", "-c", "print(1)"]`).
+    /// Arguments after `argv[0]` (e.g. `["-S", "-c", "print(1)"]`); ignored by a
+    /// pre-initialised sandbox, whose interpreter was started at snapshot time.
     pub args: Vec<String>,
     /// The guest's whole environment (the host's never reaches it).
     pub env: Vec<(String, String)>,
@@ -133,7 +136,8 @@ pub struct RunReport {
     pub stderr: Vec<u8>,
     /// Wall time of the whole run, instantiation included.
     pub wall: Duration,
-    /// Wall time of instantiation (store, WASI context, instance).
+    /// Wall time of instantiation (store, WASI context, instance; from a snapshot, the
+    /// interpreter is already initialised).
     pub startup: Duration,
     /// Fuel spent (deterministic mode).
     pub fuel: Option<u64>,
@@ -210,6 +214,8 @@ pub struct Sandbox {
     pre: InstancePre<Guest>,
     interpreter: Interpreter,
     mode: Mode,
+    /// The export a run calls: `_start` (python.wasm) or `areal_run` (the snapshot).
+    entry: &'static str,
     ticker: Arc<()>,
 }
 
@@ -228,7 +234,8 @@ impl Sandbox {
         Self::with_interpreter(Interpreter::locate()?, settings)
     }
 
-    /// A sandbox for `interpreter`: compiles it, or loads it from the module cache.
+    /// A sandbox for `interpreter`: compiles it (and pre-initialises it), or loads the result
+    /// from the module cache.
     pub fn with_interpreter(
         interpreter: Interpreter,
         settings: &Settings,
@@ -241,21 +248,55 @@ impl Sandbox {
             .async_stack_size(ASYNC_STACK)
             .cranelift_opt_level(wasmtime::OptLevel::Speed)
             .parallel_compilation(true);
+        // Instances come from a pool of pre-reserved slots that are reset and reused, instead
+        // of a fresh 4 GiB reservation mapped and unmapped per run (+20 % tests/s on one
+        // thread). Memory is mapped copy-on-write from the compiled image (the snapshot).
+        let mut pool = wasmtime::PoolingAllocationConfig::new();
+        pool.total_core_instances(MAX_CONCURRENT_RUNS)
+            .total_memories(MAX_CONCURRENT_RUNS)
+            .total_tables(MAX_CONCURRENT_RUNS)
+            .total_stacks(MAX_CONCURRENT_RUNS)
+            .max_memory_size(1 << 32);
+        config.allocation_strategy(pool);
         let engine = Engine::new(&config)?;
         let cache_dir = settings
             .cache_dir
             .clone()
             .unwrap_or_else(|| interpreter.wasm().with_file_name("compiled"));
-        let module = load_or_compile(&engine, &interpreter, &cache_dir)?;
         let linker = guest_linker(&engine)?;
-        let pre = linker.instantiate_pre(&module)?;
         let ticker = Arc::new(());
         spawn_epoch_ticker(engine.clone(), Arc::downgrade(&ticker));
+        let (module, entry) = match &settings.preinit {
+            None => {
+                let key = format!("python-{}", &interpreter.sha256()[..16]);
+                let wasm = || read(&interpreter.wasm());
+                (load_or_compile(&engine, &key, &cache_dir, wasm)?, "_start")
+            }
+            Some(source) => {
+                let key = format!(
+                    "snapshot-{}-{}-{}",
+                    &interpreter.reactor_sha256()[..16],
+                    &hex(&Sha256::digest(source.as_bytes()))[..16],
+                    match settings.mode {
+                        Mode::Fast => "fast",
+                        Mode::Deterministic => "deterministic",
+                    }
+                );
+                let snapshot =
+                    || preinitialize(&engine, &linker, &interpreter, settings.mode, source);
+                (
+                    load_or_compile(&engine, &key, &cache_dir, snapshot)?,
+                    "areal_run",
+                )
+            }
+        };
+        let pre = linker.instantiate_pre(&module)?;
         Ok(Self {
             engine,
             pre,
             interpreter,
             mode: settings.mode,
+            entry,
             ticker,
         })
     }
@@ -290,33 +331,19 @@ impl Sandbox {
         let limits = &run.limits;
         let stdout = Capture::new(limits.stdout_bytes, true);
         let stderr = Capture::new(limits.stderr_bytes, false);
-        let clock = GuestClock::new(self.mode);
-        let mut wasi = WasiCtxBuilder::new();
-        // The stdlib's reads are small and local: do them on this thread instead of tokio's
-        // blocking pool (start-up makes hundreds of them).
-        wasi.allow_blocking_current_thread(true);
-        wasi.stdin(MemoryInputPipe::new(run.stdin.clone()))
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .arg("python")
-            .args(&run.args)
-            .envs(&run.env)
-            .preopened_dir(self.interpreter.stdlib(), GUEST_STDLIB, FsPerms::ReadOnly)?;
-        wasi.wall_clock(clock).monotonic_clock(clock);
-        if self.mode == Mode::Deterministic {
-            wasi.secure_random(SeededRandom::new(run.seed))
-                .insecure_random(SeededRandom::new(run.seed ^ 0x9e37_79b9_7f4a_7c15))
-                .insecure_random_seed(u128::from(run.seed));
-        }
-        let guest = Guest {
-            wasi: wasi.build_p1(),
-            clock,
-            memory: MemoryCap {
-                max: limits.memory_bytes,
-                peak: 0,
-                exceeded: false,
+        let guest = guest_state(
+            &self.interpreter,
+            self.mode,
+            GuestIo {
+                stdin: run.stdin.clone(),
+                stdout: stdout.clone(),
+                stderr: stderr.clone(),
+                args: &run.args,
+                env: &run.env,
+                seed: run.seed,
             },
-        };
+            limits.memory_bytes,
+        )?;
         let mut store = Store::new(&self.engine, guest);
         store.limiter(|g| &mut g.memory);
         if self.mode == Mode::Deterministic {
@@ -339,7 +366,7 @@ impl Sandbox {
         let call = async {
             let instance = self.pre.instantiate_async(&mut store).await?;
             let startup = started.elapsed();
-            let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
+            let start = instance.get_typed_func::<(), ()>(&mut store, self.entry)?;
             let result = start.call_async(&mut store, ()).await;
             Ok::<_, wasmtime::Error>((startup, result))
         };
@@ -379,6 +406,166 @@ impl Sandbox {
             peak_memory: store.data().memory.peak,
         })
     }
+}
+
+struct GuestIo<'a> {
+    stdin: Vec<u8>,
+    stdout: Capture,
+    stderr: Capture,
+    args: &'a [String],
+    env: &'a [(String, String)],
+    seed: u64,
+}
+
+/// A fresh guest: WASI context (stdio, args, environment, the read-only stdlib mount, clocks
+/// and random source of the mode) and memory cap.
+fn guest_state(
+    interpreter: &Interpreter,
+    mode: Mode,
+    io: GuestIo<'_>,
+    memory_bytes: usize,
+) -> Result<Guest, SandboxError> {
+    let clock = GuestClock::new(mode);
+    let mut wasi = WasiCtxBuilder::new();
+    // The stdlib's reads are small and local: do them on this thread instead of tokio's
+    // blocking pool (start-up makes hundreds of them).
+    wasi.allow_blocking_current_thread(true);
+    wasi.stdin(MemoryInputPipe::new(io.stdin))
+        .stdout(io.stdout)
+        .stderr(io.stderr)
+        .arg("python")
+        .args(io.args)
+        .envs(io.env)
+        .preopened_dir(interpreter.stdlib(), GUEST_STDLIB, FsPerms::ReadOnly)?;
+    wasi.wall_clock(clock).monotonic_clock(clock);
+    if mode == Mode::Deterministic {
+        wasi.secure_random(SeededRandom::new(io.seed))
+            .insecure_random(SeededRandom::new(io.seed ^ 0x9e37_79b9_7f4a_7c15))
+            .insecure_random_seed(u128::from(io.seed));
+    }
+    Ok(Guest {
+        wasi: wasi.build_p1(),
+        clock,
+        memory: MemoryCap {
+            max: memory_bytes,
+            peak: 0,
+            exceeded: false,
+        },
+    })
+}
+
+/// Run `source` in the reactor interpreter and snapshot the initialised instance as a new
+/// module (wasmtime-wizer's instrument + snapshot, with our own WASI for the initialisation).
+fn preinitialize(
+    engine: &Engine,
+    linker: &Linker<Guest>,
+    interpreter: &Interpreter,
+    mode: Mode,
+    source: &str,
+) -> Result<Vec<u8>, SandboxError> {
+    let started = Instant::now();
+    tracing::info!("pre-initialising {}", interpreter.reactor().display());
+    let wasm = read(&interpreter.reactor())?;
+    let mut wizer = wasmtime_wizer::Wizer::new();
+    wizer.init_func("wizer.initialize");
+    let (cx, instrumented) = wizer.instrument(&wasm)?;
+    let module = Module::new(engine, &instrumented)?;
+    let stderr = Capture::new(64 << 10, false);
+    let guest = guest_state(
+        interpreter,
+        mode,
+        GuestIo {
+            stdin: source.as_bytes().to_vec(),
+            stdout: Capture::new(64 << 10, false),
+            stderr: stderr.clone(),
+            args: &[],
+            env: &[("PYTHONHASHSEED".into(), "0".into())],
+            seed: 0,
+        },
+        4 << 30,
+    )?;
+    let mut store = Store::new(engine, guest);
+    store.limiter(|g| &mut g.memory);
+    if mode == Mode::Deterministic {
+        store.set_fuel(u64::MAX)?;
+    }
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|_| Ok(wasmtime::UpdateDeadline::Yield(1)));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| SandboxError::Wasmtime(wasmtime::Error::msg(e.to_string())))?;
+    let snapshot = rt.block_on(async {
+        let instance = linker.instantiate_async(&mut store, &module).await?;
+        if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
+            init.call_async(&mut store, ()).await?;
+        }
+        let init = instance.get_typed_func::<(), ()>(&mut store, "wizer.initialize")?;
+        if let Err(e) = init.call_async(&mut store, ()).await {
+            let (err, _) = stderr.take();
+            return Err(wasmtime::Error::msg(format!(
+                "the pre-initialisation source failed: {e:#}\n{}",
+                String::from_utf8_lossy(&err)
+            )));
+        }
+        let mut state = Snapshotted {
+            store: &mut store,
+            instance,
+        };
+        wizer.snapshot(&cx, &mut state).await
+    })?;
+    tracing::info!(
+        "pre-initialised in {:.1} s ({} MB)",
+        started.elapsed().as_secs_f64(),
+        snapshot.len() >> 20
+    );
+    Ok(snapshot)
+}
+
+/// The instance wasmtime-wizer reads its snapshot from.
+struct Snapshotted<'a> {
+    store: &'a mut Store<Guest>,
+    instance: wasmtime::Instance,
+}
+
+impl wasmtime_wizer::InstanceState for Snapshotted<'_> {
+    async fn global_get(
+        &mut self,
+        name: &str,
+        _type_hint: wasmtime_wizer::ValType,
+    ) -> wasmtime_wizer::SnapshotVal {
+        use wasmtime::Val;
+        use wasmtime_wizer::SnapshotVal as S;
+        let global = self
+            .instance
+            .get_global(&mut *self.store, name)
+            .expect("wizer asks for the globals it exported");
+        match global.get(&mut *self.store) {
+            Val::I32(x) => S::I32(x),
+            Val::I64(x) => S::I64(x),
+            Val::F32(x) => S::F32(x),
+            Val::F64(x) => S::F64(x),
+            Val::V128(x) => S::V128(x.as_u128()),
+            other => panic!("a global of unsupported type: {other:?}"),
+        }
+    }
+
+    async fn memory_contents(&mut self, name: &str, contents: impl FnOnce(&[u8]) + Send) {
+        let memory = self
+            .instance
+            .get_memory(&mut *self.store, name)
+            .expect("wizer asks for the memories it exported");
+        contents(memory.data(&*self.store))
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, SandboxError> {
+    std::fs::read(path).map_err(|e| {
+        SandboxError::Interpreter(InterpreterError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        })
+    })
 }
 
 fn classify(e: &wasmtime::Error, memory_exceeded: bool) -> Outcome {
@@ -482,19 +669,20 @@ fn guest_memory(caller: &mut wasmtime::Caller<'_, Guest>) -> wasmtime::Result<wa
         .ok_or_else(|| wasmtime::Error::msg("the guest exports no memory"))
 }
 
-/// Load the precompiled module from the cache, or compile and store it. The key holds the
-/// interpreter's sha256, wasmtime's version and a hash of every engine setting that changes
-/// the machine code; the file's own sha256 is checked before it is loaded.
+/// Load the compiled module `key` from the cache, or produce its wasm, compile it and store
+/// it. The file name holds the key (which names the interpreter's sha256 and whatever else
+/// shapes the module), wasmtime's version and a hash of every engine setting that changes the
+/// machine code; the file's own sha256 is checked before it is loaded.
 fn load_or_compile(
     engine: &Engine,
-    interpreter: &Interpreter,
+    key: &str,
     cache_dir: &Path,
+    wasm: impl FnOnce() -> Result<Vec<u8>, SandboxError>,
 ) -> Result<Module, SandboxError> {
     let mut settings = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut settings);
     let key = format!(
-        "python-{}-wasmtime{}-{:016x}",
-        &interpreter.sha256()[..16],
+        "{key}-wasmtime{}-{:016x}",
         wasmtime_version(),
         settings.finish()
     );
@@ -518,19 +706,9 @@ fn load_or_compile(
             Err(e) => tracing::warn!("{}: {e:#}; recompiling", file.display()),
         }
     }
+    let wasm = wasm()?;
     let started = Instant::now();
-    tracing::info!(
-        "compiling {} for wasmtime {} (once; cached in {})",
-        interpreter.wasm().display(),
-        wasmtime_version(),
-        cache_dir.display()
-    );
-    let wasm = std::fs::read(interpreter.wasm()).map_err(|e| {
-        SandboxError::Interpreter(InterpreterError::Io {
-            path: interpreter.wasm(),
-            source: e,
-        })
-    })?;
+    tracing::info!("compiling {key} (once; cached in {})", cache_dir.display());
     let compiled = engine.precompile_module(&wasm)?;
     std::fs::create_dir_all(cache_dir).map_err(|e| cache_err(cache_dir, e.to_string()))?;
     let tmp = tempfile::NamedTempFile::new_in(cache_dir)

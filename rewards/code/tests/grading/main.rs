@@ -366,12 +366,11 @@ fn deterministic_mode_gives_identical_verdicts_and_fuel() {
         }
     }
     // What the guest sees is fixed too: hashes, set order, random numbers, the clock.
+    let code = "import random, time, os\nprint(hash('areal'), list({str(i) for i in range(20)}), random.random(), os.urandom(4).hex(), time.time(), time.monotonic())";
+    let mut stdin = format!("{{\"kind\": \"stdin\", \"code\": {}}}\n", code.len()).into_bytes();
+    stdin.extend_from_slice(code.as_bytes());
     let probe = areal_sandbox::Run {
-        args: vec![
-            "-c".into(),
-            "import random, time, os\nprint(hash('areal'), list({str(i) for i in range(20)}), random.random(), os.urandom(4).hex(), time.time(), time.monotonic())".into(),
-        ],
-        env: vec![("PYTHONHASHSEED".into(), "0".into())],
+        stdin,
         limits: options.limits(),
         ..areal_sandbox::Run::default()
     };
@@ -439,4 +438,35 @@ fn reference_solutions_are_accepted_and_misplaced_ones_are_not() {
             );
         }
     }
+}
+
+#[test]
+fn the_plain_interpreter_runs_python_with_arguments() {
+    // Without pre-initialisation the sandbox runs python.wasm as a command, `python -c ...`,
+    // with the same limits.
+    let sb = Sandbox::new(&areal_sandbox::Settings::default()).unwrap();
+    let run = |code: &str| {
+        sb.run_blocking(&areal_sandbox::Run {
+            args: vec!["-c".into(), code.into()],
+            stdin: b"41\n".to_vec(),
+            limits: areal_sandbox::Limits {
+                cpu: std::time::Duration::from_secs(1),
+                wall: std::time::Duration::from_secs(2),
+                ..areal_sandbox::Limits::default()
+            },
+            ..areal_sandbox::Run::default()
+        })
+        .unwrap()
+    };
+    let report = run("import sys; print(int(input()) + 1, sys.argv)");
+    assert_eq!(report.outcome, areal_sandbox::Outcome::Exited(0));
+    assert_eq!(String::from_utf8_lossy(&report.stdout), "42 ['-c']\n");
+    assert_eq!(
+        run("raise SystemExit(7)").outcome,
+        areal_sandbox::Outcome::Exited(7)
+    );
+    assert_eq!(
+        run("while True: pass").outcome,
+        areal_sandbox::Outcome::TimeLimit
+    );
 }
