@@ -39,9 +39,10 @@ pub(crate) struct GradeCodeArgs {
     /// Stdout per test, in bytes.
     #[arg(long, default_value_t = GradeOptions::default().output_bytes)]
     output_bytes: usize,
-    /// Parallel sandboxes (default: one per core).
-    #[arg(long, short = 'j')]
-    threads: Option<usize>,
+    /// Parallel sandboxes. One is the fastest today: sandboxes on several threads of one
+    /// process slow each other down (docs/benchmarks.md).
+    #[arg(long, short = 'j', default_value_t = 1)]
+    threads: usize,
     /// Reward = fraction of tests passed instead of 1 iff accepted.
     #[arg(long)]
     partial_credit: bool,
@@ -123,9 +124,7 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
         ))
     };
     let sandbox = areal_reward_code::shared_sandbox(options.mode)?;
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = args.threads.max(1);
     let pool = Pool::new(Arc::clone(&sandbox), threads);
     let options = Arc::new(options);
 

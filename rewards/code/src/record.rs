@@ -66,6 +66,12 @@ impl Problem {
             .get("question_id")
             .and_then(|v| v.as_str())
             .map(str::to_owned);
+        if !obj.contains_key("public_test_cases") && !obj.contains_key("private_test_cases") {
+            return Err(bad(
+                "public_test_cases",
+                "missing (and no private_test_cases): not a LiveCodeBench record",
+            ));
+        }
         let mut tests = Vec::new();
         for field in ["public_test_cases", "private_test_cases"] {
             if let Some(v) = obj.get(field) {

@@ -470,3 +470,50 @@ fn the_plain_interpreter_runs_python_with_arguments() {
         areal_sandbox::Outcome::TimeLimit
     );
 }
+
+#[test]
+fn the_lcb_plugin_builds_from_config_and_grades_a_sample() {
+    use areal_sdk::registry::RewardPlugin;
+    use areal_sdk::{BuildContext, PluginConfig, RewardInput, VerifyContext};
+    let ctx = BuildContext::new(1, 1);
+    let build = |cfg: PluginConfig| RewardPlugin::build_from(&cfg, &ctx);
+    let error = |cfg: PluginConfig| build(cfg).err().expect("a config error").to_string();
+    let err = error(PluginConfig::new("reward", "lcb").with("timeout_s", -1.0));
+    assert!(err.contains("reward.timeout_s"), "{err}");
+    let err = error(PluginConfig::new("reward", "lcb").with("timeout", 2.0));
+    assert!(err.contains("timeout"), "{err}");
+    let err = error(PluginConfig::new("reward", "lcb").with("mode", "quick"));
+    assert!(err.contains("reward.mode"), "{err}");
+
+    let verifier = build(PluginConfig::new("reward", "lcb").with("timeout_s", 1.0)).unwrap();
+    let input = RewardInput {
+        sample_id: 1,
+        item_id: "1873_A".into(),
+        prompt: String::new(),
+        completion: format!("```python\n{SOLVE_1873A}\n```"),
+        completion_ids: Vec::new(),
+        finish_reason: areal_sdk::FinishReason::Stop,
+        reference: official_record(),
+    };
+    let reward = verifier
+        .verify(
+            &input,
+            &VerifyContext::with_timeout(std::time::Duration::from_secs(30)),
+        )
+        .unwrap();
+    assert_eq!((reward.value, reward.verdict), (1.0, Verdict::Accepted));
+    assert_eq!(reward.provenance.limits["cpu_s"], json!(3.0));
+    // A reference that is not a record is the task's fault: an error, not a wrong answer.
+    let bad = RewardInput {
+        reference: json!({"answer": 3}),
+        ..input
+    };
+    assert!(
+        verifier
+            .verify(
+                &bad,
+                &VerifyContext::with_timeout(std::time::Duration::from_secs(5))
+            )
+            .is_err()
+    );
+}
