@@ -1,4 +1,4 @@
-//! The `areal` binary: plugin listing, a short training run, config errors.
+//! The `areal` binary: plugin listing, a short training run, config errors, code grading.
 
 use std::process::{Command, Output};
 
@@ -46,6 +46,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("policy", "testkit-bigram"),
         ("policy", "transformer"),
         ("reward", "chain-sum"),
+        ("reward", "lcb"),
         ("reward", "testkit-faulty"),
         ("reward", "testkit-successor"),
         ("task", "chain-sum"),
@@ -203,5 +204,78 @@ fn plugin_option_errors_come_with_their_file() {
     assert!(
         err.contains("`generator.jitter`") && err.contains("found 2") && err.contains("run.toml"),
         "{err}"
+    );
+}
+
+/// One JSON line out per line in, in order; a bad line is an `error` line and grading goes on.
+#[test]
+fn grade_code_answers_every_line_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../rewards/code/tests/fixtures/lcb_reference.jsonl");
+    let mut lines: Vec<String> = std::fs::read_to_string(fixtures)
+        .unwrap()
+        .lines()
+        .take(4)
+        .map(str::to_owned)
+        .collect();
+    // a wrong program, a line that is not JSON, a record with neither code nor completion
+    let mut wrong: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    wrong["code"] = "print(0)".into();
+    let mut neither = wrong.clone();
+    neither.as_object_mut().unwrap().remove("code");
+    lines.insert(1, wrong.to_string());
+    lines.insert(3, "{not json".into());
+    lines.push(neither.to_string());
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let out = areal(&[
+        "grade",
+        "code",
+        input.to_str().unwrap(),
+        "--timeout",
+        "2",
+        "-j",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let results: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let verdicts: Vec<&str> = results
+        .iter()
+        .map(|r| r["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            "accepted",
+            "wrong_answer",
+            "accepted",
+            "error",
+            "accepted",
+            "accepted",
+            "error"
+        ]
+    );
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["line"], i + 1);
+        for key in ["reward", "passed", "total", "wall_ms", "provenance"] {
+            assert!(r.get(key).is_some(), "line {}: no {key}", i + 1);
+        }
+    }
+    assert_eq!(results[0]["reward"], 1.0);
+    assert_eq!(results[1]["reward"], 0.0);
+    assert!(
+        results[3]["provenance"]["details"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("line 4: not JSON")
+    );
+    assert!(
+        text(&out.stderr).contains("graded 7 lines"),
+        "{}",
+        text(&out.stderr)
     );
 }
