@@ -171,12 +171,13 @@ fn bench_sandbox(args: BenchSandboxArgs) -> anyhow::Result<()> {
     let mut report = String::new();
     report.push_str(&format!(
         "{} problems of `{}` ({functional} functional, {} stdin; {n_tests} tests), {} timed rounds after one untimed.\n\
-         wasm: python.wasm sha256 {}…, wasmtime {}, per-test CPU limit {} s; native: {python} ({python_version}).\n\n",
+         wasm: {} (guest sha256 {}…), wasmtime {}, per-test CPU limit {} s; native: {python} ({python_version}).\n\n",
         items.len(),
         args.problems.display(),
         items.len() - functional,
         args.rounds,
-        &sandbox.interpreter().sha256()[..12],
+        sandbox.module(),
+        &sandbox.guest_sha256()[..12],
         areal_sandbox::wasmtime_version(),
         options.cpu_limit().as_secs_f64(),
     ));

@@ -46,12 +46,12 @@ pub fn shared_sandbox(mode: Mode) -> Result<Arc<Sandbox>, SandboxError> {
     Ok(sb)
 }
 
-/// The version string of every reward: this crate, the interpreter, wasmtime.
+/// The version string of every reward: this crate, the guest binary that ran, wasmtime.
 pub fn verifier_version(sandbox: &Sandbox) -> String {
     format!(
-        "areal-reward-code {}; python.wasm sha256 {}; wasmtime {}",
+        "areal-reward-code {}; guest sha256 {}; wasmtime {}",
         env!("CARGO_PKG_VERSION"),
-        sandbox.interpreter().sha256(),
+        sandbox.guest_sha256(),
         areal_sandbox::wasmtime_version()
     )
 }
@@ -76,7 +76,8 @@ pub fn reward_of(grade: &Grade, options: &GradeOptions, sandbox: &Sandbox) -> Re
         )
         .with_detail("passed", grade.passed as u64)
         .with_detail("total", grade.total as u64)
-        .with_detail("interpreter_sha256", sandbox.interpreter().sha256());
+        .with_detail("guest_sha256", sandbox.guest_sha256())
+        .with_detail("guest_module", sandbox.module());
     if sandbox.mode() == Mode::Deterministic {
         reward = reward.with_limit("fuel", options.fuel);
     }

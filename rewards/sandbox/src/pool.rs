@@ -26,10 +26,11 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
-    /// A pool of `threads` workers (at least one).
+    /// A pool of `threads` workers, at least one and at most the sandbox's 64 instance slots.
     pub fn new(sandbox: Arc<Sandbox>, threads: usize) -> Self {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-        let workers = (0..threads.max(1))
+        let threads = threads.clamp(1, crate::sandbox::MAX_CONCURRENT_RUNS as usize);
+        let workers = (0..threads)
             .map(|i| {
                 let rx = rx.clone();
                 let sandbox = Arc::clone(&sandbox);

@@ -216,6 +216,8 @@ pub struct Sandbox {
     mode: Mode,
     /// The export a run calls: `_start` (python.wasm) or `areal_run` (the snapshot).
     entry: &'static str,
+    /// What runs: the module's cache key (binary, pre-initialisation source, mode).
+    module: String,
     ticker: Arc<()>,
 }
 
@@ -266,11 +268,15 @@ impl Sandbox {
         let linker = guest_linker(&engine)?;
         let ticker = Arc::new(());
         spawn_epoch_ticker(engine.clone(), Arc::downgrade(&ticker));
-        let (module, entry) = match &settings.preinit {
+        let (module, entry, key) = match &settings.preinit {
             None => {
                 let key = format!("python-{}", &interpreter.sha256()[..16]);
                 let wasm = || read(&interpreter.wasm());
-                (load_or_compile(&engine, &key, &cache_dir, wasm)?, "_start")
+                (
+                    load_or_compile(&engine, &key, &cache_dir, wasm)?,
+                    "_start",
+                    key,
+                )
             }
             Some(source) => {
                 let key = format!(
@@ -284,10 +290,8 @@ impl Sandbox {
                 );
                 let snapshot =
                     || preinitialize(&engine, &linker, &interpreter, settings.mode, source);
-                (
-                    load_or_compile(&engine, &key, &cache_dir, snapshot)?,
-                    "areal_run",
-                )
+                let module = load_or_compile(&engine, &key, &cache_dir, snapshot)?;
+                (module, "areal_run", key)
             }
         };
         let pre = linker.instantiate_pre(&module)?;
@@ -297,6 +301,7 @@ impl Sandbox {
             interpreter,
             mode: settings.mode,
             entry,
+            module: key,
             ticker,
         })
     }
@@ -309,6 +314,22 @@ impl Sandbox {
     /// The metering mode.
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// The sha256 of the binary that runs: `python.wasm`, or `areal-guest.wasm` when
+    /// pre-initialised.
+    pub fn guest_sha256(&self) -> &str {
+        if self.entry == "_start" {
+            self.interpreter.sha256()
+        } else {
+            self.interpreter.reactor_sha256()
+        }
+    }
+
+    /// What the sandbox runs, as its module cache names it: `python-<sha>`, or
+    /// `snapshot-<reactor sha>-<pre-initialisation source sha>-<mode>` (16 hex digits each).
+    pub fn module(&self) -> &str {
+        &self.module
     }
 
     /// Run one guest to completion on the current thread, on a tokio runtime of the thread's
@@ -373,10 +394,7 @@ impl Sandbox {
         let timed = tokio::time::timeout(limits.wall, call).await;
         let (outcome, startup) = match timed {
             Err(_elapsed) => (Outcome::TimeLimit, None),
-            Ok(Err(e)) if store.data().memory.exceeded => {
-                let _ = e;
-                (Outcome::MemoryLimit, None)
-            }
+            Ok(Err(_)) if store.data().memory.exceeded => (Outcome::MemoryLimit, None),
             Ok(Err(e)) => return Err(SandboxError::Wasmtime(e)),
             Ok(Ok((startup, result))) => {
                 let outcome = match result {

@@ -124,7 +124,7 @@ fn the_official_record_decodes_and_grades() {
         reward
             .provenance
             .verifier_version
-            .contains(sb.interpreter().sha256())
+            .contains(sb.guest_sha256())
     );
     assert_eq!(reward.provenance.limits["time_scale"], json!(1.5));
     assert_eq!(reward.provenance.details["passed"], json!(1));
