@@ -174,8 +174,21 @@ pub fn grade_completion(
     completion: &str,
     options: &GradeOptions,
 ) -> Grade {
+    grade_completion_before(sandbox, problem, completion, options, None)
+}
+
+/// [`grade_completion`] that gives up at `deadline` (the engine's verification deadline):
+/// no test starts after it, and a test's wall-time limit ends at it. Giving up is an `error`
+/// verdict (the grader's failure, not the program's).
+pub fn grade_completion_before(
+    sandbox: &Sandbox,
+    problem: &Problem,
+    completion: &str,
+    options: &GradeOptions,
+    deadline: Option<Instant>,
+) -> Grade {
     match extract_code(completion) {
-        Some(code) => grade_code(sandbox, problem, &code, options),
+        Some(code) => grade(sandbox, problem, &code, options, deadline),
         None => Grade::without_runs(
             Verdict::NoCode,
             problem.tests.len(),
@@ -192,6 +205,16 @@ pub fn grade_code(
     code: &str,
     options: &GradeOptions,
 ) -> Grade {
+    grade(sandbox, problem, code, options, None)
+}
+
+fn grade(
+    sandbox: &Sandbox,
+    problem: &Problem,
+    code: &str,
+    options: &GradeOptions,
+    deadline: Option<Instant>,
+) -> Grade {
     let started = Instant::now();
     let total = problem.tests.len();
     if total == 0 {
@@ -207,14 +230,37 @@ pub fn grade_code(
         wall_ms: 0.0,
     };
     for (i, test) in problem.tests.iter().enumerate() {
-        let (verdict, message, report) = match run_test(
+        let mut limits = options.limits();
+        let mut cut_short = false;
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                grade.verdict = Verdict::Error;
+                grade.failed_test = Some(i);
+                grade.message = Some(format!(
+                    "the verification deadline passed after {i} of {total} tests"
+                ));
+                break;
+            }
+            if left < limits.wall {
+                limits.wall = left;
+                cut_short = true;
+            }
+        }
+        let run = run_test(
             sandbox,
             test.kind,
             problem.func_name.as_deref(),
             code,
             &test.input,
-            options,
-        ) {
+            limits,
+        );
+        let (verdict, message, report) = match run {
+            Ok(report) if cut_short && report.outcome == Outcome::TimeLimit => (
+                Verdict::Error,
+                Some(format!("the verification deadline passed during test {i}")),
+                Some((report, None)),
+            ),
             Ok(mut report) => {
                 let exec_ns = take_exec_mark(&mut report.stderr);
                 let (verdict, message) = judge(&report, test.kind, &test.output);
@@ -267,7 +313,7 @@ fn run_test(
     func: Option<&str>,
     code: &str,
     input: &str,
-    options: &GradeOptions,
+    limits: Limits,
 ) -> Result<RunReport, SandboxError> {
     let header = serde_json::json!({
         "kind": match kind { TestKind::Stdin => "stdin", TestKind::Functional => "call" },
@@ -280,7 +326,7 @@ fn run_test(
     stdin.extend_from_slice(input.as_bytes());
     let run = Run {
         stdin,
-        limits: options.limits(),
+        limits,
         ..Run::default()
     };
     sandbox.run_blocking(&run)

@@ -24,7 +24,9 @@ use areal_sdk::{
     BuildContext, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, VerifyContext,
 };
 
-pub use grade::{Grade, GradeOptions, PRELUDE, TestRun, grade_code, grade_completion};
+pub use grade::{
+    Grade, GradeOptions, PRELUDE, TestRun, grade_code, grade_completion, grade_completion_before,
+};
 pub use record::{Problem, RecordError, TestCase, TestKind, extract_code};
 
 /// The process's grading sandbox for `mode`, built on first use: one wasmtime engine per
@@ -119,7 +121,7 @@ impl RewardVerifier for LcbVerifier {
         "lcb"
     }
 
-    fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {
+    fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError> {
         let problem = Problem::from_record(&input.reference).map_err(|e| {
             PluginError::failed(
                 "lcb",
@@ -129,7 +131,13 @@ impl RewardVerifier for LcbVerifier {
                 ),
             )
         })?;
-        let grade = grade_completion(&self.sandbox, &problem, &input.completion, &self.options);
+        let grade = grade_completion_before(
+            &self.sandbox,
+            &problem,
+            &input.completion,
+            &self.options,
+            Some(ctx.deadline()),
+        );
         Ok(reward_of(&grade, &self.options, &self.sandbox))
     }
 }

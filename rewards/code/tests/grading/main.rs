@@ -503,6 +503,22 @@ fn the_lcb_plugin_builds_from_config_and_grades_a_sample() {
         .unwrap();
     assert_eq!((reward.value, reward.verdict), (1.0, Verdict::Accepted));
     assert_eq!(reward.provenance.limits["cpu_s"], json!(3.0));
+    // The engine's deadline bounds the grading: a program that would run for its full 18 s
+    // CPU limit is stopped at the deadline, as the verifier's failure (not a time_limit).
+    let default = build(PluginConfig::new("reward", "lcb")).unwrap();
+    let slow = RewardInput {
+        completion: "```python\nwhile True:\n    pass\n```".into(),
+        ..input.clone()
+    };
+    let started = std::time::Instant::now();
+    let reward = default
+        .verify(
+            &slow,
+            &VerifyContext::with_timeout(std::time::Duration::from_secs(1)),
+        )
+        .unwrap();
+    assert_eq!(reward.verdict, Verdict::Error, "{reward:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
     // A reference that is not a record is the task's fault: an error, not a wrong answer.
     let bad = RewardInput {
         reference: json!({"answer": 3}),
