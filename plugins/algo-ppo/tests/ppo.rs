@@ -237,3 +237,120 @@ fn options_are_checked_with_their_key() {
         "{e}"
     );
 }
+
+/// `tests/fixtures/reference.json`, written by `reference.py` (numpy, from the published
+/// formulas): every case's advantages, loss and statistics on one fixed batch, at 1e-5.
+#[test]
+fn losses_and_advantages_match_the_numpy_reference() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/reference.json");
+    let fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let floats = |key: &str| -> Vec<f32> {
+        fixture[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let completions: Vec<std::ops::Range<usize>> = fixture["completions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[0].as_u64().unwrap() as usize..r[1].as_u64().unwrap() as usize)
+        .collect();
+    // The groups, with completion lengths as in the packed batch.
+    let mut lengths = completions.iter().map(|r| r.len());
+    let groups: Vec<TrajectoryGroup> = fixture["group_rewards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(g, rewards)| {
+            let mut group = group(g as u64, &[]);
+            for (i, r) in rewards.as_array().unwrap().iter().enumerate() {
+                let n = lengths.next().unwrap();
+                group.samples.push(Trajectory {
+                    sample_id: g as u64 * 10 + i as u64,
+                    completion: Completion {
+                        token_ids: vec![3; n],
+                        behaviour_logprobs: vec![-0.7; n],
+                        versions: vec![0; n],
+                        finish_reason: FinishReason::Stop,
+                    },
+                    reward: Reward::new(r.as_f64().unwrap(), Verdict::Partial),
+                });
+            }
+            group
+        })
+        .collect();
+    let d = Device::flex();
+    let mask = floats("loss_mask");
+    let tokens = mask.iter().filter(|m| **m > 0.0).count();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+    for case in fixture["cases"].as_array().unwrap() {
+        let kind = case["kind"].as_str().unwrap();
+        let options: Vec<(&str, serde_json::Value)> = case["options"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        let a = algo(kind, &options);
+        let label = format!("{kind} {}", case["options"]);
+
+        let advantages = a.advantages(&groups).unwrap();
+        let want: Vec<f64> = case["advantages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(advantages.len(), want.len());
+        for (got, want) in advantages.iter().zip(&want) {
+            assert!(
+                got.iter().all(|g| close(f64::from(*g), *want)),
+                "{label}: advantages {got:?} vs {want}"
+            );
+        }
+
+        let mut per_token = vec![0.0f32; mask.len()];
+        for (range, adv) in completions.iter().zip(&advantages) {
+            per_token[range.clone()].copy_from_slice(adv);
+        }
+        // What the engine hands over: standard PPO's proximal policy is the behaviour policy.
+        let proximal = match a.requirements().proximal {
+            areal_sdk_train::ProximalMode::Behaviour => floats("behaviour"),
+            _ => floats("proximal"),
+        };
+        let input = LossInput {
+            current: CurrentLogprobs(t(&floats("current"), &d)),
+            proximal: ProximalLogprobs(t(&proximal, &d)),
+            behaviour: BehaviourLogprobs(t(&floats("behaviour"), &d)),
+            advantages: t(&per_token, &d),
+            loss_mask: t(&mask, &d),
+            versions: fixture["versions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_i64().unwrap())
+                .collect(),
+            completions: completions.clone(),
+            minibatch_tokens: tokens,
+            minibatch_sequences: completions.len(),
+            trainer_version: fixture["trainer_version"].as_i64().unwrap(),
+        };
+        let (loss, stats) = loss_of(a.as_ref(), &input);
+        let want_loss = case["loss"].as_f64().unwrap();
+        assert!(
+            close(loss, want_loss),
+            "{label}: loss {loss} vs {want_loss}"
+        );
+        for (name, want) in case["stats"].as_object().unwrap() {
+            let want = want.as_f64().unwrap();
+            let got = stats.get(name).copied().unwrap_or(f64::NAN);
+            assert!(close(got, want), "{label}: {name} {got} vs {want}");
+        }
+    }
+}
