@@ -6,8 +6,8 @@
 //!   test, each in a fresh sandbox, stopping at the first failure. Expected outputs never
 //!   enter the sandbox: stdout, or the return value in a closed encoding, comes out and the
 //!   host compares it with LiveCodeBench's rules ([`compare`]).
-//! - [`reward_of`] turns a [`Grade`] into a [`Reward`] whose provenance names the interpreter's
-//!   sha256, wasmtime's version and every limit used.
+//! - [`reward_of`] turns a [`Grade`] into a [`Reward`] whose provenance names the guest binary
+//!   (sha256) and snapshot that ran, wasmtime's version and every limit used.
 //!
 //! As a plugin: `[reward] kind = "lcb"` with the keys of [`GradeOptions`]; the task's
 //! reference for each item is the record itself.
