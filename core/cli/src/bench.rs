@@ -77,17 +77,7 @@ impl Samples {
 }
 
 fn median(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    areal_core::metrics::percentile(xs, 50.0)
 }
 
 fn load(path: &PathBuf) -> anyhow::Result<Vec<Item>> {

@@ -98,9 +98,9 @@ pub struct TestRun {
     pub wall_ms: f64,
     /// Of which instantiation (ms).
     pub instantiate_ms: f64,
-    /// Of which the program itself, as the guest measured it: the rest is start-up
-    /// (instantiation, the interpreter's initialisation, the import prelude). `None` when the
-    /// program never ran to its end or drowned the measurement in stderr.
+    /// Of which the program itself (compile included), as the guest measured it: the rest is
+    /// start-up (instantiating the snapshot, reading the job). `None` when the program never
+    /// ran to its end or drowned the measurement in stderr.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exec_ms: Option<f64>,
     /// Fuel spent (deterministic mode).

@@ -69,13 +69,7 @@ pub fn reward_of(grade: &Grade, options: &GradeOptions, sandbox: &Sandbox) -> Re
         .with_limit("wall_s", limits.wall.as_secs_f64())
         .with_limit("memory_mb", options.memory_mb as u64)
         .with_limit("output_bytes", options.output_bytes as u64)
-        .with_limit(
-            "mode",
-            match sandbox.mode() {
-                Mode::Fast => "fast",
-                Mode::Deterministic => "deterministic",
-            },
-        )
+        .with_limit("mode", sandbox.mode().as_str())
         .with_detail("passed", grade.passed as u64)
         .with_detail("total", grade.total as u64)
         .with_detail("guest_sha256", sandbox.guest_sha256())

@@ -78,7 +78,6 @@ impl Interpreter {
         let root = dir.as_ref().to_path_buf();
         let wasm = root.join("python.wasm");
         if !wasm.is_file() || !root.join("lib/python3.11").is_dir() {
-            // (an install from before areal-guest.wasm fails below, naming the rebuild)
             return Err(InterpreterError::Missing(root));
         }
         let io = |path: &Path| {

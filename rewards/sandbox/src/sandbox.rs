@@ -44,6 +44,16 @@ pub enum Mode {
     Deterministic,
 }
 
+impl Mode {
+    /// The mode as configs and provenance write it (`"fast"`, `"deterministic"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Fast => "fast",
+            Mode::Deterministic => "deterministic",
+        }
+    }
+}
+
 /// What a sandbox is built from: each distinct value compiles (and caches) its own module.
 #[derive(Clone, Debug, Default)]
 pub struct Settings {
@@ -283,10 +293,7 @@ impl Sandbox {
                     "snapshot-{}-{}-{}",
                     &interpreter.reactor_sha256()[..16],
                     &hex(&Sha256::digest(source.as_bytes()))[..16],
-                    match settings.mode {
-                        Mode::Fast => "fast",
-                        Mode::Deterministic => "deterministic",
-                    }
+                    settings.mode.as_str()
                 );
                 let snapshot =
                     || preinitialize(&engine, &linker, &interpreter, settings.mode, source);

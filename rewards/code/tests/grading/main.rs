@@ -61,21 +61,14 @@ fn record(id: &str) -> Value {
 }
 
 pub(crate) fn stdin_problem(tests: &[(&str, &str)]) -> Problem {
-    Problem {
-        id: None,
-        tests: tests
-            .iter()
-            .map(|(i, o)| TestCase {
-                input: (*i).into(),
-                output: (*o).into(),
-                kind: TestKind::Stdin,
-            })
-            .collect(),
-        func_name: None,
-    }
+    problem(TestKind::Stdin, None, tests)
 }
 
 pub(crate) fn call_problem(func: &str, tests: &[(&str, &str)]) -> Problem {
+    problem(TestKind::Functional, Some(func), tests)
+}
+
+fn problem(kind: TestKind, func_name: Option<&str>, tests: &[(&str, &str)]) -> Problem {
     Problem {
         id: None,
         tests: tests
@@ -83,10 +76,10 @@ pub(crate) fn call_problem(func: &str, tests: &[(&str, &str)]) -> Problem {
             .map(|(i, o)| TestCase {
                 input: (*i).into(),
                 output: (*o).into(),
-                kind: TestKind::Functional,
+                kind,
             })
             .collect(),
-        func_name: Some(func.into()),
+        func_name: func_name.map(str::to_owned),
     }
 }
 
