@@ -125,6 +125,10 @@ pub struct BuildContext {
     pub seed: u64,
     /// Threads the plugin may use for its own work.
     pub threads: usize,
+    /// The most tokens a rollout may generate (`rollout.max_new_tokens`), when the engine
+    /// knows it: algorithms derive length-based defaults from it (DAPO's overlong penalty,
+    /// Dr. GRPO's normaliser).
+    pub max_new_tokens: Option<usize>,
 }
 
 impl BuildContext {
@@ -133,7 +137,14 @@ impl BuildContext {
         Self {
             seed,
             threads: threads.max(1),
+            max_new_tokens: None,
         }
+    }
+
+    /// With the generation length limit.
+    pub fn with_max_new_tokens(mut self, max_new_tokens: usize) -> Self {
+        self.max_new_tokens = Some(max_new_tokens);
+        self
     }
 }
 

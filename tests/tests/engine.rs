@@ -319,3 +319,54 @@ fn a_bad_generator_device_is_named_with_its_key() {
         "{all}"
     );
 }
+
+/// DAPO's dynamic filtering in a real run: a group whose rewards are all equal is dropped and
+/// counted as rejected, so it frees its admission slot; the rule holds and only groups with a
+/// learning signal are trained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filtered_groups_are_rejected_and_the_rule_still_holds() {
+    let config = config(&[
+        "algorithm.kind=dapo",
+        "train.steps=6",
+        "eval.enabled=false",
+        "rollout.max_staleness=1",
+    ]);
+    let batch = config.rollout.batch_size as u64;
+    let (summary, recorder) = run_recorded(config, None).await;
+    let summary = summary.unwrap();
+    assert_eq!(summary.steps, 6);
+    assert!(summary.groups_rejected > 0, "{summary:?}");
+    for c in recorder.admissions.lock().unwrap().iter() {
+        assert!(
+            c.accepted + c.running <= (1 + c.version + 1) * batch,
+            "{c:?} breaks the rule"
+        );
+    }
+    for (_, groups) in recorder.trained.lock().unwrap().iter() {
+        for g in groups {
+            let first = g.samples[0].reward.value;
+            assert!(
+                g.samples.iter().any(|s| s.reward.value != first),
+                "group {} with equal rewards was trained",
+                g.group_id
+            );
+        }
+    }
+}
+
+/// An algorithm that needs what the policy cannot give is a build error naming both.
+#[test]
+fn a_critic_needs_a_policy_with_a_value_head() {
+    let config = config(&["algorithm.kind=ppo-critic"]);
+    let Err(EngineError::Build { errors }) = Plugins::build(&config) else {
+        panic!("expected a build error");
+    };
+    let all: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert!(
+        all[0].contains("`algorithm.kind`")
+            && all[0].contains("ppo-critic")
+            && all[0].contains("testkit-bigram"),
+        "{all:?}"
+    );
+}

@@ -1,6 +1,6 @@
 //! The trainer step: micro-batching is exact gradient accumulation, mini-batches step the
-//! optimizer several times within one version, and the proximal modes differ only where they
-//! should.
+//! optimizer several times within one version, the proximal modes differ only where they
+//! should, the reference policy stays frozen, and a critic learns its values.
 
 use areal_core::trainer::{StepReport, TrainerSettings, train_step};
 use areal_sdk::{
@@ -26,7 +26,7 @@ fn policy() -> BigramPolicy {
 /// Groups of samples with behaviour logprobs from `policy` (so they are on-policy at
 /// `version` when `versions` says so), mixed lengths and rewards.
 fn groups(
-    policy: &BigramPolicy,
+    policy: &dyn Policy,
     token_version: impl Fn(usize, usize) -> i64,
 ) -> Vec<TrajectoryGroup> {
     let mut out = Vec::new();
@@ -104,6 +104,7 @@ fn step(
     let mut optimizer = AdamWConfig::new().init();
     let report = train_step(
         &mut policy,
+        None,
         &mut optimizer,
         algorithm.as_ref(),
         &data,
@@ -176,4 +177,107 @@ fn proximal_modes_agree_on_policy_and_differ_when_stale() {
     assert!(r.on_policy_logprob_gap < 1e-6);
     let (_, r) = step("decoupled-ppo", &[("proximal", "log-linear")], &s, 2, false);
     assert!(r.stats.contains_key("behav_weight"));
+}
+
+fn build(
+    kind: &str,
+    options: &[(&str, serde_json::Value)],
+) -> std::sync::Arc<dyn areal_sdk_train::Algorithm> {
+    let mut cfg = PluginConfig::new("algorithm", kind);
+    for (k, v) in options {
+        cfg = cfg.with(k, v.clone());
+    }
+    AlgorithmPlugin::build_from(&cfg, &BuildContext::new(0, 1)).unwrap()
+}
+
+/// GRPO's KL term: the reference is a frozen copy of the weights when RL starts, so the first
+/// step measures KL = 0 against it and the next, after an update, does not; without a
+/// reference the trainer refuses the algorithm.
+#[test]
+fn the_reference_policy_stays_frozen() {
+    let mut policy = policy();
+    let reference = policy.snapshot().unwrap();
+    let data = groups(&policy, |_, _| 2);
+    let grpo = build("grpo", &[("kl_coef", 0.5.into())]);
+    let mut optimizer = AdamWConfig::new().init();
+    let s = settings(10_000, 1);
+    let mut run = |version: i64, reference: Option<&dyn Policy>| {
+        train_step(
+            &mut policy,
+            reference,
+            &mut optimizer,
+            grpo.as_ref(),
+            &data,
+            version,
+            &s,
+        )
+    };
+    let first = run(2, Some(reference.as_ref())).unwrap();
+    assert!(first.stats["kl_ref"].abs() < 1e-6, "{:?}", first.stats);
+    let second = run(3, Some(reference.as_ref())).unwrap();
+    assert!(second.stats["kl_ref"] > 1e-5, "{:?}", second.stats);
+    let third = run(4, Some(reference.as_ref())).unwrap();
+    assert!(
+        third.stats["kl_ref"] > second.stats["kl_ref"],
+        "{:?}",
+        third.stats
+    );
+    let error = run(5, None).unwrap_err().to_string();
+    assert!(error.contains("reference"), "{error}");
+}
+
+/// ppo-critic through the trainer on the transformer: values come from its value head (added
+/// by `enable_values`), and the clipped value loss pulls them towards the GAE returns.
+#[test]
+fn a_critic_learns_its_values() {
+    use areal_model::{TransformerOptions, TransformerPolicy};
+    let options = TransformerOptions {
+        hidden_size: 32,
+        layers: 1,
+        heads: 2,
+        kv_heads: 1,
+        max_positions: 32,
+        ..TransformerOptions::default()
+    };
+    let mut policy =
+        TransformerPolicy::fresh(&options, "abcdefgh", 5, &Device::flex().autodiff()).unwrap();
+    let data = groups(&policy, |_, _| 0);
+    let mut batch = PackedBatch::new(1.0);
+    batch.push(&[2, 3, 4]);
+    assert!(policy.values(&batch).is_err(), "no value head yet");
+    policy.enable_values().unwrap();
+    let values: Vec<f32> = policy
+        .values_no_grad(&batch)
+        .unwrap()
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    assert_eq!(values.len(), 3);
+    assert_eq!(values[0], 0.0, "the first token has no prefix to value");
+
+    let critic = build("ppo-critic", &[("value_coef", 1.0.into())]);
+    let mut optimizer = AdamWConfig::new().init();
+    let s = TrainerSettings {
+        lr: 0.01,
+        ..settings(10_000, 1)
+    };
+    let mut value_loss = Vec::new();
+    for version in 0..40 {
+        let report = train_step(
+            &mut policy,
+            None,
+            &mut optimizer,
+            critic.as_ref(),
+            &data,
+            version,
+            &s,
+        )
+        .unwrap();
+        value_loss.push(report.stats["value_loss"]);
+    }
+    let (first, last) = (value_loss[0], value_loss[39]);
+    assert!(first > 0.05, "{value_loss:?}");
+    assert!(last < first * 0.3, "value loss {first} -> {last}");
+    // the value head is not part of the weights the generators load
+    assert!(policy.weights().iter().all(|w| !w.name.contains("value")));
 }

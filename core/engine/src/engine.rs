@@ -77,9 +77,32 @@ impl Plugins {
         let algorithm = keep(&mut errors, config.plugin("algorithm")).and_then(|section| {
             keep(
                 &mut errors,
-                AlgorithmPlugin::build_from(&section, &ctx(5, 1)),
+                AlgorithmPlugin::build_from(
+                    &section,
+                    &ctx(5, 1).with_max_new_tokens(config.rollout.max_new_tokens),
+                ),
             )
         });
+        // A critic's value head is part of the model from the start.
+        let policy = match (policy, &algorithm) {
+            (Some(mut policy), Some(algorithm)) if algorithm.requirements().values => {
+                match policy.enable_values() {
+                    Ok(()) => Some(policy),
+                    Err(e) => {
+                        errors.push(PluginError::config(
+                            "algorithm.kind",
+                            format!(
+                                "{} trains a critic, but policy {} cannot: {e}",
+                                algorithm.name(),
+                                policy.name()
+                            ),
+                        ));
+                        None
+                    }
+                }
+            }
+            (policy, _) => policy,
+        };
         match (policy, generator, task, verifier, algorithm) {
             (Some(policy), Some(generator), Some(task), Some(verifier), Some(algorithm)) => {
                 Ok(Self {
@@ -600,6 +623,20 @@ fn trainer_loop(
     } else {
         None
     };
+    // The reference policy of a KL penalty: the weights RL starts from.
+    let reference = if shared.algorithm.requirements().reference {
+        Some(policy.snapshot().map_err(|e| {
+            EngineError::plugin(
+                format!(
+                    "copying the policy as the reference of {}",
+                    shared.algorithm.name()
+                ),
+                e,
+            )
+        })?)
+    } else {
+        None
+    };
     // RL starts now: generation may run ahead from here.
     log.rl_started(shared.started.elapsed().as_secs_f64());
     *shared.controller.lock().expect("controller lock") =
@@ -646,6 +683,7 @@ fn trainer_loop(
         let compute = Instant::now();
         let report = train_step(
             policy.as_mut(),
+            reference.as_deref(),
             &mut optimizer,
             shared.algorithm.as_ref(),
             &groups,

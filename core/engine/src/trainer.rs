@@ -7,8 +7,8 @@ use areal_sdk::{PROMPT_VERSION, PolicyVersion, TrajectoryGroup};
 use areal_sdk_train::burn::optim::ModuleOptimizer;
 use areal_sdk_train::burn::tensor::{Device, Tensor, TensorData};
 use areal_sdk_train::{
-    Algorithm, BehaviourLogprobs, CurrentLogprobs, LossInput, LossStats, PackedBatch, Policy,
-    ProximalLogprobs, ProximalMode,
+    AdvantageInput, Algorithm, BehaviourLogprobs, CriticInput, CurrentLogprobs, LossInput,
+    LossStats, PackedBatch, Policy, ProximalLogprobs, ProximalMode, ReferenceLogprobs,
 };
 
 use crate::error::EngineError;
@@ -59,7 +59,10 @@ struct Sequence {
     prompt_len: usize,
     behaviour: Vec<f32>,
     versions: Vec<PolicyVersion>,
+    /// Filled in once the algorithm has computed advantages (0 on prompt tokens).
     advantages: Vec<f32>,
+    /// Value targets, when the algorithm trains a critic (0 on prompt tokens).
+    returns: Vec<f32>,
 }
 
 impl Sequence {
@@ -68,53 +71,80 @@ impl Sequence {
     }
 }
 
-fn sequences(
+/// The sequences to train on (samples with a non-empty completion), and for every sample in
+/// flat order the index of its sequence.
+fn sequences(groups: &[TrajectoryGroup]) -> (Vec<Sequence>, Vec<Option<usize>>) {
+    let mut out = Vec::new();
+    let mut index = Vec::new();
+    for group in groups {
+        for sample in &group.samples {
+            let c = &sample.completion;
+            if c.is_empty() {
+                index.push(None);
+                continue;
+            }
+            let p = group.prompt_ids.len();
+            let mut tokens = group.prompt_ids.clone();
+            tokens.extend(&c.token_ids);
+            let mut behaviour = vec![0.0; p];
+            behaviour.extend(&c.behaviour_logprobs);
+            let mut versions = vec![PROMPT_VERSION; p];
+            versions.extend(&c.versions);
+            index.push(Some(out.len()));
+            out.push(Sequence {
+                tokens,
+                prompt_len: p,
+                behaviour,
+                versions,
+                advantages: Vec::new(),
+                returns: Vec::new(),
+            });
+        }
+    }
+    (out, index)
+}
+
+/// Check the algorithm's per-token vectors against the samples' completion lengths.
+fn check_lengths(
+    what: &str,
+    values: &[Vec<f32>],
     groups: &[TrajectoryGroup],
-    advantages: Vec<Vec<f32>>,
-) -> Result<Vec<Sequence>, EngineError> {
-    let samples: Vec<_> = groups
-        .iter()
-        .flat_map(|g| g.samples.iter().map(move |s| (g, s)))
-        .collect();
-    if advantages.len() != samples.len() {
+) -> Result<(), EngineError> {
+    let samples: Vec<_> = groups.iter().flat_map(|g| &g.samples).collect();
+    if values.len() != samples.len() {
         return Err(EngineError::Invalid(format!(
-            "algorithm returned advantages for {} samples, the batch has {}",
-            advantages.len(),
+            "algorithm returned {what} for {} samples, the batch has {}",
+            values.len(),
             samples.len()
         )));
     }
-    let mut out = Vec::new();
-    for ((group, sample), adv) in samples.into_iter().zip(advantages) {
-        let c = &sample.completion;
-        if adv.len() != c.len() {
+    for (v, sample) in values.iter().zip(samples) {
+        if v.len() != sample.completion.len() {
             return Err(EngineError::Invalid(format!(
-                "algorithm returned {} advantages for sample {} with {} tokens",
-                adv.len(),
+                "algorithm returned {} {what} for sample {} with {} tokens",
+                v.len(),
                 sample.sample_id,
-                c.len()
+                sample.completion.len()
             )));
         }
-        if c.is_empty() {
-            continue;
-        }
-        let p = group.prompt_ids.len();
-        let mut tokens = group.prompt_ids.clone();
-        tokens.extend(&c.token_ids);
-        let mut behaviour = vec![0.0; p];
-        behaviour.extend(&c.behaviour_logprobs);
-        let mut versions = vec![PROMPT_VERSION; p];
-        versions.extend(&c.versions);
-        let mut advantages = vec![0.0; p];
-        advantages.extend(adv);
-        out.push(Sequence {
-            tokens,
-            prompt_len: p,
-            behaviour,
-            versions,
-            advantages,
-        });
     }
-    Ok(out)
+    Ok(())
+}
+
+/// Per-sample completion slices of per-sequence, per-token vectors (empty for samples without
+/// a completion).
+fn completion_slices(
+    seqs: &[Sequence],
+    index: &[Option<usize>],
+    per_sequence: &[Vec<f32>],
+) -> Vec<Vec<f32>> {
+    index
+        .iter()
+        .map(|i| match i {
+            Some(i) => per_sequence[*i][seqs[*i].completion()].to_vec(),
+            None => Vec::new(),
+        })
+        .collect()
 }
 
 /// Split `n` items into `parts` contiguous chunks whose sizes differ by at most one.
@@ -177,24 +207,34 @@ fn checked(
 }
 
 /// Train on `groups` with the weights at version `version` (the step produces version + 1).
+/// `reference` is the frozen reference policy, required when the algorithm asks for one.
 pub fn train_step(
     policy: &mut dyn Policy,
+    reference: Option<&dyn Policy>,
     optimizer: &mut ModuleOptimizer,
     algorithm: &dyn Algorithm,
     groups: &[TrajectoryGroup],
     version: PolicyVersion,
     settings: &TrainerSettings,
 ) -> Result<StepReport, EngineError> {
-    let advantages = algorithm
-        .advantages(groups)
-        .map_err(|e| EngineError::plugin("computing advantages", e))?;
-    let seqs = sequences(groups, advantages)?;
+    let (mut seqs, index) = sequences(groups);
     let mut report = StepReport::default();
     if seqs.is_empty() {
         return Ok(report);
     }
     let device = policy.device();
-    let mode = algorithm.requirements().proximal;
+    let needs = algorithm.requirements();
+    let mode = needs.proximal;
+    let reference = match (needs.reference, reference) {
+        (false, _) => None,
+        (true, Some(r)) => Some(r),
+        (true, None) => {
+            return Err(EngineError::Invalid(format!(
+                "algorithm {} asks for reference logprobs but the trainer has no reference policy",
+                algorithm.name()
+            )));
+        }
+    };
 
     // Pack every mini-batch once; both passes use the same layout.
     let minibatches: Vec<Vec<Micro>> = chunks(seqs.len(), settings.minibatches)
@@ -226,24 +266,43 @@ pub fn train_step(
         );
     }
 
-    // π_prox: the weights before any update of this step.
-    let mut proximal: Vec<Option<Vec<f32>>> = vec![None; seqs.len()];
-    if mode == ProximalMode::Recompute {
-        let (mut gap_sum, mut gap_n) = (0.0f64, 0usize);
-        for mb in minibatches.iter().flatten() {
+    // One no-grad pass with the weights before any update of this step: π_prox, π_ref, V_old.
+    let mut proximal: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
+    let mut reference_lp: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
+    let mut old_values: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
+    let (mut gap_sum, mut gap_n) = (0.0f64, 0usize);
+    for mb in minibatches.iter().flatten() {
+        let scatter = |values: Vec<f32>, into: &mut Vec<Vec<f32>>| {
+            for (&i, range) in mb.members.iter().zip(mb.batch.ranges()) {
+                into[i] = values[range].to_vec();
+            }
+        };
+        if mode == ProximalMode::Recompute {
             let lp = policy
                 .logprobs_no_grad(&mb.batch)
                 .map_err(|e| EngineError::plugin("recomputing proximal logprobs", e))?;
-            let lp = to_vec(checked(lp, &mb.batch, policy)?);
-            for (&i, range) in mb.members.iter().zip(mb.batch.ranges()) {
-                let values = lp[range].to_vec();
-                for t in seqs[i].completion() {
-                    if seqs[i].versions[t] == version {
-                        gap_sum += f64::from((values[t] - seqs[i].behaviour[t]).abs());
-                        gap_n += 1;
-                    }
+            scatter(to_vec(checked(lp, &mb.batch, policy)?), &mut proximal);
+        }
+        if let Some(r) = reference {
+            let lp = r
+                .logprobs_no_grad(&mb.batch)
+                .map_err(|e| EngineError::plugin("computing reference logprobs", e))?;
+            scatter(to_vec(checked(lp, &mb.batch, r)?), &mut reference_lp);
+        }
+        if needs.values {
+            let v = policy
+                .values_no_grad(&mb.batch)
+                .map_err(|e| EngineError::plugin("computing values", e))?;
+            scatter(to_vec(checked(v, &mb.batch, policy)?), &mut old_values);
+        }
+    }
+    if mode == ProximalMode::Recompute {
+        for (s, p) in seqs.iter().zip(&proximal) {
+            for t in s.completion() {
+                if s.versions[t] == version {
+                    gap_sum += f64::from((p[t] - s.behaviour[t]).abs());
+                    gap_n += 1;
                 }
-                proximal[i] = Some(values);
             }
         }
         report.on_policy_logprob_gap = if gap_n > 0 {
@@ -253,39 +312,89 @@ pub fn train_step(
         };
     }
 
+    // Advantages (and value targets) from rewards and the numbers of the no-grad pass.
+    let old: Vec<Vec<f32>> = if mode == ProximalMode::Recompute {
+        completion_slices(&seqs, &index, &proximal)
+    } else {
+        let behaviour: Vec<Vec<f32>> = seqs.iter().map(|s| s.behaviour.clone()).collect();
+        completion_slices(&seqs, &index, &behaviour)
+    };
+    let reference_c = reference.map(|_| completion_slices(&seqs, &index, &reference_lp));
+    let values_c = needs
+        .values
+        .then(|| completion_slices(&seqs, &index, &old_values));
+    let mut input = AdvantageInput::new(groups, &old);
+    if let Some(r) = &reference_c {
+        input = input.with_reference(r);
+    }
+    if let Some(v) = &values_c {
+        input = input.with_values(v);
+    }
+    let computed = algorithm
+        .advantages(&input)
+        .map_err(|e| EngineError::plugin("computing advantages", e))?;
+    check_lengths("advantages", &computed.advantages, groups)?;
+    let returns = match (&computed.returns, needs.values) {
+        (Some(r), _) => {
+            check_lengths("returns", r, groups)?;
+            Some(r)
+        }
+        (None, true) => {
+            return Err(EngineError::Invalid(format!(
+                "algorithm {} asks for values but returned no value targets (returns)",
+                algorithm.name()
+            )));
+        }
+        (None, false) => None,
+    };
+    for (sample, i) in index.iter().enumerate() {
+        if let Some(i) = *i {
+            let s = &mut seqs[i];
+            s.advantages = vec![0.0; s.prompt_len];
+            s.advantages.extend(&computed.advantages[sample]);
+            if let Some(r) = returns {
+                s.returns = vec![0.0; s.prompt_len];
+                s.returns.extend(&r[sample]);
+            }
+        }
+    }
+
     let mut stats = LossStats::default();
     for mbs in &minibatches {
         let members = mbs.iter().flat_map(|m| &m.members);
         let minibatch_tokens: usize = members.clone().map(|&i| seqs[i].completion().len()).sum();
         let minibatch_sequences = members.count();
         for mb in mbs {
-            let mut behaviour = Vec::with_capacity(mb.batch.num_tokens());
-            let mut versions = Vec::with_capacity(mb.batch.num_tokens());
-            let mut adv = Vec::with_capacity(mb.batch.num_tokens());
-            let mut mask = Vec::with_capacity(mb.batch.num_tokens());
-            let mut prox = Vec::new();
+            let n = mb.batch.num_tokens();
+            let gather = |per: &dyn Fn(&Sequence, usize) -> Vec<f32>| -> Vec<f32> {
+                let mut out = Vec::with_capacity(n);
+                for &i in &mb.members {
+                    out.extend(per(&seqs[i], i));
+                }
+                out
+            };
+            let behaviour = gather(&|s, _| s.behaviour.clone());
+            let adv = gather(&|s, _| s.advantages.clone());
+            let mask = gather(&|s, _| {
+                (0..s.tokens.len())
+                    .map(|t| if t < s.prompt_len { 0.0 } else { 1.0 })
+                    .collect()
+            });
+            let mut versions = Vec::with_capacity(n);
             let mut completions = Vec::with_capacity(mb.members.len());
             for &i in &mb.members {
                 let s = &seqs[i];
-                let offset = behaviour.len();
+                let offset = versions.len();
                 completions.push(offset + s.prompt_len..offset + s.tokens.len());
-                behaviour.extend(&s.behaviour);
                 versions.extend(&s.versions);
-                adv.extend(&s.advantages);
-                mask.extend(
-                    (0..s.tokens.len()).map(|t| if t < s.prompt_len { 0.0f32 } else { 1.0 }),
-                );
-                if let Some(p) = &proximal[i] {
-                    prox.extend(p);
-                }
             }
             let current = policy
                 .logprobs(&mb.batch)
                 .map_err(|e| EngineError::plugin("computing current logprobs", e))?;
             let current = checked(current, &mb.batch, policy)?;
-            let behaviour_t = tensor(behaviour.clone(), &device);
+            let behaviour_t = tensor(behaviour, &device);
             let proximal_t = match mode {
-                ProximalMode::Recompute => tensor(prox, &device),
+                ProximalMode::Recompute => tensor(gather(&|_, i| proximal[i].clone()), &device),
                 ProximalMode::Behaviour => behaviour_t.clone(),
                 ProximalMode::LogLinear => {
                     let alpha: Vec<f32> = versions
@@ -302,6 +411,21 @@ pub fn train_step(
                     behaviour_t.clone() + alpha * (current.clone().detach() - behaviour_t.clone())
                 }
             };
+            let reference_t = reference.map(|_| {
+                ReferenceLogprobs(tensor(gather(&|_, i| reference_lp[i].clone()), &device))
+            });
+            let critic = if needs.values {
+                let values = policy
+                    .values(&mb.batch)
+                    .map_err(|e| EngineError::plugin("computing values", e))?;
+                Some(CriticInput {
+                    values: checked(values, &mb.batch, policy)?,
+                    old_values: tensor(gather(&|_, i| old_values[i].clone()), &device),
+                    returns: tensor(gather(&|s, _| s.returns.clone()), &device),
+                })
+            } else {
+                None
+            };
             let input = LossInput {
                 current: CurrentLogprobs(current),
                 proximal: ProximalLogprobs(proximal_t.detach()),
@@ -313,6 +437,8 @@ pub fn train_step(
                 minibatch_tokens,
                 minibatch_sequences,
                 trainer_version: version,
+                reference: reference_t,
+                critic,
             };
             let out = algorithm
                 .loss(&input)
@@ -330,7 +456,7 @@ pub fn train_step(
                 .backward(out.loss)
                 .map_err(|e| EngineError::plugin("backward pass", e))?;
             report.microbatches += 1;
-            report.packed_tokens += mb.batch.num_tokens();
+            report.packed_tokens += n;
         }
         report.trained_tokens += minibatch_tokens;
         let step = policy

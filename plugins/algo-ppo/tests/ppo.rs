@@ -1,17 +1,18 @@
-//! Loss values of `ppo` and `decoupled-ppo` on hand-computed cases, the conformance check, and
-//! a finite-difference check of the autodiff gradient.
+//! The PPO family: hand-computed cases, every variant against the numpy reference, the
+//! conformance check, finite-difference checks of the autodiff gradient, and the options and
+//! combinations that are rejected.
 
+use areal_algo_ppo::Variant;
 use areal_sdk::{
     BuildContext, Completion, FinishReason, PluginConfig, Reward, Trajectory, TrajectoryGroup,
     Verdict,
 };
 use areal_sdk_train::burn::tensor::{Device, Tensor, TensorData};
 use areal_sdk_train::{
-    Algorithm, AlgorithmPlugin, BehaviourLogprobs, CurrentLogprobs, LossInput, ProximalLogprobs,
+    AdvantageInput, Algorithm, AlgorithmPlugin, BehaviourLogprobs, CriticInput, CurrentLogprobs,
+    LossInput, ProximalLogprobs, ProximalMode, ReferenceLogprobs,
 };
 use areal_testkit::conformance;
-// Integration tests link only the crates they name: without this the registrations are lost.
-use areal_algo_ppo as _;
 
 fn algo(kind: &str, options: &[(&str, serde_json::Value)]) -> std::sync::Arc<dyn Algorithm> {
     let mut cfg = PluginConfig::new("algorithm", kind);
@@ -39,6 +40,8 @@ fn input(current: &[f32], proximal: &[f32], behaviour: &[f32], device: &Device) 
         minibatch_tokens: 3,
         minibatch_sequences: 1,
         trainer_version: 1,
+        reference: None,
+        critic: None,
     }
 }
 
@@ -128,39 +131,58 @@ fn dual_clip_bounds_negative_advantage_loss() {
 }
 
 #[test]
-fn gradient_matches_finite_differences() {
+fn gradients_match_finite_differences() {
     let d = Device::flex().autodiff();
-    let a = algo("decoupled-ppo", &[("eps_clip", 0.3.into())]);
-    // inside the clip range for all tokens, so the loss is smooth here
+    let plain = Device::flex();
+    // inside the clip range for all tokens (where there is one), so the losses are smooth here
     let base = [0.0f32, -1.0, -2.0, -0.5];
     let proximal = [0.0f32, -1.1, -1.9, -0.45];
     let behaviour = [0.0f32, -1.3, -1.7, -0.6];
-    let current = t(&base, &d).require_grad();
-    let mut i = input(&base, &proximal, &behaviour, &d);
-    i.current = CurrentLogprobs(current.clone());
-    let grads = a.loss(&i).unwrap().loss.backward();
-    let grad: Vec<f32> = current
-        .grad(&grads)
-        .unwrap()
-        .into_data()
-        .try_to_vec()
-        .unwrap();
-    let plain = Device::flex();
-    let h = 1e-3f32;
-    for k in 0..4 {
-        let mut up = base;
-        up[k] += h;
-        let mut down = base;
-        down[k] -= h;
-        let f = |x: &[f32]| loss_of(a.as_ref(), &input(x, &proximal, &behaviour, &plain)).0;
-        let numeric = (f(&up) - f(&down)) / (2.0 * f64::from(h));
-        assert!(
-            (numeric - f64::from(grad[k])).abs() < 2e-3,
-            "token {k}: autodiff {} vs finite difference {numeric}",
-            grad[k]
-        );
+    let reference = [0.0f32, -0.8, -2.2, -0.7];
+    let cases: [(&str, Vec<(&str, serde_json::Value)>); 5] = [
+        ("decoupled-ppo", vec![("eps_clip", 0.3.into())]),
+        ("gspo", vec![("eps_clip", 0.3.into())]),
+        ("sapo", vec![]),
+        (
+            "grpo",
+            vec![("kl_coef", 0.5.into()), ("eps_clip", 0.3.into())],
+        ),
+        ("m2po", vec![("m2_threshold", 1.0.into())]),
+    ];
+    for (kind, options) in cases {
+        let a = algo(kind, &options);
+        let with = |x: &[f32], device: &Device| {
+            let mut i = input(x, &proximal, &behaviour, device);
+            i.reference = Some(ReferenceLogprobs(t(&reference, device)));
+            i
+        };
+        let current = t(&base, &d).require_grad();
+        let mut i = with(&base, &d);
+        i.current = CurrentLogprobs(current.clone());
+        let grads = a.loss(&i).unwrap().loss.backward();
+        let grad: Vec<f32> = current
+            .grad(&grads)
+            .unwrap()
+            .into_data()
+            .try_to_vec()
+            .unwrap();
+        let h = 1e-3f32;
+        for k in 0..4 {
+            let mut up = base;
+            up[k] += h;
+            let mut down = base;
+            down[k] -= h;
+            let f = |x: &[f32]| loss_of(a.as_ref(), &with(x, &plain)).0;
+            let numeric = (f(&up) - f(&down)) / (2.0 * f64::from(h));
+            assert!(
+                (numeric - f64::from(grad[k])).abs() < 2e-3,
+                "{kind}, token {k}: autodiff {} vs finite difference {numeric}",
+                grad[k]
+            );
+        }
+        assert_eq!(grad[0], 0.0, "{kind}: prompt token has no gradient");
+        assert!(grad[1..].iter().any(|g| *g != 0.0), "{kind}: no gradient");
     }
-    assert_eq!(grad[0], 0.0, "prompt token has no gradient");
 }
 
 fn group(id: u64, rewards: &[f64]) -> TrajectoryGroup {
@@ -187,11 +209,143 @@ fn group(id: u64, rewards: &[f64]) -> TrajectoryGroup {
 }
 
 #[test]
-fn both_variants_conform() {
+fn every_variant_conforms() {
     let groups = [group(0, &[1.0, 0.0, 0.5]), group(1, &[0.2, 0.9])];
-    for kind in ["ppo", "decoupled-ppo"] {
-        conformance::check_algorithm(algo(kind, &[]).as_ref(), &groups);
+    for variant in Variant::ALL {
+        let options: Vec<(&str, serde_json::Value)> = match variant {
+            Variant::DrGrpo => vec![("loss_agg_constant", 8.into())],
+            _ => vec![],
+        };
+        conformance::check_algorithm(algo(variant.name(), &options).as_ref(), &groups);
     }
+}
+
+#[test]
+fn every_variant_is_registered_with_a_description() {
+    let infos = areal_sdk::registry::infos::<AlgorithmPlugin>();
+    for variant in Variant::ALL {
+        let info = infos
+            .iter()
+            .find(|i| i.name == variant.name())
+            .unwrap_or_else(|| panic!("{} is not registered", variant.name()));
+        assert!(!info.description.is_empty());
+    }
+}
+
+#[test]
+fn dapo_filters_groups_whose_rewards_are_all_equal() {
+    let dapo = algo("dapo", &[]);
+    assert!(!dapo.keep_group(&group(0, &[1.0, 1.0, 1.0])));
+    assert!(!dapo.keep_group(&group(0, &[0.0, 0.0])));
+    assert!(dapo.keep_group(&group(0, &[1.0, 0.0, 1.0])));
+    // the others keep every group
+    assert!(algo("grpo", &[]).keep_group(&group(0, &[1.0, 1.0])));
+    assert!(algo("grpo", &[("dynamic_filter", true.into())]).keep_group(&group(0, &[1.0, 0.5])));
+    assert!(!algo("grpo", &[("dynamic_filter", true.into())]).keep_group(&group(0, &[0.5, 0.5])));
+}
+
+#[test]
+fn requirements_follow_the_options() {
+    let needs =
+        |kind: &str, options: &[(&str, serde_json::Value)]| algo(kind, options).requirements();
+    assert_eq!(needs("ppo", &[]).proximal, ProximalMode::Behaviour);
+    assert_eq!(
+        needs("decoupled-ppo", &[]).proximal,
+        ProximalMode::Recompute
+    );
+    assert_eq!(
+        needs("decoupled-ppo", &[("proximal", "log-linear".into())]).proximal,
+        ProximalMode::LogLinear
+    );
+    assert!(needs("grpo", &[]).reference);
+    assert!(!needs("grpo", &[("kl_coef", 0.0.into())]).reference);
+    assert!(needs("reinforce++", &[]).reference);
+    assert!(!needs("dapo", &[]).reference);
+    assert!(needs("ppo-critic", &[]).values);
+    assert!(!needs("ppo", &[]).values);
+}
+
+#[test]
+fn length_defaults_come_from_the_engine() {
+    let ctx = BuildContext::new(0, 1).with_max_new_tokens(80);
+    let build = |kind: &str| {
+        areal_algo_ppo::PpoFamily::new(
+            Variant::ALL.into_iter().find(|v| v.name() == kind).unwrap(),
+            &PluginConfig::new("algorithm", kind),
+            &ctx,
+        )
+        .unwrap()
+    };
+    let dapo = build("dapo");
+    assert_eq!(dapo.options().overlong_max_tokens, Some(80));
+    assert_eq!(dapo.options().overlong_buffer, 16);
+    assert_eq!(build("dr-grpo").options().loss_agg_constant, Some(80));
+    assert_eq!(areal_algo_ppo::overlong_punishment(64, 80, 16), 0.0);
+    assert_eq!(areal_algo_ppo::overlong_punishment(72, 80, 16), -0.5);
+    assert_eq!(areal_algo_ppo::overlong_punishment(80, 80, 16), -1.0);
+    assert_eq!(areal_algo_ppo::overlong_punishment(81, 80, 16), -1.0);
+}
+
+#[test]
+fn combinations_that_make_no_sense_are_rejected_with_the_reason() {
+    let error = |kind: &str, options: &[(&str, serde_json::Value)]| {
+        let mut cfg = PluginConfig::new("algorithm", kind);
+        for (k, v) in options {
+            cfg = cfg.with(k, v.clone());
+        }
+        AlgorithmPlugin::build_from(&cfg, &BuildContext::new(0, 1))
+            .err()
+            .unwrap_or_else(|| panic!("{kind} {options:?} was accepted"))
+            .to_string()
+    };
+    let e = error("sapo", &[("proximal", "recompute".into())]);
+    assert!(
+        e.contains("`algorithm.proximal`") && e.contains("decoupled"),
+        "{e}"
+    );
+    let e = error("sapo", &[("eps_clip", 0.1.into())]);
+    assert!(
+        e.contains("`algorithm.eps_clip`") && e.contains("soft sigmoid gate"),
+        "{e}"
+    );
+    let e = error("m2po", &[("dual_clip", 3.0.into())]);
+    assert!(
+        e.contains("`algorithm.dual_clip`") && e.contains("m2_threshold"),
+        "{e}"
+    );
+    let e = error("grpo", &[("tau_pos", 2.0.into())]);
+    assert!(
+        e.contains("`algorithm.tau_pos`") && e.contains("only applies to sapo"),
+        "{e}"
+    );
+    let e = error("dapo", &[("gamma", 0.9.into())]);
+    assert!(
+        e.contains("`algorithm.gamma`") && e.contains("ppo-critic"),
+        "{e}"
+    );
+    let e = error("ppo-critic", &[("baseline", "group-mean".into())]);
+    assert!(
+        e.contains("`algorithm.baseline`") && e.contains("GAE"),
+        "{e}"
+    );
+    let e = error("decoupled-ppo", &[("proximal", "behaviour".into())]);
+    assert!(
+        e.contains("`algorithm.proximal`") && e.contains("\"ppo\""),
+        "{e}"
+    );
+    let e = error("dr-grpo", &[]);
+    assert!(e.contains("`algorithm.loss_agg_constant`"), "{e}");
+    let e = error("dapo", &[("overlong_buffer", 8.into())]);
+    assert!(e.contains("`algorithm.overlong_max_tokens`"), "{e}");
+    let e = error("grpo", &[("kl_estimator", "k4".into())]);
+    assert!(
+        e.contains("`algorithm.kl_estimator`") && e.contains("k4"),
+        "{e}"
+    );
+    let e = error("grpo", &[("behav_weight_cap", 2.0.into())]);
+    assert!(e.contains("`algorithm.behav_weight_cap`"), "{e}");
+    let e = error("grpo", &[("kl_coef", (-0.1).into())]);
+    assert!(e.contains("`algorithm.kl_coef`"), "{e}");
 }
 
 #[test]
@@ -233,7 +387,7 @@ fn options_are_checked_with_their_key() {
     .unwrap()
     .to_string();
     assert!(
-        e.contains("ppo2") && e.contains("decoupled-ppo, ppo"),
+        e.contains("ppo2") && e.contains("decoupled-ppo") && e.contains("reinforce++"),
         "{e}"
     );
 }
@@ -289,6 +443,7 @@ fn losses_and_advantages_match_the_numpy_reference() {
     let mask = floats("loss_mask");
     let tokens = mask.iter().filter(|m| **m > 0.0).count();
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
+    let mut checked = 0;
     for case in fixture["cases"].as_array().unwrap() {
         let kind = case["kind"].as_str().unwrap();
         let options: Vec<(&str, serde_json::Value)> = case["options"]
@@ -300,30 +455,75 @@ fn losses_and_advantages_match_the_numpy_reference() {
         let a = algo(kind, &options);
         let label = format!("{kind} {}", case["options"]);
 
-        let advantages = a.advantages(&groups).unwrap();
-        let want: Vec<f64> = case["advantages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
-        assert_eq!(advantages.len(), want.len());
-        for (got, want) in advantages.iter().zip(&want) {
-            assert!(
-                got.iter().all(|g| close(f64::from(*g), *want)),
-                "{label}: advantages {got:?} vs {want}"
-            );
-        }
-
-        let mut per_token = vec![0.0f32; mask.len()];
-        for (range, adv) in completions.iter().zip(&advantages) {
-            per_token[range.clone()].copy_from_slice(adv);
-        }
-        // What the engine hands over: standard PPO's proximal policy is the behaviour policy.
-        let proximal = match a.requirements().proximal {
+        let needs = a.requirements();
+        // What the engine hands over: π_prox is the behaviour policy unless recomputed.
+        let proximal = match needs.proximal {
             areal_sdk_train::ProximalMode::Behaviour => floats("behaviour"),
             _ => floats("proximal"),
         };
+        let slices = |all: &[f32]| -> Vec<Vec<f32>> {
+            completions
+                .iter()
+                .map(|r| all[r.clone()].to_vec())
+                .collect()
+        };
+        let old = slices(&proximal);
+        let reference = slices(&floats("reference"));
+        let old_values = slices(&floats("old_values"));
+        let mut advantage_input = AdvantageInput::new(&groups, &old);
+        if needs.reference {
+            advantage_input = advantage_input.with_reference(&reference);
+        }
+        if needs.values {
+            advantage_input = advantage_input.with_values(&old_values);
+        }
+        let computed = a.advantages(&advantage_input).unwrap();
+        let per_sample = |key: &str| -> Vec<Vec<f64>> {
+            case[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|xs| {
+                    xs.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap())
+                        .collect()
+                })
+                .collect()
+        };
+        let compare = |what: &str, got: &[Vec<f32>], want: &[Vec<f64>]| {
+            assert_eq!(got.len(), want.len(), "{label}: {what}");
+            for (g, w) in got.iter().zip(want) {
+                assert_eq!(g.len(), w.len(), "{label}: {what}");
+                assert!(
+                    g.iter().zip(w).all(|(g, w)| close(f64::from(*g), *w)),
+                    "{label}: {what} {g:?} vs {w:?}"
+                );
+            }
+        };
+        compare(
+            "advantages",
+            &computed.advantages,
+            &per_sample("advantages"),
+        );
+        assert_eq!(
+            computed.returns.is_some(),
+            case.get("returns").is_some(),
+            "{label}"
+        );
+        if let Some(returns) = &computed.returns {
+            compare("returns", returns, &per_sample("returns"));
+        }
+
+        let mut per_token = vec![0.0f32; mask.len()];
+        for (range, adv) in completions.iter().zip(&computed.advantages) {
+            per_token[range.clone()].copy_from_slice(adv);
+        }
+        let mut returns = vec![0.0f32; mask.len()];
+        for (range, r) in completions.iter().zip(computed.returns.iter().flatten()) {
+            returns[range.clone()].copy_from_slice(r);
+        }
         let input = LossInput {
             current: CurrentLogprobs(t(&floats("current"), &d)),
             proximal: ProximalLogprobs(t(&proximal, &d)),
@@ -340,6 +540,14 @@ fn losses_and_advantages_match_the_numpy_reference() {
             minibatch_tokens: tokens,
             minibatch_sequences: completions.len(),
             trainer_version: fixture["trainer_version"].as_i64().unwrap(),
+            reference: needs
+                .reference
+                .then(|| ReferenceLogprobs(t(&floats("reference"), &d))),
+            critic: needs.values.then(|| CriticInput {
+                values: t(&floats("values"), &d),
+                old_values: t(&floats("old_values"), &d),
+                returns: t(&returns, &d),
+            }),
         };
         let (loss, stats) = loss_of(a.as_ref(), &input);
         let want_loss = case["loss"].as_f64().unwrap();
@@ -347,10 +555,22 @@ fn losses_and_advantages_match_the_numpy_reference() {
             close(loss, want_loss),
             "{label}: loss {loss} vs {want_loss}"
         );
-        for (name, want) in case["stats"].as_object().unwrap() {
+        let want_stats = case["stats"].as_object().unwrap();
+        assert_eq!(
+            stats.keys().collect::<Vec<_>>(),
+            want_stats
+                .keys()
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            "{label}: the same statistics"
+        );
+        for (name, want) in want_stats {
             let want = want.as_f64().unwrap();
-            let got = stats.get(name).copied().unwrap_or(f64::NAN);
+            let got = stats[name];
             assert!(close(got, want), "{label}: {name} {got} vs {want}");
         }
+        checked += 1;
     }
+    assert_eq!(checked, 29, "every case of the fixture");
 }

@@ -231,6 +231,7 @@ pub fn import(
         layers,
         norm,
         lm_head,
+        value_head: None,
     })
 }
 

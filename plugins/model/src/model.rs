@@ -68,6 +68,9 @@ pub struct Transformer {
     pub norm: RmsNorm,
     /// Output projection; `None` when tied to the embedding.
     pub lm_head: Option<Linear>,
+    /// Value head `[hidden, 1]` on the final hidden state, for algorithms with a critic;
+    /// `None` otherwise. Not part of the exported (Hugging Face) weights.
+    pub value_head: Option<Linear>,
 }
 
 /// Keys and values of one layer for every cached position: `[batch, kv_heads, len, head_dim]`.
@@ -287,7 +290,29 @@ impl Transformer {
             layers,
             norm: rms_norm(d, config.rms_norm_eps, device),
             lm_head: (!config.tie_word_embeddings).then(|| linear(&mut rng, d, v, false, device)),
+            value_head: None,
         }
+    }
+
+    /// Add a value head drawn from `seed` (N(0, 0.02) weights, zero bias): the critic shares
+    /// the trunk. A model that has one keeps it.
+    pub fn with_value_head(mut self, seed: u64) -> Self {
+        if self.value_head.is_none() {
+            let d = self.norm.gamma.val().dims()[0];
+            let device = self.norm.gamma.val().device();
+            let mut rng = StdRng::seed_from_u64(seed);
+            self.value_head = Some(linear(&mut rng, d, 1, true, &device));
+        }
+        self
+    }
+
+    /// Values `[b, t]` of `tokens: [b, t]` read causally: entry `t` is the value head on the
+    /// final hidden state at `t`. `None` without a value head.
+    pub fn values(&self, tokens: Tensor<2, Int>) -> Option<Tensor<2>> {
+        let head = self.value_head.as_ref()?;
+        let [b, t] = tokens.dims();
+        let x = self.norm.forward(self.hidden(tokens));
+        Some(head.forward(x).reshape([b, t]))
     }
 
     fn head_dim_and_theta(&self) -> (usize, f64) {
@@ -309,6 +334,17 @@ impl Transformer {
     /// Logits `[b, t, vocab]` of `tokens: [b, t]` read from position 0, causally; also the
     /// keys and values of every layer, for a cache.
     pub fn forward_with_kv(&self, tokens: Tensor<2, Int>) -> (Tensor<3>, Vec<LayerKv>) {
+        let (x, kvs) = self.run(tokens, true);
+        (self.logits(x), kvs)
+    }
+
+    /// Final hidden states (before the norm) of `tokens: [b, t]`.
+    fn hidden(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        self.run(tokens, false).0
+    }
+
+    /// The decoder stack; the keys and values of every layer when `keep_kv`.
+    fn run(&self, tokens: Tensor<2, Int>, keep_kv: bool) -> (Tensor<3>, Vec<LayerKv>) {
         let [_, t] = tokens.dims();
         let device = tokens.device();
         let (hd, theta) = self.head_dim_and_theta();
@@ -320,14 +356,16 @@ impl Transformer {
         for layer in &self.layers {
             let h = layer.input_layernorm.forward(x.clone());
             let (q, k, v) = layer.self_attn.project(h, cos.clone(), sin.clone());
-            kvs.push(LayerKv {
-                k: k.clone(),
-                v: v.clone(),
-            });
+            if keep_kv {
+                kvs.push(LayerKv {
+                    k: k.clone(),
+                    v: v.clone(),
+                });
+            }
             x = x + layer.self_attn.attend(q, k, v, None, true);
             x = x.clone() + layer.mlp.forward(layer.post_attention_layernorm.forward(x));
         }
-        (self.logits(x), kvs)
+        (x, kvs)
     }
 
     /// Logits `[b, t, vocab]` of `tokens: [b, t]` read from position 0, causally.

@@ -24,6 +24,47 @@ pub fn packed_logprobs(
     batch: &PackedBatch,
     vocab: usize,
 ) -> Result<Tensor<1>, PluginError> {
+    let temperature = batch.temperature.max(1e-6);
+    packed(model, batch, vocab, |tokens| {
+        let [b, t] = tokens.dims();
+        let logits = model.forward(tokens.clone()).narrow(1, 0, t - 1);
+        let logprobs = log_softmax(logits.div_scalar(temperature), 2);
+        let next = tokens.narrow(1, 1, t - 1).unsqueeze_dim::<3>(2);
+        logprobs.gather(2, next).reshape([b, t - 1])
+    })
+}
+
+/// Per-token values of a packed batch (see [`Policy::values`]): entry `t` is the value head
+/// on the hidden state after `tokens[..t]`; the first token of every sequence gets 0.
+pub(crate) fn packed_values(
+    model: &Transformer,
+    batch: &PackedBatch,
+    vocab: usize,
+) -> Result<Tensor<1>, PluginError> {
+    if model.value_head.is_none() {
+        return Err(PluginError::failed(
+            "transformer",
+            "the model has no value head (enable_values was not called)",
+        ));
+    }
+    packed(model, batch, vocab, |tokens| {
+        let t = tokens.dims()[1];
+        model
+            .values(tokens)
+            .expect("checked above")
+            .narrow(1, 0, t - 1)
+    })
+}
+
+/// Run `per_bucket` on right-padded buckets of similar-length sequences and gather its
+/// `[b, t − 1]` outputs (for positions 1..t of each row) back into packed order, with 0 at the
+/// first token of every sequence.
+fn packed(
+    model: &Transformer,
+    batch: &PackedBatch,
+    vocab: usize,
+    per_bucket: impl Fn(Tensor<2, Int>) -> Tensor<2>,
+) -> Result<Tensor<1>, PluginError> {
     let device = model.embed_tokens.weight.val().device();
     let n = batch.num_tokens();
     if n == 0 {
@@ -56,11 +97,8 @@ pub fn packed_logprobs(
             parts.push(Tensor::zeros([b * t], &device));
             continue;
         }
-        let logits = model.forward(tokens.clone()).narrow(1, 0, t - 1);
-        let logprobs = log_softmax(logits.div_scalar(batch.temperature.max(1e-6)), 2);
-        let next = tokens.narrow(1, 1, t - 1).unsqueeze_dim::<3>(2);
-        let picked = logprobs.gather(2, next).reshape([b, t - 1]);
-        // position 0 of every sequence has no logprob
+        let picked = per_bucket(tokens);
+        // position 0 of every sequence has no value
         parts.push(Tensor::cat(vec![Tensor::zeros([b, 1], &device), picked], 1).reshape([b * t]));
     }
     let all = if parts.len() == 1 {
@@ -142,6 +180,8 @@ pub struct TransformerPolicy {
     module: TrainableModule<Transformer>,
     tokenizer: Arc<HfTokenizer>,
     device: Device,
+    /// Seed of a value head added later.
+    value_seed: u64,
 }
 
 impl TransformerPolicy {
@@ -157,6 +197,7 @@ impl TransformerPolicy {
             module: TrainableModule::new(model),
             tokenizer: Arc::new(tokenizer),
             device,
+            value_seed: 0,
         }
     }
 
@@ -227,6 +268,36 @@ impl Policy for TransformerPolicy {
         packed_logprobs(&self.module.module().valid(), batch, self.config.vocab_size)
     }
 
+    fn enable_values(&mut self) -> Result<(), PluginError> {
+        if self.module.module().value_head.is_none() {
+            let model = self
+                .module
+                .module()
+                .clone()
+                .with_value_head(self.value_seed);
+            self.module.replace(model);
+        }
+        Ok(())
+    }
+
+    fn values(&self, batch: &PackedBatch) -> Result<Tensor<1>, PluginError> {
+        packed_values(self.module.module(), batch, self.config.vocab_size)
+    }
+
+    fn values_no_grad(&self, batch: &PackedBatch) -> Result<Tensor<1>, PluginError> {
+        packed_values(&self.module.module().valid(), batch, self.config.vocab_size)
+    }
+
+    fn snapshot(&self) -> Result<Box<dyn Policy>, PluginError> {
+        Ok(Box::new(Self {
+            config: self.config.clone(),
+            module: TrainableModule::new(self.module.module().clone()),
+            tokenizer: self.tokenizer.clone(),
+            device: self.device.clone(),
+            value_seed: self.value_seed,
+        }))
+    }
+
     fn backward(&mut self, loss: Tensor<1>) -> Result<(), PluginError> {
         self.module.backward(loss);
         Ok(())
@@ -264,6 +335,14 @@ impl Policy for TransformerPolicy {
                 ),
             ));
         }
+        // A checkpoint holds the language model; a value head, if any, stays.
+        let model = match &self.module.module().value_head {
+            Some(head) => Transformer {
+                value_head: Some(head.clone()),
+                ..model
+            },
+            None => model,
+        };
         self.module.replace(model);
         self.tokenizer = Arc::new(tokenizer);
         Ok(())
@@ -276,7 +355,9 @@ pub(crate) fn build(
 ) -> Result<Box<dyn Policy>, PluginError> {
     let options: TransformerOptions = config.parse()?;
     if let Some(path) = &options.path {
-        return Ok(Box::new(TransformerPolicy::load(path, &ctx.device)?));
+        let mut policy = TransformerPolicy::load(path, &ctx.device)?;
+        policy.value_seed = ctx.build.seed ^ 0x7661_6c75_6521;
+        return Ok(Box::new(policy));
     }
     let Some(alphabet) = &options.alphabet else {
         return Err(config.invalid(
@@ -284,10 +365,7 @@ pub(crate) fn build(
             "a fresh model (no `path`) needs the characters of its tokenizer",
         ));
     };
-    Ok(Box::new(TransformerPolicy::fresh(
-        &options,
-        alphabet,
-        ctx.build.seed,
-        &ctx.device,
-    )?))
+    let mut policy = TransformerPolicy::fresh(&options, alphabet, ctx.build.seed, &ctx.device)?;
+    policy.value_seed = ctx.build.seed ^ 0x7661_6c75_6521;
+    Ok(Box::new(policy))
 }

@@ -180,6 +180,14 @@ impl Policy for BigramPolicy {
         self.module.weights()
     }
 
+    fn snapshot(&self) -> Result<Box<dyn Policy>, PluginError> {
+        Ok(Box::new(Self {
+            module: TrainableModule::new(self.module.module().clone()),
+            tokenizer: self.tokenizer.clone(),
+            device: self.device.clone(),
+        }))
+    }
+
     fn save(&self, dir: &Path) -> Result<(), PluginError> {
         let weights = self.weights();
         let json = serde_json::to_vec(&weights)

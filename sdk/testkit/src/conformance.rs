@@ -12,7 +12,8 @@ use areal_sdk::{
 use areal_sdk_train::burn::optim::ModuleOptimizer;
 use areal_sdk_train::burn::tensor::{Tensor, TensorData};
 use areal_sdk_train::{
-    Algorithm, BehaviourLogprobs, CurrentLogprobs, LossInput, PackedBatch, Policy, ProximalLogprobs,
+    AdvantageInput, Algorithm, BehaviourLogprobs, CriticInput, CurrentLogprobs, LossInput,
+    PackedBatch, Policy, ProximalLogprobs, ReferenceLogprobs,
 };
 
 fn request(
@@ -358,13 +359,36 @@ pub fn check_policy(
 /// leaving prompt tokens alone.
 pub fn check_algorithm(algorithm: &dyn Algorithm, groups: &[TrajectoryGroup]) {
     let name = algorithm.name().to_owned();
-    let advantages = algorithm
-        .advantages(groups)
-        .unwrap_or_else(|e| panic!("{name}: advantages: {e}"));
+    let needs = algorithm.requirements();
     let samples: Vec<_> = groups
         .iter()
         .flat_map(|g| g.samples.iter().map(move |s| (g, s)))
         .collect();
+    // On policy: old = reference = behaviour; values 0 before the update.
+    let old: Vec<Vec<f32>> = samples
+        .iter()
+        .map(|(_, s)| s.completion.behaviour_logprobs.clone())
+        .collect();
+    let zero_values: Vec<Vec<f32>> = samples
+        .iter()
+        .map(|(_, s)| vec![0.0; s.completion.len()])
+        .collect();
+    let mut advantage_input = AdvantageInput::new(groups, &old);
+    if needs.reference {
+        advantage_input = advantage_input.with_reference(&old);
+    }
+    if needs.values {
+        advantage_input = advantage_input.with_values(&zero_values);
+    }
+    let computed = algorithm
+        .advantages(&advantage_input)
+        .unwrap_or_else(|e| panic!("{name}: advantages: {e}"));
+    assert_eq!(
+        computed.returns.is_some(),
+        needs.values,
+        "{name}: value targets (returns) exactly when the algorithm asks for values"
+    );
+    let advantages = computed.advantages;
     assert_eq!(
         advantages.len(),
         samples.len(),
@@ -412,6 +436,14 @@ pub fn check_algorithm(algorithm: &dyn Algorithm, groups: &[TrajectoryGroup]) {
         minibatch_sequences: completions.len(),
         completions,
         trainer_version: versions.iter().copied().max().unwrap_or(0),
+        reference: needs
+            .reference
+            .then(|| ReferenceLogprobs(tensor(&behaviour))),
+        critic: needs.values.then(|| CriticInput {
+            values: tensor(&vec![0.0; n]).require_grad(),
+            old_values: tensor(&vec![0.0; n]),
+            returns: tensor(&adv),
+        }),
     };
     let out = algorithm
         .loss(&input)

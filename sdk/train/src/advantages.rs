@@ -95,25 +95,37 @@ pub fn sequence_advantages(
     baseline: Baseline,
     scale: Scale,
 ) -> Vec<f64> {
-    let shaped: Vec<Vec<f64>> = groups
+    let shaped: Vec<f64> = groups
         .iter()
-        .map(|g| {
-            g.samples
-                .iter()
-                .map(|s| shaping.apply(s.reward.value))
-                .collect()
-        })
+        .flat_map(|g| g.samples.iter().map(|s| shaping.apply(s.reward.value)))
         .collect();
-    let all: Vec<f64> = shaped.iter().flatten().copied().collect();
-    let batch_mean = mean(&all);
-    let batch_std = std_unbiased(&all);
+    let sizes: Vec<usize> = groups.iter().map(|g| g.samples.len()).collect();
+    centre(&shaped, &sizes, baseline, scale)
+        .into_iter()
+        .zip(&shaped)
+        .map(|((b, s), r)| (r - b) / s)
+        .collect()
+}
 
-    let mut out = Vec::with_capacity(all.len());
-    for rewards in &shaped {
-        let group_mean = mean(rewards);
-        let group_std = std_unbiased(rewards);
-        let n = rewards.len();
-        for &r in rewards {
+/// The baseline and the divisor of every score, in flat order: `scores` holds one number per
+/// sample and `group_sizes` how many consecutive samples make each group. The advantage of a
+/// score `x` with `(b, s)` is `(x − b) / s`.
+pub fn centre(
+    scores: &[f64],
+    group_sizes: &[usize],
+    baseline: Baseline,
+    scale: Scale,
+) -> Vec<(f64, f64)> {
+    let batch_mean = mean(scores);
+    let batch_std = std_unbiased(scores);
+    let mut out = Vec::with_capacity(scores.len());
+    let mut start = 0;
+    for &n in group_sizes {
+        let group = &scores[start..start + n];
+        start += n;
+        let group_mean = mean(group);
+        let group_std = std_unbiased(group);
+        for &r in group {
             let b = match baseline {
                 Baseline::None => 0.0,
                 Baseline::GroupMean => group_mean,
@@ -126,10 +138,20 @@ pub fn sequence_advantages(
                 Scale::GroupStd => group_std + STD_EPS,
                 Scale::BatchStd => batch_std + STD_EPS,
             };
-            out.push((r - b) / s);
+            out.push((b, s));
         }
     }
     out
+}
+
+/// Whiten per-token values over every token of the batch: `(x − mean) / (std + STD_EPS)`,
+/// with the unbiased standard deviation of all tokens (REINFORCE++'s global normalisation).
+pub fn whiten(per_token: &mut [Vec<f64>]) {
+    let all: Vec<f64> = per_token.iter().flatten().copied().collect();
+    let (m, s) = (mean(&all), std_unbiased(&all) + STD_EPS);
+    for x in per_token.iter_mut().flatten() {
+        *x = (*x - m) / s;
+    }
 }
 
 /// Give every generated token of each sample its sample's scalar advantage (γ = λ = 1 without

@@ -20,6 +20,11 @@ pub struct ProximalLogprobs(pub Tensor<1>);
 #[derive(Clone, Debug)]
 pub struct BehaviourLogprobs(pub Tensor<1>);
 
+/// log π_ref(token): a frozen reference policy (the weights when reinforcement learning
+/// started), for KL penalties; a constant for the gradient.
+#[derive(Clone, Debug)]
+pub struct ReferenceLogprobs(pub Tensor<1>);
+
 /// How the engine obtains the proximal logprobs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ProximalMode {
@@ -40,12 +45,94 @@ pub enum ProximalMode {
 pub struct Requirements {
     /// How proximal logprobs are produced.
     pub proximal: ProximalMode,
+    /// Logprobs of a frozen reference policy (a copy of the weights when RL starts), for a KL
+    /// penalty. Costs one more no-grad forward pass per step.
+    pub reference: bool,
+    /// Value estimates from the policy's value head (a critic), before the update and with
+    /// gradient; the policy must support [`Policy::values`](crate::Policy::values).
+    pub values: bool,
 }
 
 impl Requirements {
-    /// Requirements with the given proximal mode.
+    /// Requirements with the given proximal mode, no reference policy and no values.
     pub fn new(proximal: ProximalMode) -> Self {
-        Self { proximal }
+        Self {
+            proximal,
+            reference: false,
+            values: false,
+        }
+    }
+
+    /// Also ask for reference logprobs.
+    pub fn with_reference(mut self, reference: bool) -> Self {
+        self.reference = reference;
+        self
+    }
+
+    /// Also ask for values.
+    pub fn with_values(mut self, values: bool) -> Self {
+        self.values = values;
+        self
+    }
+}
+
+/// What advantages are computed from: the groups, and per-token numbers the engine computed
+/// before the update. Every per-token vector has one entry per generated token of a sample, in
+/// flat order (groups in order, samples in order within each group).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct AdvantageInput<'a> {
+    /// The groups, with rewards.
+    pub groups: &'a [TrajectoryGroup],
+    /// log π_old of each generated token: the proximal logprobs when they are recomputed, the
+    /// behaviour logprobs otherwise. A KL penalty in the reward measures this policy.
+    pub old_logprobs: &'a [Vec<f32>],
+    /// log π_ref of each generated token, when [`Requirements::reference`] is set.
+    pub reference: Option<&'a [Vec<f32>]>,
+    /// V(prefix) before each generated token, when [`Requirements::values`] is set.
+    pub values: Option<&'a [Vec<f32>]>,
+}
+
+impl<'a> AdvantageInput<'a> {
+    /// An input with only `groups` and `old_logprobs`.
+    pub fn new(groups: &'a [TrajectoryGroup], old_logprobs: &'a [Vec<f32>]) -> Self {
+        Self {
+            groups,
+            old_logprobs,
+            reference: None,
+            values: None,
+        }
+    }
+
+    /// With reference logprobs.
+    pub fn with_reference(mut self, reference: &'a [Vec<f32>]) -> Self {
+        self.reference = Some(reference);
+        self
+    }
+
+    /// With values.
+    pub fn with_values(mut self, values: &'a [Vec<f32>]) -> Self {
+        self.values = Some(values);
+        self
+    }
+}
+
+/// Advantages of every generated token, and the value targets when the algorithm trains a
+/// critic. Vectors are in flat order, each as long as its sample's completion.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Advantages {
+    /// Per-token advantages.
+    pub advantages: Vec<Vec<f32>>,
+    /// Per-token returns (value targets); `None` without a critic.
+    pub returns: Option<Vec<Vec<f32>>>,
+}
+
+impl From<Vec<Vec<f32>>> for Advantages {
+    fn from(advantages: Vec<Vec<f32>>) -> Self {
+        Self {
+            advantages,
+            returns: None,
+        }
     }
 }
 
@@ -74,6 +161,22 @@ pub struct LossInput {
     pub minibatch_sequences: usize,
     /// Version k of the weights being updated (the step produces k + 1).
     pub trainer_version: PolicyVersion,
+    /// Reference logprobs (constant), when [`Requirements::reference`] is set.
+    pub reference: Option<ReferenceLogprobs>,
+    /// Values with gradient, values before the update (constant) and returns (constant), when
+    /// [`Requirements::values`] is set.
+    pub critic: Option<CriticInput>,
+}
+
+/// What a value loss needs; every tensor has one entry per token, like [`LossInput`]'s.
+#[derive(Clone, Debug)]
+pub struct CriticInput {
+    /// V(prefix) from the value head, tracked for gradients.
+    pub values: Tensor<1>,
+    /// V(prefix) before the update (constant), for value clipping.
+    pub old_values: Tensor<1>,
+    /// Value targets (constant) from [`Advantages::returns`].
+    pub returns: Tensor<1>,
 }
 
 /// Named statistics accumulated as sums and counts, reported as means.
@@ -136,8 +239,9 @@ pub trait Algorithm: Send + Sync + 'static {
     }
 
     /// Per-token advantages of every sample: one vector per sample, groups in order and
-    /// samples in order within each group, each as long as the sample's completion.
-    fn advantages(&self, groups: &[TrajectoryGroup]) -> Result<Vec<Vec<f32>>, PluginError>;
+    /// samples in order within each group, each as long as the sample's completion; and
+    /// value targets when the algorithm trains a critic.
+    fn advantages(&self, input: &AdvantageInput<'_>) -> Result<Advantages, PluginError>;
 
     /// The loss of one micro-batch.
     fn loss(&self, input: &LossInput) -> Result<LossOutput, PluginError>;

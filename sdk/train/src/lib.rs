@@ -13,10 +13,10 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use areal_sdk::{BuildContext, PluginConfig, PluginError, TrajectoryGroup};
+//! use areal_sdk::{BuildContext, PluginConfig, PluginError};
 //! use areal_sdk_train::{
-//!     advantages, register_algorithm, Algorithm, LossInput, LossOutput, LossStats,
-//!     ProximalMode, Requirements,
+//!     advantages, register_algorithm, AdvantageInput, Advantages, Algorithm, LossInput,
+//!     LossOutput, LossStats, ProximalMode, Requirements,
 //! };
 //!
 //! struct Reinforce;
@@ -30,14 +30,15 @@
 //!         Requirements::new(ProximalMode::Behaviour)
 //!     }
 //!
-//!     fn advantages(&self, groups: &[TrajectoryGroup]) -> Result<Vec<Vec<f32>>, PluginError> {
+//!     fn advantages(&self, input: &AdvantageInput<'_>) -> Result<Advantages, PluginError> {
+//!         let groups = input.groups;
 //!         let scalars = advantages::sequence_advantages(
 //!             groups,
 //!             &advantages::RewardShaping::default(),
 //!             advantages::Baseline::GroupMean,
 //!             advantages::Scale::None,
 //!         );
-//!         Ok(advantages::broadcast(groups, &scalars))
+//!         Ok(advantages::broadcast(groups, &scalars).into())
 //!     }
 //!
 //!     fn loss(&self, input: &LossInput) -> Result<LossOutput, PluginError> {
@@ -63,8 +64,9 @@ mod policy;
 pub mod registry;
 
 pub use algorithm::{
-    Algorithm, BehaviourLogprobs, CurrentLogprobs, LossInput, LossOutput, LossStats,
-    ProximalLogprobs, ProximalMode, Requirements,
+    AdvantageInput, Advantages, Algorithm, BehaviourLogprobs, CriticInput, CurrentLogprobs,
+    LossInput, LossOutput, LossStats, ProximalLogprobs, ProximalMode, ReferenceLogprobs,
+    Requirements,
 };
 pub use device::parse_device;
 pub use module::{TrainableModule, module_weights};

@@ -91,6 +91,38 @@ pub trait Policy: Send + 'static {
     /// Per-token logprobs without building a graph (proximal recompute, evaluation).
     fn logprobs_no_grad(&self, batch: &PackedBatch) -> Result<Tensor<1>, PluginError>;
 
+    /// Give the model a value head (a critic sharing the trunk), for algorithms that ask for
+    /// values; called once, before training, when
+    /// [`Requirements::values`](crate::Requirements::values) is set. By default unsupported.
+    fn enable_values(&mut self) -> Result<(), PluginError> {
+        Err(PluginError::unsupported(
+            self.name(),
+            "a value head (enable_values)",
+        ))
+    }
+
+    /// Per-token values V(tokens[..t]) from the value head, tracked for gradients; entry `t`
+    /// estimates the return of generating from position `t` on. By default unsupported.
+    fn values(&self, batch: &PackedBatch) -> Result<Tensor<1>, PluginError> {
+        let _ = batch;
+        Err(PluginError::unsupported(self.name(), "values"))
+    }
+
+    /// Per-token values without building a graph. By default unsupported.
+    fn values_no_grad(&self, batch: &PackedBatch) -> Result<Tensor<1>, PluginError> {
+        let _ = batch;
+        Err(PluginError::unsupported(self.name(), "values"))
+    }
+
+    /// A frozen copy of the current weights, for a reference policy: the engine only calls
+    /// [`logprobs_no_grad`](Policy::logprobs_no_grad) on it. By default unsupported.
+    fn snapshot(&self) -> Result<Box<dyn Policy>, PluginError> {
+        Err(PluginError::unsupported(
+            self.name(),
+            "a reference copy (snapshot)",
+        ))
+    }
+
     /// Accumulate the gradient of `loss` (a one-element tensor).
     fn backward(&mut self, loss: Tensor<1>) -> Result<(), PluginError>;
 

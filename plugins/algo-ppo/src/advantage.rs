@@ -1,0 +1,140 @@
+//! Advantages: rewards (with the overlong punishment and shaping), an optional per-token KL
+//! penalty, returns-to-go or GAE, baselines, scales and whitening.
+
+use areal_sdk::TrajectoryGroup;
+use areal_sdk_train::advantages::{centre, whiten};
+use areal_sdk_train::{AdvantageInput, Advantages};
+
+use crate::options::{KlPlacement, Options};
+
+/// DAPO's soft overlong punishment of a completion of `len` tokens: 0 up to
+/// `max − buffer`, then falling linearly to −1 at `max`, and −1 beyond.
+pub fn overlong_punishment(len: usize, max: usize, buffer: usize) -> f64 {
+    let free = max.saturating_sub(buffer);
+    if buffer == 0 || len <= free {
+        0.0
+    } else if len <= max {
+        (free as f64 - len as f64) / buffer as f64
+    } else {
+        -1.0
+    }
+}
+
+/// The sequence-level reward of every sample, in flat order, after the overlong punishment
+/// and shaping.
+pub(crate) fn shaped_rewards(
+    groups: &[TrajectoryGroup],
+    o: &Options,
+    max: Option<usize>,
+) -> Vec<f64> {
+    groups
+        .iter()
+        .flat_map(|g| &g.samples)
+        .map(|s| {
+            let mut r = s.reward.value;
+            if o.overlong_buffer > 0
+                && let Some(max) = o.overlong_max_tokens.or(max)
+            {
+                r += o.overlong_penalty
+                    * overlong_punishment(s.completion.len(), max, o.overlong_buffer);
+            }
+            o.reward.apply(r)
+        })
+        .collect()
+}
+
+/// Advantages (and, with values, GAE returns) of every generated token.
+pub(crate) fn compute(
+    input: &AdvantageInput<'_>,
+    o: &Options,
+    max_new_tokens: Option<usize>,
+) -> Advantages {
+    let groups = input.groups;
+    let shaped = shaped_rewards(groups, o, max_new_tokens);
+    let lengths: Vec<usize> = groups
+        .iter()
+        .flat_map(|g| &g.samples)
+        .map(|s| s.completion.len())
+        .collect();
+
+    // Per-token rewards: the sequence reward on the last token, the KL penalty on every token.
+    let mut rewards: Vec<Vec<f64>> = lengths.iter().map(|&n| vec![0.0; n]).collect();
+    for (i, r) in rewards.iter_mut().enumerate() {
+        if let Some(last) = r.last_mut() {
+            *last += shaped[i];
+        }
+    }
+    if o.kl_coef > 0.0
+        && o.kl_placement == KlPlacement::Reward
+        && let Some(reference) = input.reference
+    {
+        for ((r, old), refr) in rewards.iter_mut().zip(input.old_logprobs).zip(reference) {
+            for ((x, &lo), &lr) in r.iter_mut().zip(old).zip(refr) {
+                *x -= o.kl_coef * o.kl_estimator.of(f64::from(lo) - f64::from(lr));
+            }
+        }
+    }
+
+    let (mut advantages, returns) = match input.values {
+        Some(values) => {
+            // GAE: δ_t = r_t + γ·V_{t+1} − V_t (V after the last token is 0).
+            let mut adv = Vec::with_capacity(rewards.len());
+            let mut ret = Vec::with_capacity(rewards.len());
+            for (r, v) in rewards.iter().zip(values) {
+                let n = r.len();
+                let mut a = vec![0.0f64; n];
+                let mut running = 0.0;
+                for t in (0..n).rev() {
+                    let next = if t + 1 < n { f64::from(v[t + 1]) } else { 0.0 };
+                    let delta = r[t] + o.gamma * next - f64::from(v[t]);
+                    running = delta + o.gamma * o.lambda * running;
+                    a[t] = running;
+                }
+                ret.push(
+                    a.iter()
+                        .zip(v)
+                        .map(|(a, &v)| (a + f64::from(v)) as f32)
+                        .collect::<Vec<f32>>(),
+                );
+                adv.push(a);
+            }
+            (adv, Some(ret))
+        }
+        None => {
+            // Returns-to-go (γ = 1); the baseline and scale come from each sequence's return.
+            let to_go: Vec<Vec<f64>> = rewards
+                .iter()
+                .map(|r| {
+                    let mut g = r.clone();
+                    for t in (0..g.len().saturating_sub(1)).rev() {
+                        g[t] += g[t + 1];
+                    }
+                    g
+                })
+                .collect();
+            let totals: Vec<f64> = to_go
+                .iter()
+                .zip(&shaped)
+                .map(|(g, &r)| g.first().copied().unwrap_or(r))
+                .collect();
+            let sizes: Vec<usize> = groups.iter().map(|g| g.samples.len()).collect();
+            let centred = centre(&totals, &sizes, o.baseline, o.scale);
+            let adv = to_go
+                .into_iter()
+                .zip(centred)
+                .map(|(g, (b, s))| g.into_iter().map(|x| (x - b) / s).collect())
+                .collect();
+            (adv, None)
+        }
+    };
+    if o.token_whitening {
+        whiten(&mut advantages);
+    }
+    Advantages {
+        advantages: advantages
+            .into_iter()
+            .map(|a| a.into_iter().map(|x| x as f32).collect())
+            .collect(),
+        returns,
+    }
+}
