@@ -357,16 +357,18 @@ async fn filtered_groups_are_rejected_and_the_rule_still_holds() {
 /// An algorithm that needs what the policy cannot give is a build error naming both.
 #[test]
 fn a_critic_needs_a_policy_with_a_value_head() {
-    let config = config(&["algorithm.kind=ppo-critic"]);
-    let Err(EngineError::Build { errors }) = Plugins::build(&config) else {
+    let critic = config(&["algorithm.kind=ppo-critic"]);
+    let Err(EngineError::Build { errors }) = Plugins::build(&critic) else {
         panic!("expected a build error");
     };
     let all: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(
         all[0].contains("`algorithm.kind`")
-            && all[0].contains("ppo-critic")
+            && all[0].contains("ppo-critic needs a critic")
             && all[0].contains("testkit-bigram"),
         "{all:?}"
     );
+    // the bigram policy can be copied, so a KL penalty to a reference policy works
+    assert!(Plugins::build(&config(&["algorithm.kind=grpo"])).is_ok());
 }

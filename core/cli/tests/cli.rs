@@ -39,8 +39,18 @@ fn plugins_lists_every_built_in_plugin() {
         .collect();
     found.sort();
     let expected = [
+        ("algorithm", "areal-grpo"),
+        ("algorithm", "dapo"),
         ("algorithm", "decoupled-ppo"),
+        ("algorithm", "dr-grpo"),
+        ("algorithm", "grpo"),
+        ("algorithm", "gspo"),
+        ("algorithm", "m2po"),
         ("algorithm", "ppo"),
+        ("algorithm", "ppo-critic"),
+        ("algorithm", "reinforce++"),
+        ("algorithm", "rloo"),
+        ("algorithm", "sapo"),
         ("generator", "burn"),
         ("generator", "testkit-bigram"),
         ("policy", "testkit-bigram"),
@@ -158,7 +168,7 @@ fn config_errors_name_the_key_the_origin_and_the_value() {
     let err = failure(&["train", "-q", "--set", "algorithm.kind=grpo9"]);
     assert!(
         err.contains("grpo9")
-            && err.contains("decoupled-ppo, ppo")
+            && err.contains("decoupled-ppo, dr-grpo, grpo, gspo")
             && err.contains("--set algorithm.kind=grpo9"),
         "{err}"
     );

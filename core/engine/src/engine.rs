@@ -83,23 +83,34 @@ impl Plugins {
                 ),
             )
         });
-        // A critic's value head is part of the model from the start.
+        // What the algorithm needs from the policy: a value head is part of the model from
+        // the start; a reference copy is taken when RL starts, but checked now.
         let policy = match (policy, &algorithm) {
-            (Some(mut policy), Some(algorithm)) if algorithm.requirements().values => {
-                match policy.enable_values() {
-                    Ok(()) => Some(policy),
-                    Err(e) => {
+            (Some(mut policy), Some(algorithm)) => {
+                let needs = algorithm.requirements();
+                let name = policy.name().to_owned();
+                let mut check = |what: &str, result: Result<(), PluginError>| {
+                    result.map_err(|e| {
                         errors.push(PluginError::config(
                             "algorithm.kind",
                             format!(
-                                "{} trains a critic, but policy {} cannot: {e}",
+                                "{} needs {what}, but policy {name} cannot give it: {e}",
                                 algorithm.name(),
-                                policy.name()
                             ),
-                        ));
-                        None
-                    }
-                }
+                        ))
+                    })
+                };
+                let values = if needs.values {
+                    check("a critic (values)", policy.enable_values())
+                } else {
+                    Ok(())
+                };
+                let reference = if needs.reference {
+                    check("a reference policy", policy.snapshot().map(drop))
+                } else {
+                    Ok(())
+                };
+                (values.is_ok() && reference.is_ok()).then_some(policy)
             }
             (policy, _) => policy,
         };

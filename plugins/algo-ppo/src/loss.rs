@@ -259,7 +259,7 @@ pub(crate) fn loss(
         let returns = critic.returns.clone().detach();
         let values = critic.values.clone();
         let unclipped = (values.clone() - returns.clone()).powi_scalar(2);
-        let per_token = match o.value_clip {
+        let per_token = match Some(o.value_clip).filter(|c| *c > 0.0) {
             Some(c) => {
                 let old = critic.old_values.clone().detach();
                 let clipped_v = old.clone() + (values - old).clamp(-c, c);

@@ -325,8 +325,8 @@ pub struct Options {
     pub lambda: f64,
     /// Weight of the value loss (ppo-critic).
     pub value_coef: f64,
-    /// Clip range of the value update (ppo-critic); none to turn clipping off.
-    pub value_clip: Option<f64>,
+    /// Clip range of the value update (ppo-critic); 0 turns clipping off.
+    pub value_clip: f64,
     /// SAPO's gate temperature for positive advantages.
     pub tau_pos: f64,
     /// SAPO's gate temperature for negative advantages.
@@ -361,7 +361,7 @@ impl Default for Options {
             gamma: 1.0,
             lambda: 1.0,
             value_coef: 0.5,
-            value_clip: Some(0.2),
+            value_clip: 0.2,
             tau_pos: 1.0,
             tau_neg: 1.05,
             m2_threshold: 0.04,
@@ -579,10 +579,11 @@ fn check(
             format!("must be positive, found {}", o.value_coef),
         );
     }
-    if let Some(c) = o.value_clip
-        && c <= 0.0
-    {
-        return bad("value_clip", format!("must be positive, found {c}"));
+    if o.value_clip.is_nan() || o.value_clip < 0.0 {
+        return bad(
+            "value_clip",
+            format!("must be ≥ 0 (0 turns clipping off), found {}", o.value_clip),
+        );
     }
     for (k, tau) in [("tau_pos", o.tau_pos), ("tau_neg", o.tau_neg)] {
         if tau <= 0.0 {

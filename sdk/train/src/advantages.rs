@@ -1,5 +1,6 @@
-//! Advantage estimation helpers shared by algorithms: reward shaping, baselines and scaling,
-//! and broadcasting a sequence-level advantage to its tokens.
+//! Advantage estimation helpers shared by algorithms: reward shaping, baselines and scaling
+//! ([`centre`] for any per-sample score, [`sequence_advantages`] for rewards), whitening over
+//! a batch's tokens, and broadcasting a sequence-level advantage to its tokens.
 //!
 //! All functions work on plain numbers in the order the engine hands groups over: groups in
 //! order, samples in order within each group ("flat order").
@@ -233,5 +234,21 @@ mod tests {
             tokens,
             vec![vec![1.5], vec![-1.5, -1.5], vec![0.0, 0.0, 0.0]]
         );
+    }
+
+    #[test]
+    fn whitening_uses_every_token_of_the_batch() {
+        let mut tokens = vec![vec![1.0, 1.0, 1.0], vec![-1.0]];
+        whiten(&mut tokens);
+        let all: Vec<f64> = tokens.iter().flatten().copied().collect();
+        // mean 0.5, unbiased std 1: (x − 0.5) / (1 + 1e-6)
+        let s = 1.0 + STD_EPS;
+        let want = [0.5 / s, 0.5 / s, 0.5 / s, -1.5 / s];
+        for (a, w) in all.iter().zip(want) {
+            assert!((a - w).abs() < 1e-12, "{all:?}");
+        }
+        // centre works on any per-sample score with group boundaries
+        let pairs = centre(&[3.0, 1.0, 5.0], &[2, 1], Baseline::GroupMean, Scale::None);
+        assert_eq!(pairs, vec![(2.0, 1.0), (2.0, 1.0), (5.0, 1.0)]);
     }
 }
