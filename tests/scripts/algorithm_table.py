@@ -5,8 +5,9 @@
     done; done
     python3 tests/scripts/algorithm_table.py runs/algos
 
-Reads `<root>/seed<N>/<kind>/summary.json` (and `metrics.jsonl` for filtered groups and
-the mean training reward of the last 50 steps).
+Reads `<root>/seed<N>/<kind>/summary.json`, and `metrics.jsonl` for the mean training reward
+of the last 50 steps, the mean token lag (policy versions between sampling and training) and
+the groups rejected (filtered by the algorithm, or failed).
 """
 import json
 import pathlib
@@ -25,10 +26,11 @@ kinds.sort(key=lambda k: order.index(k) if k in order else len(order))
 
 names = [s.name[4:] for s in seeds]
 print("| algorithm | " + " | ".join(f"seed {n}" for n in names)
-      + " | mean final | mean gain | train reward, last 50 steps | groups filtered | wall s (mean) |")
-print("|---" * (len(names) + 6) + "|")
+      + " | mean final | mean gain | train reward, last 50 steps | token lag mean | groups rejected"
+      + " | wall s (mean) |")
+print("|---" * (len(names) + 7) + "|")
 for k in kinds:
-    finals, gains, rewards, rejected, walls, cells = [], [], [], [], [], []
+    finals, gains, rewards, rejected, walls, lags, cells = [], [], [], [], [], [], []
     for s in seeds:
         p = s / k / "summary.json"
         if not p.exists():
@@ -42,8 +44,9 @@ for k in kinds:
         steps = [m for m in steps if m.get("event") == "step"]
         rewards.append(statistics.mean(m["reward_mean"] for m in steps[-50:]))
         rejected.append(steps[-1]["rejected_total"])
+        lags.append(statistics.mean(m["token_lag_mean"] for m in steps))
         walls.append(d["wall_seconds"])
     mean = lambda xs: statistics.mean(xs) if xs else float("nan")  # noqa: E731
     print(f"| `{k}` | " + " | ".join(cells)
           + f" | **{mean(finals):.3f}** | {mean(gains):+.3f} | {mean(rewards):.3f}"
-          + f" | {mean(rejected):.0f} | {mean(walls):.0f} |")
+          + f" | {mean(lags):.2f} | {mean(rejected):.0f} | {mean(walls):.0f} |")

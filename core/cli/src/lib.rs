@@ -280,8 +280,9 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
             None => String::new(),
         };
         println!(
-            "trained {} steps in {:.1} s{warmup} ({}, η = {}): held-out accuracy {} → {}, reward {:.3} → {:.3}",
+            "trained {} step{} in {:.1} s{warmup} ({}, η = {}): held-out accuracy {} → {}, reward {:.3} → {:.3}",
             summary.steps,
+            if summary.steps == 1 { "" } else { "s" },
             summary.wall_seconds,
             summary.algorithm,
             summary.max_staleness,
