@@ -289,3 +289,35 @@ fn grade_code_answers_every_line_in_order() {
         text(&out.stderr)
     );
 }
+
+/// `areal bench controller` runs the engine with the in-flight limit it is given and prints one
+/// table row per setting (what the figures are is for the bench to say, not this test).
+#[test]
+fn bench_controller_prints_a_row_per_setting() {
+    let out = areal(&[
+        "bench",
+        "controller",
+        "--in-flight",
+        "40,200",
+        "--batch",
+        "50",
+        "--steps",
+        "6",
+        "--rounds",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("| 40 |") || l.starts_with("| 200 |"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    // η is chosen so that the rule admits the whole in-flight limit, and it is reached
+    assert!(
+        rows[1].starts_with("| 200 | 4 |") && rows[1].contains("| 200 |"),
+        "{table}"
+    );
+    let err = failure(&["bench", "controller", "--steps", "2"]);
+    assert!(err.contains("--steps"), "{err}");
+}
