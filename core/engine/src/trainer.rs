@@ -131,17 +131,17 @@ fn check_lengths(
     Ok(())
 }
 
-/// Per-sample completion slices of per-sequence, per-token vectors (empty for samples without
-/// a completion).
-fn completion_slices(
+/// Per-sample completion slices of per-token values, `per_sequence(i)` being sequence `i`'s
+/// (empty for samples without a completion).
+fn completion_slices<'a>(
     seqs: &[Sequence],
     index: &[Option<usize>],
-    per_sequence: &[Vec<f32>],
+    per_sequence: impl Fn(usize) -> &'a [f32],
 ) -> Vec<Vec<f32>> {
     index
         .iter()
         .map(|i| match i {
-            Some(i) => per_sequence[*i][seqs[*i].completion()].to_vec(),
+            Some(i) => per_sequence(*i)[seqs[*i].completion()].to_vec(),
             None => Vec::new(),
         })
         .collect()
@@ -314,15 +314,14 @@ pub fn train_step(
 
     // Advantages (and value targets) from rewards and the numbers of the no-grad pass.
     let old: Vec<Vec<f32>> = if mode == ProximalMode::Recompute {
-        completion_slices(&seqs, &index, &proximal)
+        completion_slices(&seqs, &index, |i| &proximal[i])
     } else {
-        let behaviour: Vec<Vec<f32>> = seqs.iter().map(|s| s.behaviour.clone()).collect();
-        completion_slices(&seqs, &index, &behaviour)
+        completion_slices(&seqs, &index, |i| &seqs[i].behaviour)
     };
-    let reference_c = reference.map(|_| completion_slices(&seqs, &index, &reference_lp));
+    let reference_c = reference.map(|_| completion_slices(&seqs, &index, |i| &reference_lp[i]));
     let values_c = needs
         .values
-        .then(|| completion_slices(&seqs, &index, &old_values));
+        .then(|| completion_slices(&seqs, &index, |i| &old_values[i]));
     let mut input = AdvantageInput::new(groups, &old);
     if let Some(r) = &reference_c {
         input = input.with_reference(r);

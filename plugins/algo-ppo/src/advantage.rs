@@ -22,18 +22,14 @@ pub fn overlong_punishment(len: usize, max: usize, buffer: usize) -> f64 {
 
 /// The sequence-level reward of every sample, in flat order, after the overlong punishment
 /// and shaping.
-pub(crate) fn shaped_rewards(
-    groups: &[TrajectoryGroup],
-    o: &Options,
-    max: Option<usize>,
-) -> Vec<f64> {
+pub(crate) fn shaped_rewards(groups: &[TrajectoryGroup], o: &Options) -> Vec<f64> {
     groups
         .iter()
         .flat_map(|g| &g.samples)
         .map(|s| {
             let mut r = s.reward.value;
             if o.overlong_buffer > 0
-                && let Some(max) = o.overlong_max_tokens.or(max)
+                && let Some(max) = o.overlong_max_tokens
             {
                 r += o.overlong_penalty
                     * overlong_punishment(s.completion.len(), max, o.overlong_buffer);
@@ -44,13 +40,9 @@ pub(crate) fn shaped_rewards(
 }
 
 /// Advantages (and, with values, GAE returns) of every generated token.
-pub(crate) fn compute(
-    input: &AdvantageInput<'_>,
-    o: &Options,
-    max_new_tokens: Option<usize>,
-) -> Advantages {
+pub(crate) fn compute(input: &AdvantageInput<'_>, o: &Options) -> Advantages {
     let groups = input.groups;
-    let shaped = shaped_rewards(groups, o, max_new_tokens);
+    let shaped = shaped_rewards(groups, o);
     let lengths: Vec<usize> = groups
         .iter()
         .flat_map(|g| &g.samples)

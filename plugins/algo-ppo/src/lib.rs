@@ -55,7 +55,6 @@ pub use options::{
 pub struct PpoFamily {
     variant: Variant,
     options: Options,
-    max_new_tokens: Option<usize>,
 }
 
 impl PpoFamily {
@@ -66,11 +65,7 @@ impl PpoFamily {
         ctx: &BuildContext,
     ) -> Result<Self, PluginError> {
         let options = options::resolve(variant, config, ctx)?;
-        Ok(Self {
-            variant,
-            options,
-            max_new_tokens: ctx.max_new_tokens,
-        })
+        Ok(Self { variant, options })
     }
 
     /// The variant.
@@ -118,11 +113,7 @@ impl Algorithm for PpoFamily {
                 "GAE needs the values before the update, and the engine gave none",
             ));
         }
-        Ok(advantage::compute(
-            input,
-            &self.options,
-            self.max_new_tokens,
-        ))
+        Ok(advantage::compute(input, &self.options))
     }
 
     fn loss(&self, input: &LossInput) -> Result<LossOutput, PluginError> {

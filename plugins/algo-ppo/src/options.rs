@@ -100,7 +100,8 @@ impl Variant {
     }
 
     /// The defaults of this variant, from its paper. `max_new_tokens` is the rollout length
-    /// limit when known.
+    /// limit when known (DAPO's overlong buffer is a fifth of it); the length limits left
+    /// unset default to it for every variant when the options are resolved.
     pub fn preset(self, max_new_tokens: Option<usize>) -> Options {
         let base = Options::default();
         match self {
@@ -125,7 +126,6 @@ impl Variant {
             Variant::DrGrpo => Options {
                 scale: Scale::None,
                 loss_agg: LossAgg::SeqMeanTokenSumNorm,
-                loss_agg_constant: max_new_tokens,
                 ..base
             },
             Variant::Rloo => Options {
@@ -137,7 +137,6 @@ impl Variant {
             Variant::Dapo => Options {
                 eps_clip_high: Some(0.28),
                 dynamic_filter: true,
-                overlong_max_tokens: max_new_tokens,
                 // DAPO's 4096-token buffer of a 20480-token limit: a fifth
                 overlong_buffer: max_new_tokens.map_or(0, |m| m / 5),
                 ..base
@@ -413,18 +412,16 @@ pub(crate) fn resolve(
     };
     overlay(&mut table, config.params());
     table.insert("kind".into(), Value::String(variant.name().into()));
-    let options: Options =
+    let mut options: Options =
         PluginConfig::from_value(config.path(), Value::Object(table))?.parse()?;
-    check(variant, &options, config, ctx)?;
+    // The length limits default to the rollout's, whatever the variant.
+    options.loss_agg_constant = options.loss_agg_constant.or(ctx.max_new_tokens);
+    options.overlong_max_tokens = options.overlong_max_tokens.or(ctx.max_new_tokens);
+    check(variant, &options, config)?;
     Ok(options)
 }
 
-fn check(
-    variant: Variant,
-    o: &Options,
-    config: &PluginConfig,
-    ctx: &BuildContext,
-) -> Result<(), PluginError> {
+fn check(variant: Variant, o: &Options, config: &PluginConfig) -> Result<(), PluginError> {
     let bad = |k: &str, why: String| Err(config.invalid(k, why));
     let given = |k: &str| config.params().contains_key(k);
     let name = variant.name();
@@ -543,7 +540,7 @@ fn check(
 
     // Overlong punishment.
     if o.overlong_buffer > 0 {
-        let Some(max) = o.overlong_max_tokens.or(ctx.max_new_tokens) else {
+        let Some(max) = o.overlong_max_tokens else {
             return bad(
                 "overlong_max_tokens",
                 "the overlong punishment (overlong_buffer > 0) needs the length limit".into(),

@@ -280,6 +280,17 @@ fn length_defaults_come_from_the_engine() {
     assert_eq!(dapo.options().overlong_max_tokens, Some(80));
     assert_eq!(dapo.options().overlong_buffer, 16);
     assert_eq!(build("dr-grpo").options().loss_agg_constant, Some(80));
+    // any variant gets the same length defaults when it opts into what uses them
+    let grpo = areal_algo_ppo::PpoFamily::new(
+        Variant::Grpo,
+        &PluginConfig::new("algorithm", "grpo")
+            .with("loss_agg", "seq-mean-token-sum-norm")
+            .with("overlong_buffer", 10),
+        &ctx,
+    )
+    .unwrap();
+    assert_eq!(grpo.options().loss_agg_constant, Some(80));
+    assert_eq!(grpo.options().overlong_max_tokens, Some(80));
     assert_eq!(areal_algo_ppo::overlong_punishment(64, 80, 16), 0.0);
     assert_eq!(areal_algo_ppo::overlong_punishment(72, 80, 16), -0.5);
     assert_eq!(areal_algo_ppo::overlong_punishment(80, 80, 16), -1.0);
