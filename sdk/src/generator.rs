@@ -43,4 +43,48 @@ pub trait Generator: Send + Sync + 'static {
     async fn resume(&self) -> Result<(), PluginError> {
         Err(PluginError::unsupported(self.name(), "resume"))
     }
+
+    /// Counters since the generator started, for the engine's metrics (how busy generation
+    /// is, what an interruption costs). A generator that measures nothing keeps the default.
+    fn stats(&self) -> GeneratorStats {
+        GeneratorStats::default()
+    }
+}
+
+/// What a generator reports of its own work, cumulative since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct GeneratorStats {
+    /// Seconds spent computing (prefill and decoding) — not waiting for requests or while
+    /// paused. `None` when not measured.
+    pub busy_seconds: Option<f64>,
+    /// Tokens sampled.
+    pub tokens: u64,
+    /// Weight updates loaded.
+    pub weight_loads: u64,
+    /// Seconds from the arrival of each weight update to the end of the first decoding step
+    /// under it (loading, dropping caches, prefilling again what was interrupted), summed over
+    /// `weight_loads` updates that decoding resumed after.
+    pub resume_seconds: f64,
+    /// Of those, updates after which decoding resumed (the others found nothing to decode).
+    pub resumes: u64,
+}
+
+impl GeneratorStats {
+    /// Counters with the busy time measured.
+    pub fn new(busy_seconds: f64, tokens: u64) -> Self {
+        Self {
+            busy_seconds: Some(busy_seconds),
+            tokens,
+            ..Self::default()
+        }
+    }
+
+    /// With the weight-update counters.
+    pub fn with_resumes(mut self, weight_loads: u64, resumes: u64, resume_seconds: f64) -> Self {
+        self.weight_loads = weight_loads;
+        self.resumes = resumes;
+        self.resume_seconds = resume_seconds;
+        self
+    }
 }

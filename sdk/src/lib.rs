@@ -55,7 +55,7 @@ mod task;
 
 pub use config::{BuildContext, PluginConfig};
 pub use error::{BoxError, PluginError};
-pub use generator::Generator;
+pub use generator::{Generator, GeneratorStats};
 pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin};
 pub use reward::{Provenance, Reward, RewardInput, RewardVerifier, Verdict, VerifyContext};
 pub use rollout::{

@@ -6,7 +6,7 @@ use areal_core::{
     AdmissionCounts, Config, ConfigLoader, EngineError, Observer, Plugins, RunOptions, RunSummary,
     StepMetrics, run,
 };
-use areal_sdk::{PolicyVersion, TrajectoryGroup};
+use areal_sdk::{PolicyVersion, TrajectoryGroup, WeightUpdate};
 // Link the plugin crates whose registrations these tests use.
 use areal_algo_ppo as _;
 use areal_gen_burn as _;
@@ -352,6 +352,47 @@ async fn filtered_groups_are_rejected_and_the_rule_still_holds() {
             );
         }
     }
+}
+
+/// `train.max_seconds` ends a run after the step that passes it, with the final evaluation
+/// as usual; the observer sees the weights RL starts from and then every step's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_time_limit_ends_the_run_after_the_step_that_passes_it() {
+    #[derive(Default)]
+    struct Versions(Mutex<Vec<PolicyVersion>>);
+    impl Observer for Versions {
+        fn on_weights(&self, update: &WeightUpdate) {
+            self.0.lock().unwrap().push(update.version);
+        }
+    }
+    let config = config(&[
+        "train.steps=1000000",
+        "train.max_seconds=0.5",
+        "generator.token_delay_us=200",
+        "eval.every=0",
+    ]);
+    let versions = Arc::new(Versions::default());
+    let options = RunOptions {
+        observer: versions.clone(),
+        ..RunOptions::default()
+    };
+    let plugins = Plugins::build(&config).unwrap();
+    let summary = within_limit(run(config, plugins, options)).await.unwrap();
+    assert!(summary.stopped_early);
+    assert!(summary.steps >= 1 && summary.steps < 1_000_000);
+    assert!(
+        summary.rl_seconds >= 0.5 && summary.rl_seconds < 5.0,
+        "{}",
+        summary.rl_seconds
+    );
+    let seen = versions.0.lock().unwrap().clone();
+    assert_eq!(seen, (0..=summary.steps as i64).collect::<Vec<_>>());
+    assert_eq!(summary.evals.len(), 2, "before and after");
+    assert_eq!(summary.evals[1].step, summary.steps);
+    // the testkit generator does not measure its busy time; the trainer's is always known
+    assert_eq!(summary.gen_busy, None);
+    assert!(summary.train_busy > 0.0 && summary.train_busy <= 1.0);
+    assert!(summary.trained_tokens_per_s > 0.0);
 }
 
 /// An algorithm that needs what the policy cannot give is a build error naming both.

@@ -134,9 +134,23 @@ async fn the_default_pipeline_runs_end_to_end_and_reuses_its_warm_up() {
     .unwrap();
     assert_eq!(Some(outcome.accuracy), summary.final_accuracy);
 
-    // a second run with the same settings reuses the warm-up and starts where it ended
+    // the burn generator measures how busy it was
+    let busy = summary
+        .gen_busy
+        .expect("the burn generator measures its busy time");
+    assert!(busy > 0.0 && busy <= 1.0, "{busy}");
+
+    // a second run with the same settings reuses the warm-up and starts where it ended, also
+    // with each side on a thread pool of its own (not part of what the warm-up depends on)
     let second = runs.path().join("second");
-    let again = run_into(&config, &second).await;
+    let mut own_threads = config.clone();
+    own_threads.train.threads = 1;
+    own_threads.generator = {
+        let mut section = config.generator.clone();
+        section["threads"] = 1.into();
+        section
+    };
+    let again = run_into(&own_threads, &second).await;
     let reused = again.warmup.clone().unwrap();
     assert!(reused.cached);
     assert_eq!(

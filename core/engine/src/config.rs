@@ -157,6 +157,10 @@ pub struct TrainConfig {
     /// Training steps; each consumes `rollout.batch_size` groups and produces one policy
     /// version. By default 300.
     pub steps: u64,
+    /// Stop after the step that ends past this many seconds of RL (warm-up and the baseline
+    /// evaluation not counted), with the final evaluation and checkpoint as usual; 0 means no
+    /// limit. By default 0.
+    pub max_seconds: f64,
     /// AdamW learning rate. By default 0.0002.
     pub lr: f64,
     /// AdamW weight decay. By default 0.
@@ -177,12 +181,17 @@ pub struct TrainConfig {
     pub min_microbatches: usize,
     /// Device: `cpu`, or `cuda:N` when built with the `cuda` feature. By default `cpu`.
     pub device: String,
+    /// Threads the trainer computes on (CPU), in a pool of its own, so that training and
+    /// generation do not fight over the same cores; 0 shares the process-wide pool (as many
+    /// threads as cores). By default 0.
+    pub threads: usize,
 }
 
 impl Default for TrainConfig {
     fn default() -> Self {
         Self {
             steps: 300,
+            max_seconds: 0.0,
             lr: 2e-4,
             weight_decay: 0.0,
             beta1: 0.9,
@@ -192,6 +201,7 @@ impl Default for TrainConfig {
             token_budget: 4096,
             min_microbatches: 1,
             device: "cpu".into(),
+            threads: 0,
         }
     }
 }
@@ -268,6 +278,7 @@ impl Config {
         });
         p.non_negative("train.weight_decay", t.weight_decay);
         p.non_negative("train.max_grad_norm", t.max_grad_norm);
+        p.non_negative("train.max_seconds", t.max_seconds);
         for (key, beta) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
             p.check((0.0..1.0).contains(&beta), key, || {
                 format!("must be in [0, 1), found {beta}")

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use areal_sdk::{
-    BuildContext, GeneratorPlugin, PluginError, PolicyVersion, RewardPlugin, SamplingParams, Split,
-    Task, TaskPlugin, TrajectoryGroup, Verdict, WeightUpdate, mix_seed,
+    BuildContext, Generator, GeneratorPlugin, GeneratorStats, PluginError, PolicyVersion,
+    RewardPlugin, SamplingParams, Split, Task, TaskPlugin, TrajectoryGroup, Verdict, WeightUpdate,
+    mix_seed,
 };
 use areal_sdk_train::burn::optim::AdamWConfig;
 use areal_sdk_train::{Algorithm, AlgorithmPlugin, Policy, PolicyContext, PolicyPlugin};
@@ -142,6 +143,13 @@ pub trait Observer: Send + Sync {
         let _ = steps;
     }
 
+    /// The weights generators sample from: version 0 when RL starts (after warm-up and the
+    /// baseline evaluation, just before the first rollout), then each step's new version once
+    /// the generators have it.
+    fn on_weights(&self, update: &WeightUpdate) {
+        let _ = update;
+    }
+
     /// A rollout was admitted; `counts` are the counters right after admission.
     fn on_admission(&self, counts: &AdmissionCounts) {
         let _ = counts;
@@ -206,6 +214,8 @@ pub struct RunSummary {
     pub wall_seconds: f64,
     /// Training steps done.
     pub steps: u64,
+    /// The run stopped before `train.steps` because `train.max_seconds` had passed.
+    pub stopped_early: bool,
     /// Final policy version.
     pub policy_version: PolicyVersion,
     /// η.
@@ -235,6 +245,22 @@ pub struct RunSummary {
     pub warmup: Option<WarmupReport>,
     /// Every evaluation.
     pub evals: Vec<EvalMetrics>,
+    /// Seconds from the start of RL (after warm-up and the baseline evaluation) to the end of
+    /// the last step; evaluations in between included.
+    pub rl_seconds: f64,
+    /// Generated tokens trained on per second of `rl_seconds`.
+    pub trained_tokens_per_s: f64,
+    /// Fraction of `rl_seconds` the trainer spent computing steps.
+    pub train_busy: f64,
+    /// Fraction of `rl_seconds` the generator spent computing (`None` when it does not
+    /// measure it).
+    pub gen_busy: Option<f64>,
+    /// Mean milliseconds of the weight-update protocol (new weights ready to generators
+    /// resumed).
+    pub weight_sync_ms_mean: f64,
+    /// Mean milliseconds from an interruption to decoding running again, over the updates
+    /// that interrupted something (`None` when none did or not measured).
+    pub resume_ms_mean: Option<f64>,
 }
 
 struct Shared {
@@ -325,10 +351,28 @@ pub async fn run(
     shared.observer.on_start(config.train.steps);
     let handle = Handle::current();
     let out_dir = options.out_dir.clone();
+    let pool = match config.train.threads {
+        0 => None,
+        n => Some(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .thread_name(|i| format!("areal-train-{i}"))
+                .build()
+                .map_err(|e| {
+                    EngineError::Invalid(format!("cannot start {n} trainer threads: {e}"))
+                })?,
+        ),
+    };
     let trainer = {
         let shared = shared.clone();
         tokio::task::spawn_blocking(move || {
-            trainer_loop(&shared, policy, &handle, log, out_dir.as_deref())
+            let train = || trainer_loop(&shared, policy, &handle, log, out_dir.as_deref());
+            // the trainer computes on its own threads (burn's CPU backend uses the current
+            // rayon pool)
+            match pool {
+                Some(pool) => pool.install(train),
+                None => train(),
+            }
         })
     };
     let result = match trainer.await {
@@ -648,10 +692,6 @@ fn trainer_loop(
     } else {
         None
     };
-    // RL starts now: generation may run ahead from here.
-    log.rl_started(shared.started.elapsed().as_secs_f64());
-    *shared.controller.lock().expect("controller lock") =
-        Some(handle.spawn(controller(shared.clone())));
     let mut optimizer = AdamWConfig::new()
         .with_beta_1(t.beta1 as f32)
         .with_beta_2(t.beta2 as f32)
@@ -679,6 +719,15 @@ fn trainer_loop(
         eval(0, 0, &mut log)?;
     }
 
+    // RL starts now: generation may run ahead from here.
+    log.rl_started(shared.started.elapsed().as_secs_f64());
+    shared
+        .observer
+        .on_weights(&weight_update(policy.as_ref(), 0));
+    let mut rl = RlClock::start(shared.rollout.generator().as_ref());
+    *shared.controller.lock().expect("controller lock") =
+        Some(handle.spawn(controller(shared.clone())));
+
     let counters = &shared.rollout.counters;
     let mut version: PolicyVersion = 0;
     let mut steps = Vec::new();
@@ -705,8 +754,11 @@ fn trainer_loop(
         shared.observer.on_trained(&groups, version);
 
         let sync = Instant::now();
-        handle.block_on(publish(shared, weight_update(policy.as_ref(), version + 1)))?;
+        let update = weight_update(policy.as_ref(), version + 1);
+        handle.block_on(publish(shared, update.clone()))?;
         let weight_sync_ms = sync.elapsed().as_secs_f64() * 1e3;
+        shared.observer.on_weights(&update);
+        let (gen_busy, resume_ms) = rl.step(shared.rollout.generator().as_ref());
 
         let now = (
             Instant::now(),
@@ -722,6 +774,7 @@ fn trainer_loop(
         metrics.train_tokens_per_s = metrics.packed_tokens as f64 / (train_ms / 1e3).max(1e-9);
         (metrics.wait_ms, metrics.train_ms, metrics.weight_sync_ms) =
             (wait_ms, train_ms, weight_sync_ms);
+        (metrics.gen_busy, metrics.resume_ms) = (gen_busy, resume_ms);
         tracing::info!(
             target: "areal::train",
             step,
@@ -734,13 +787,18 @@ fn trainer_loop(
         log.record("step", &metrics)?;
         shared.observer.on_step(&metrics);
         steps.push(metrics);
+        if t.max_seconds > 0.0 && step < t.steps && rl.seconds() >= t.max_seconds {
+            tracing::info!(target: "areal::train", step, seconds = rl.seconds(), "train.max_seconds reached; stopping");
+            rl.stopped_early = true;
+            break;
+        }
         let every = config.eval.every;
         if config.eval.enabled && every > 0 && step % every == 0 && step != t.steps {
             eval(step, version, &mut log)?;
         }
     }
     if config.eval.enabled {
-        eval(t.steps, version, &mut log)?;
+        eval(steps.len() as u64, version, &mut log)?;
     }
     if let Some(dir) = out_dir {
         let checkpoint = dir.join("checkpoint");
@@ -753,7 +811,62 @@ fn trainer_loop(
             Err(e) => return Err(EngineError::plugin("saving the final checkpoint", e)),
         }
     }
-    Ok(summarise(shared, &steps, evals, warmup))
+    Ok(summarise(shared, &steps, evals, warmup, &rl))
+}
+
+/// Wall time and generator counters since RL started, and since the previous step.
+struct RlClock {
+    /// Stopped by `train.max_seconds`.
+    stopped_early: bool,
+    started: Instant,
+    at_start: GeneratorStats,
+    last: (Instant, GeneratorStats),
+}
+
+impl RlClock {
+    fn start(generator: &dyn Generator) -> Self {
+        let (now, stats) = (Instant::now(), generator.stats());
+        Self {
+            stopped_early: false,
+            started: now,
+            at_start: stats,
+            last: (now, stats),
+        }
+    }
+
+    /// A step ended: the generator's busy fraction and mean resume time since the previous.
+    fn step(&mut self, generator: &dyn Generator) -> (Option<f64>, Option<f64>) {
+        let now = (Instant::now(), generator.stats());
+        let since = busy_and_resume(&self.last, &now);
+        self.last = now;
+        since
+    }
+
+    /// Seconds from the start of RL to the end of the last step.
+    fn seconds(&self) -> f64 {
+        (self.last.0 - self.started).as_secs_f64()
+    }
+
+    /// Busy fraction and mean resume time over the whole of RL.
+    fn totals(&self) -> (Option<f64>, Option<f64>) {
+        busy_and_resume(&(self.started, self.at_start), &self.last)
+    }
+}
+
+/// The generator's busy fraction and mean resume milliseconds between two readings.
+fn busy_and_resume(
+    from: &(Instant, GeneratorStats),
+    to: &(Instant, GeneratorStats),
+) -> (Option<f64>, Option<f64>) {
+    let wall = (to.0 - from.0).as_secs_f64().max(1e-9);
+    let busy =
+        to.1.busy_seconds
+            .zip(from.1.busy_seconds)
+            .map(|(b, a)| ((b - a) / wall).clamp(0.0, 1.0));
+    let resumes = to.1.resumes.saturating_sub(from.1.resumes);
+    let resume =
+        (resumes > 0).then(|| (to.1.resume_seconds - from.1.resume_seconds) * 1e3 / resumes as f64);
+    (busy, resume)
 }
 
 /// The metrics of a step that trained `groups` on version `version`; the caller fills in
@@ -808,6 +921,7 @@ fn summarise(
     steps: &[StepMetrics],
     evals: Vec<EvalMetrics>,
     warmup: Option<WarmupReport>,
+    rl: &RlClock,
 ) -> RunSummary {
     let config = &shared.config;
     let counts = shared.counts();
@@ -816,11 +930,15 @@ fn summarise(
         .iter()
         .map(|m| m.staleness.token_lag_mean * m.trained_tokens as f64)
         .sum();
+    let rl_seconds = rl.seconds();
+    let train_ms: f64 = steps.iter().map(|m| m.train_ms).sum();
+    let (gen_busy, resume_ms_mean) = rl.totals();
     RunSummary {
         baseline_accuracy: evals.first().map(|e| e.accuracy),
         final_accuracy: evals.last().map(|e| e.accuracy),
         wall_seconds: shared.started.elapsed().as_secs_f64(),
         steps: steps.len() as u64,
+        stopped_early: rl.stopped_early,
         policy_version: steps.last().map_or(0, |m| m.policy_version),
         max_staleness: config.rollout.max_staleness,
         algorithm: shared.algorithm.name().to_owned(),
@@ -843,6 +961,13 @@ fn summarise(
         warmup_seconds: warmup.as_ref().map_or(0.0, |w| w.seconds),
         warmup,
         evals,
+        rl_seconds,
+        trained_tokens_per_s: tokens as f64 / rl_seconds.max(1e-9),
+        train_busy: (train_ms / 1e3 / rl_seconds.max(1e-9)).min(1.0),
+        gen_busy,
+        weight_sync_ms_mean: steps.iter().map(|m| m.weight_sync_ms).sum::<f64>()
+            / steps.len().max(1) as f64,
+        resume_ms_mean,
     }
 }
 

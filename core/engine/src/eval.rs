@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use areal_sdk::{SamplingParams, Split, Task, Verdict};
+use areal_sdk::{SamplingParams, Split, Task, Verdict, WeightUpdate};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -164,6 +164,53 @@ pub async fn evaluate(
     })
 }
 
+/// Evaluates weights with the plugins of a config: its generator loads each set of weights
+/// in turn and the task's split is generated and graded.
+pub struct Evaluator {
+    task: Arc<dyn Task>,
+    rollout: Arc<Rollout>,
+}
+
+impl Evaluator {
+    /// An evaluator on `plugins` (their policy gives the tokenizer; its weights are not used).
+    pub fn new(config: &crate::Config, plugins: crate::Plugins) -> Self {
+        let rewards = crate::RewardService::new(
+            plugins.verifier,
+            config.reward_service.threads,
+            std::time::Duration::from_millis(config.reward_service.deadline_ms),
+        );
+        let rollout = Arc::new(Rollout::new(
+            plugins.generator,
+            plugins.policy.tokenizer(),
+            rewards,
+        ));
+        Self {
+            task: plugins.task,
+            rollout,
+        }
+    }
+
+    /// Load `weights` into the generator and evaluate them.
+    pub async fn evaluate(
+        &self,
+        weights: WeightUpdate,
+        spec: &EvalSpec,
+    ) -> Result<EvalOutcome, EngineError> {
+        let version = weights.version;
+        self.rollout
+            .generator()
+            .update_weights(weights)
+            .await
+            .map_err(|e| {
+                EngineError::plugin(
+                    format!("loading weights of version {version} into the generator"),
+                    e,
+                )
+            })?;
+        evaluate(&self.task, &self.rollout, spec).await
+    }
+}
+
 /// Evaluate the checkpoint in `dir` with the plugins of `config`.
 pub async fn evaluate_checkpoint(
     config: &crate::Config,
@@ -175,20 +222,8 @@ pub async fn evaluate_checkpoint(
         .policy
         .load(dir)
         .map_err(|e| EngineError::plugin(format!("loading checkpoint {}", dir.display()), e))?;
-    let rewards = crate::RewardService::new(
-        plugins.verifier,
-        config.reward_service.threads,
-        std::time::Duration::from_millis(config.reward_service.deadline_ms),
-    );
-    let rollout = Arc::new(Rollout::new(
-        plugins.generator.clone(),
-        plugins.policy.tokenizer(),
-        rewards,
-    ));
-    plugins
-        .generator
-        .update_weights(crate::engine::weight_update(plugins.policy.as_ref(), 0))
+    let weights = crate::engine::weight_update(plugins.policy.as_ref(), 0);
+    Evaluator::new(config, plugins)
+        .evaluate(weights, spec)
         .await
-        .map_err(|e| EngineError::plugin("loading the checkpoint into the generator", e))?;
-    evaluate(&plugins.task, &rollout, spec).await
 }

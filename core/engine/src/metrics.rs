@@ -127,6 +127,13 @@ pub struct StepMetrics {
     pub train_ms: f64,
     /// Milliseconds from new weights ready to generators resumed.
     pub weight_sync_ms: f64,
+    /// Fraction of the time since the previous step that the generator spent computing
+    /// (`None` when the generator does not measure it).
+    pub gen_busy: Option<f64>,
+    /// Mean milliseconds from a weight update interrupting decoding to decoding running again
+    /// (weights loaded, interrupted samples prefilled again), over the updates since the
+    /// previous step that interrupted something (`None` when none did or not measured).
+    pub resume_ms: Option<f64>,
     /// Mean |logπ_prox − logπ_behav| over tokens sampled by the trainer's version: 0 up to
     /// rounding when generator and trainer agree (only with proximal recompute).
     pub on_policy_logprob_gap: f64,

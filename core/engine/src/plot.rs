@@ -147,7 +147,8 @@ fn tick_step(span: f64) -> f64 {
 }
 
 /// Draw `series` (accuracy against seconds) with a `title` into a PNG at `path`; `marker`
-/// draws a labelled vertical line (e.g. where RL starts).
+/// draws a labelled vertical line (e.g. where RL starts). Series with the same label share
+/// one legend entry.
 pub fn accuracy_plot(
     path: &Path,
     title: &str,
@@ -240,8 +241,14 @@ pub fn accuracy_plot(
         ink,
     );
     c.text(8, top - 22, "held-out accuracy", 2, ink);
+    // one legend entry per label (series of several seeds share theirs)
     let mut ly = top + 30;
+    let mut shown: Vec<&str> = Vec::new();
     for s in series {
+        if shown.contains(&s.label.as_str()) {
+            continue;
+        }
+        shown.push(&s.label);
         c.rect(
             w as i64 - right - 260,
             ly + 4,

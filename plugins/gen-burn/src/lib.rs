@@ -14,6 +14,7 @@
 //! [generator]
 //! kind = "burn"
 //! max_batch = 32   # sequences decoded together
+//! threads = 1      # cores it computes on (0: share the process-wide pool)
 //! ```
 
 mod worker;
@@ -22,8 +23,8 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use areal_sdk::{
-    BuildContext, Completion, GenerateRequest, Generator, PluginConfig, PluginError, WeightUpdate,
-    register_generator,
+    BuildContext, Completion, GenerateRequest, Generator, GeneratorStats, PluginConfig,
+    PluginError, WeightUpdate, register_generator,
 };
 use async_trait::async_trait;
 use burn::tensor::Device;
@@ -43,6 +44,10 @@ pub struct BurnGeneratorOptions {
     /// Where to decode: `cpu` (burn's flex backend) or `cuda:N` (a build with the `cuda`
     /// feature). By default `cpu`.
     pub device: String,
+    /// Threads the CPU backend computes on, in a pool of the generator's own, so that
+    /// generation and training do not fight over the same cores. 0 shares the process-wide
+    /// pool (as many threads as cores). By default 0.
+    pub threads: usize,
 }
 
 impl Default for BurnGeneratorOptions {
@@ -51,13 +56,14 @@ impl Default for BurnGeneratorOptions {
             max_batch: 32,
             max_len: None,
             device: "cpu".into(),
+            threads: 0,
         }
     }
 }
 
 /// Decoding statistics since the generator started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GeneratorStats {
+pub struct DecodeStats {
     /// Batched decoding steps.
     pub steps: u64,
     /// Tokens generated (prefill samples included).
@@ -72,24 +78,44 @@ pub struct BurnGenerator {
     stats: Arc<Mutex<Stats>>,
 }
 
+fn failed_to_start(e: &std::io::Error) -> PluginError {
+    PluginError::failed("burn", format!("cannot start the decoding thread: {e}"))
+}
+
 fn gone() -> PluginError {
     PluginError::failed("burn", "the decoding thread has stopped")
 }
 
 impl BurnGenerator {
     /// Start a generator on `device` (a plain device: no autodiff).
-    pub fn new(options: &BurnGeneratorOptions, device: Device) -> Self {
+    pub fn new(options: &BurnGeneratorOptions, device: Device) -> Result<Self, PluginError> {
         let worker = Worker::new(device, options.max_batch.max(1), options.max_len);
         let stats = worker.stats.clone();
         let (tx, rx) = mpsc::channel();
-        std::thread::Builder::new()
-            .name("areal-gen-burn".into())
-            .spawn(move || worker.run(rx))
-            .expect("spawn the decoding thread");
-        Self {
+        let spawned = if options.threads == 0 {
+            std::thread::Builder::new()
+                .name("areal-gen-burn".into())
+                .spawn(move || worker.run(rx))
+                .map(drop)
+        } else {
+            // The decoding loop runs on one of the pool's threads, so the backend's parallel
+            // work stays inside the pool; the pool ends when the loop does.
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(options.threads)
+                .thread_name(|i| format!("areal-gen-burn-{i}"))
+                // a panic ends the decoding loop (callers then see "stopped"), not the process
+                .panic_handler(
+                    |_| tracing::error!(target: "areal::gen_burn", "the decoding thread panicked"),
+                )
+                .build()
+                .map(|pool| pool.spawn(move || worker.run(rx)))
+                .map_err(std::io::Error::other)
+        };
+        spawned.map_err(|e| failed_to_start(&e))?;
+        Ok(Self {
             commands: Mutex::new(tx),
             stats,
-        }
+        })
     }
 
     fn send(&self, command: Command) -> Result<(), PluginError> {
@@ -101,9 +127,9 @@ impl BurnGenerator {
     }
 
     /// Decoding statistics so far.
-    pub fn stats(&self) -> GeneratorStats {
+    pub fn decode_stats(&self) -> DecodeStats {
         let s = self.stats.lock().expect("stats lock");
-        GeneratorStats {
+        DecodeStats {
             steps: s.steps,
             tokens: s.tokens,
             max_active: s.max_active,
@@ -138,6 +164,15 @@ impl Generator for BurnGenerator {
     async fn resume(&self) -> Result<(), PluginError> {
         self.send(Command::Resume)
     }
+
+    fn stats(&self) -> GeneratorStats {
+        let s = self.stats.lock().expect("stats lock");
+        GeneratorStats::new(s.busy.as_secs_f64(), s.tokens).with_resumes(
+            s.weight_loads,
+            s.resumes,
+            s.resume.as_secs_f64(),
+        )
+    }
 }
 
 fn build(config: &PluginConfig, _ctx: &BuildContext) -> Result<Arc<dyn Generator>, PluginError> {
@@ -147,7 +182,7 @@ fn build(config: &PluginConfig, _ctx: &BuildContext) -> Result<Arc<dyn Generator
     }
     let device = areal_sdk_train::parse_device(&options.device)
         .map_err(|message| config.invalid("device", message))?;
-    Ok(Arc::new(BurnGenerator::new(&options, device)))
+    Ok(Arc::new(BurnGenerator::new(&options, device)?))
 }
 
 register_generator!(

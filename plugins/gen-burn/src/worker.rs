@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::{Duration, Instant};
 
 use areal_model::hf::import;
 use areal_model::{LayerKv, ModelConfig, Transformer};
@@ -30,6 +31,13 @@ pub(crate) struct Stats {
     pub(crate) steps: u64,
     pub(crate) tokens: u64,
     pub(crate) max_active: usize,
+    /// Time spent prefilling and decoding.
+    pub(crate) busy: Duration,
+    pub(crate) weight_loads: u64,
+    /// Weight updates that interrupted running sequences, and the time from each such
+    /// interruption to the end of the first decoding step after it.
+    pub(crate) resumes: u64,
+    pub(crate) resume: Duration,
 }
 
 struct Loaded {
@@ -38,6 +46,13 @@ struct Loaded {
     version: PolicyVersion,
     cache: Vec<LayerKv>,
     capacity: usize,
+}
+
+/// A request about to be prefilled, with the most tokens it may add.
+struct Pending {
+    request: GenerateRequest,
+    reply: Reply,
+    limit: usize,
 }
 
 /// A sequence being decoded; its index in `active` is its cache row.
@@ -62,6 +77,8 @@ pub(crate) struct Worker {
     waiting: VecDeque<(GenerateRequest, Reply)>,
     active: Vec<Active>,
     paused: bool,
+    /// When running sequences were last interrupted for new weights, until decoding resumes.
+    interrupted_at: Option<Instant>,
     pub(crate) stats: std::sync::Arc<std::sync::Mutex<Stats>>,
 }
 
@@ -79,6 +96,7 @@ impl Worker {
             waiting: VecDeque::new(),
             active: Vec::new(),
             paused: false,
+            interrupted_at: None,
             stats: Default::default(),
         }
     }
@@ -103,8 +121,15 @@ impl Worker {
             if self.paused {
                 continue;
             }
+            let started = Instant::now();
             self.admit();
-            self.step();
+            let decoded = self.step();
+            let mut stats = self.stats.lock().expect("stats lock");
+            stats.busy += started.elapsed();
+            if decoded && let Some(at) = self.interrupted_at.take() {
+                stats.resumes += 1;
+                stats.resume += at.elapsed();
+            }
         }
     }
 
@@ -116,6 +141,7 @@ impl Worker {
                 // they have and are resubmitted by their callers.
                 self.interrupt_all();
                 let _ = done.send(self.load(update));
+                self.stats.lock().expect("stats lock").weight_loads += 1;
             }
             Command::Pause(done) => {
                 self.paused = true;
@@ -127,6 +153,9 @@ impl Worker {
     }
 
     fn interrupt_all(&mut self) {
+        if !self.active.is_empty() && self.interrupted_at.is_none() {
+            self.interrupted_at = Some(Instant::now());
+        }
         for mut a in self.active.drain(..) {
             a.out.finish_reason = FinishReason::Interrupted;
             let _ = a.reply.send(Ok(a.out));
@@ -177,115 +206,145 @@ impl Worker {
         Ok(())
     }
 
-    /// Move waiting requests into free rows, prefilling their inputs.
+    /// Move waiting requests into free rows, prefilling their inputs together: requests of
+    /// similar length share one forward pass (right-padded; causal attention keeps the padding
+    /// out of every real position), which is what makes resubmission after an interruption
+    /// cheap.
     fn admit(&mut self) {
-        while self.active.len() < self.max_batch {
+        let mut ready = Vec::new();
+        while self.active.len() + ready.len() < self.max_batch {
             let Some((request, reply)) = self.waiting.pop_front() else {
-                return;
+                break;
             };
             if reply.is_closed() {
                 continue;
             }
-            match self.prefill(request, reply) {
-                Ok(Some(active)) => self.active.push(active),
-                Ok(None) => {}
-                Err((reply, e)) => {
+            match self.check(&request) {
+                Ok(0) => {
+                    let _ = reply.send(Ok(Completion::empty(FinishReason::Length)));
+                }
+                Ok(limit) => ready.push(Pending {
+                    request,
+                    reply,
+                    limit,
+                }),
+                Err(e) => {
                     let _ = reply.send(Err(e));
                 }
             }
         }
+        ready.sort_by_key(|p| std::cmp::Reverse(p.request.input_ids.len()));
+        let mut bucket: Vec<Pending> = Vec::new();
+        for pending in ready {
+            // a new pass when padding to the bucket's longest input would cost too much
+            let longest = bucket.first().map_or(0, |p| p.request.input_ids.len());
+            if pending.request.input_ids.len() * 3 < longest * 2 {
+                self.prefill(std::mem::take(&mut bucket));
+            }
+            bucket.push(pending);
+        }
+        if !bucket.is_empty() {
+            self.prefill(bucket);
+        }
     }
 
-    /// Run the input through the model into row `self.active.len()` and sample the first
-    /// token; a request that is complete after it is answered at once (`None`).
-    fn prefill(
-        &mut self,
-        request: GenerateRequest,
-        reply: Reply,
-    ) -> Result<Option<Active>, (Reply, PluginError)> {
-        let row = self.active.len();
-        let Some(loaded) = self.loaded.as_mut() else {
-            return Err((reply, failed("generate before any weights were loaded")));
+    /// The most tokens `request` may add, or why it cannot run.
+    fn check(&self, request: &GenerateRequest) -> Result<usize, PluginError> {
+        let Some(loaded) = self.loaded.as_ref() else {
+            return Err(failed("generate before any weights were loaded"));
         };
         let n = request.input_ids.len();
         if n == 0 {
-            return Err((reply, failed("empty input")));
+            return Err(failed("empty input"));
         }
         if n >= loaded.capacity {
-            return Err((
-                reply,
-                failed(format!(
-                    "input of {n} tokens does not fit the context of {} tokens",
-                    loaded.capacity
-                )),
-            ));
+            return Err(failed(format!(
+                "input of {n} tokens does not fit the context of {} tokens",
+                loaded.capacity
+            )));
         }
         if let Some(bad) = request
             .input_ids
             .iter()
             .find(|&&t| t as usize >= loaded.config.vocab_size)
         {
-            return Err((
-                reply,
-                failed(format!(
-                    "token id {bad} is outside the vocabulary of {}",
-                    loaded.config.vocab_size
-                )),
-            ));
+            return Err(failed(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                loaded.config.vocab_size
+            )));
         }
-        let mut out = Completion::empty(FinishReason::Length);
-        let limit = request.max_new_tokens.min(loaded.capacity - n);
-        if limit == 0 {
-            let _ = reply.send(Ok(out));
-            return Ok(None);
+        Ok(request.max_new_tokens.min(loaded.capacity - n))
+    }
+
+    /// Run the inputs of `bucket` (longest first) through the model into the next free rows
+    /// and sample each one's first token; requests complete after it are answered at once.
+    fn prefill(&mut self, bucket: Vec<Pending>) {
+        let Some(loaded) = self.loaded.as_mut() else {
+            return;
+        };
+        let (row0, b) = (self.active.len(), bucket.len());
+        let t = bucket[0].request.input_ids.len();
+        let mut ids = vec![0i64; b * t];
+        for (i, p) in bucket.iter().enumerate() {
+            for (j, &token) in p.request.input_ids.iter().enumerate() {
+                ids[i * t + j] = i64::from(token);
+            }
         }
-        let ids: Vec<i64> = request.input_ids.iter().map(|&t| i64::from(t)).collect();
-        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), &self.device);
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, t]), &self.device);
         let (logits, kvs) = loaded.model.forward_with_kv(tokens);
+        // positions past a row's input hold padding; decoding overwrites each before reading it
         for (layer, kv) in loaded.cache.iter_mut().zip(kvs) {
             let [_, kvh, _, hd] = kv.k.dims();
-            layer.write([row..row + 1, 0..kvh, 0..n, 0..hd], kv.k, kv.v);
+            layer.write([row0..row0 + b, 0..kvh, 0..t, 0..hd], kv.k, kv.v);
         }
-        let last = logits
-            .narrow(1, n - 1, 1)
+        let [_, _, vocab] = logits.dims();
+        let logits = logits
             .into_data()
             .convert::<f32>()
             .try_to_vec::<f32>()
             .expect("f32 logits");
-        let seed = mix_seed(mix_seed(request.sampling.seed, request.sample_id), n as u64);
-        let mut rng = StdRng::seed_from_u64(seed);
-        let (token, logprob) = sample(
-            &last,
-            request.sampling.temperature,
-            request.sampling.top_p,
-            rng.random::<f64>(),
-        );
-        out.push(token, logprob, loaded.version);
-        self.stats.lock().expect("stats lock").tokens += 1;
-        let active = Active {
-            request,
-            reply,
-            out,
-            cached: n,
-            pending: token,
-            limit,
-            rng,
-        };
-        match finished(&active) {
-            Some(reason) => {
-                let mut out = active.out;
-                out.finish_reason = reason;
-                let _ = active.reply.send(Ok(out));
-                Ok(None)
+        for (i, p) in bucket.into_iter().enumerate() {
+            let n = p.request.input_ids.len();
+            let last = &logits[(i * t + n - 1) * vocab..(i * t + n) * vocab];
+            let seed = mix_seed(
+                mix_seed(p.request.sampling.seed, p.request.sample_id),
+                n as u64,
+            );
+            let mut rng = StdRng::seed_from_u64(seed);
+            let (token, logprob) = sample(
+                last,
+                p.request.sampling.temperature,
+                p.request.sampling.top_p,
+                rng.random::<f64>(),
+            );
+            let mut out = Completion::empty(FinishReason::Length);
+            out.push(token, logprob, loaded.version);
+            self.active.push(Active {
+                request: p.request,
+                reply: p.reply,
+                out,
+                cached: n,
+                pending: token,
+                limit: p.limit,
+                rng,
+            });
+        }
+        self.stats.lock().expect("stats lock").tokens += b as u64;
+        let mut row = self.active.len();
+        while row > row0 {
+            row -= 1;
+            if let Some(reason) = finished(&self.active[row]) {
+                let mut done = remove_row(&mut self.active, &mut loaded.cache, row);
+                done.out.finish_reason = reason;
+                let _ = done.reply.send(Ok(done.out));
             }
-            None => Ok(Some(active)),
         }
     }
 
-    /// One token for every active sequence.
-    fn step(&mut self) {
+    /// One token for every active sequence; false when there was none.
+    fn step(&mut self) -> bool {
         let Some(loaded) = self.loaded.as_mut() else {
-            return;
+            return false;
         };
         // sequences whose callers went away leave first
         let mut i = self.active.len();
@@ -297,7 +356,7 @@ impl Worker {
         }
         let b = self.active.len();
         if b == 0 {
-            return;
+            return false;
         }
         let ids: Vec<i64> = self.active.iter().map(|a| i64::from(a.pending)).collect();
         let positions: Vec<usize> = self.active.iter().map(|a| a.cached).collect();
@@ -338,6 +397,7 @@ impl Worker {
                 let _ = done.reply.send(Ok(done.out));
             }
         }
+        true
     }
 }
 

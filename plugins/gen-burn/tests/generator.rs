@@ -28,14 +28,17 @@ fn update(policy: &TransformerPolicy, version: i64) -> WeightUpdate {
 }
 
 fn generator(max_batch: usize) -> Arc<BurnGenerator> {
-    Arc::new(BurnGenerator::new(
-        &BurnGeneratorOptions {
-            max_batch,
-            max_len: None,
-            ..BurnGeneratorOptions::default()
-        },
-        Device::flex(),
-    ))
+    Arc::new(
+        BurnGenerator::new(
+            &BurnGeneratorOptions {
+                max_batch,
+                max_len: None,
+                ..BurnGeneratorOptions::default()
+            },
+            Device::flex(),
+        )
+        .expect("a generator"),
+    )
 }
 
 fn request(
@@ -125,7 +128,7 @@ async fn behaviour_logprobs_are_the_policys() {
             }
         }
     }
-    let stats = g.stats();
+    let stats = g.decode_stats();
     assert_eq!(
         stats.max_active, 5,
         "sequences were decoded in full batches"
@@ -242,4 +245,74 @@ async fn errors_name_the_problem() {
     let bad = WeightUpdate::new(1, p.weights());
     let err = g.update_weights(bad).await.unwrap_err().to_string();
     assert!(err.contains("does not describe a transformer"), "{err}");
+}
+
+/// A generator on a pool of its own reports its busy time, its weight loads and what
+/// resuming after an interruption cost; interrupted and resubmitted work continues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_busy_time_weight_loads_and_the_cost_of_resuming() {
+    let p = policy(6);
+    let g = Arc::new(
+        BurnGenerator::new(
+            &BurnGeneratorOptions {
+                max_batch: 4,
+                threads: 1,
+                ..BurnGeneratorOptions::default()
+            },
+            Device::flex(),
+        )
+        .unwrap(),
+    );
+    let started = std::time::Instant::now();
+    g.update_weights(update(&p, 0)).await.unwrap();
+    assert_eq!(g.stats().weight_loads, 1);
+    assert_eq!(g.stats().resumes, 0, "nothing was running");
+    let sampling = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        seed: 3,
+    };
+    let prompt = vec![1u32, 2, 3];
+    // pause once decoding has started (retry in the rare case the request ends first)
+    let (partial, loads) = {
+        let mut loads = 1u64;
+        loop {
+            let before = g.decode_stats().tokens;
+            let running = tokio::spawn({
+                let (g, r) = (
+                    g.clone(),
+                    request(1, prompt.clone(), 90, sampling.clone(), vec![]),
+                );
+                async move { g.generate(r).await }
+            });
+            while g.decode_stats().tokens == before {
+                tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+            }
+            g.pause().await.unwrap();
+            loads += 1;
+            g.update_weights(update(&p, loads as i64 - 1))
+                .await
+                .unwrap();
+            g.resume().await.unwrap();
+            let out = running.await.unwrap().unwrap();
+            if out.finish_reason == FinishReason::Interrupted {
+                break (out, loads);
+            }
+        }
+    };
+    let mut input = prompt.clone();
+    input.extend(&partial.token_ids);
+    let rest = g
+        .generate(request(1, input, 90 - partial.len(), sampling, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(partial.len() + rest.len(), 90);
+    let s = g.stats();
+    assert_eq!(s.weight_loads, loads);
+    assert_eq!(s.resumes, 1, "one update interrupted running work: {s:?}");
+    let busy = s.busy_seconds.expect("measured");
+    let wall = started.elapsed().as_secs_f64();
+    assert!(s.resume_seconds > 0.0 && s.resume_seconds < wall, "{s:?}");
+    assert!(busy > 0.0 && busy <= wall, "busy {busy} s of {wall} s");
+    assert!(s.tokens >= 90, "{s:?}");
 }
