@@ -8,7 +8,7 @@
 CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: setup train test lint cuda-check python-wasi
+.PHONY: setup train test lint cuda-check python-wasi bench-backends
 
 # Everything `areal train` needs is built from the package registries by cargo itself. Code
 # rewards also need the WASI interpreter: `make python-wasi` (apt, Debian's source package).
@@ -38,3 +38,8 @@ cuda-check:
 # package with Debian's clang-16 into .cache/python-wasi (~3 min; installs the toolchain with apt).
 python-wasi:
 	rewards/sandbox/scripts/build-python-wasi.sh
+
+# The CPU-backend table of docs/benchmarks.md (flex, ndarray, ndarray on Debian's OpenBLAS;
+# installs libopenblas-dev with apt; each backend builds burn again, ~5 min each).
+bench-backends:
+	plugins/gen-burn/scripts/bench-backends.sh

@@ -1,4 +1,5 @@
-//! `areal bench sandbox`: the wasm sandbox against native, unsandboxed Python.
+//! `areal bench`: `sandbox` (the wasm sandbox against native, unsandboxed Python) and
+//! `controller` (the engine alone); `async-vs-sync` lives in `async_bench`.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -27,6 +28,10 @@ pub(crate) enum BenchCommand {
     /// loop on the testkit's near-zero-cost plugins (a bigram model, one generated token per
     /// rollout), with thousands of rollouts in flight; prints rollouts per second.
     Controller(BenchControllerArgs),
+    /// Asynchronous against synchronous RL on real workloads: time to a target accuracy,
+    /// final accuracy, how busy each side is, for η = 0 (synchronous) and η > 0 over seeds,
+    /// plus the naive-PPO staleness ablation; writes results.json, plots and a table.
+    AsyncVsSync(crate::async_bench::AsyncVsSyncArgs),
 }
 
 #[derive(Debug, Args)]
@@ -74,6 +79,7 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Sandbox(args) => bench_sandbox(args),
         BenchCommand::Controller(args) => bench_controller(args),
+        BenchCommand::AsyncVsSync(args) => crate::async_bench::run(args),
     }
 }
 

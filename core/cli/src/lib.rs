@@ -27,6 +27,7 @@ use areal_core::{
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+mod async_bench;
 mod bench;
 mod grade;
 

@@ -3,11 +3,13 @@
 //! ```sh
 //! cargo run --release -p areal-gen-burn --example throughput                      # flex only
 //! cargo run --release -p areal-gen-burn --features ndarray --example throughput   # flex and ndarray
+//! cargo run --release -p areal-gen-burn --features openblas --example throughput  # ndarray on OpenBLAS
 //! cargo run --release -p areal-gen-burn --example throughput -- 128 4 16 64       # hidden layers batch len
 //! ```
 //!
 //! The default shape is the built-in job's model (hidden 64, 2 layers) on sequences of its
-//! typical length.
+//! typical length. Each backend is measured on a pool of one thread and on one of every core
+//! (`train.threads`, `generator.threads`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -23,9 +25,12 @@ use areal_sdk_train::{PackedBatch, Policy};
 fn backends() -> Vec<(&'static str, Device)> {
     #[allow(unused_mut)]
     let mut list = vec![("flex", Device::flex())];
-    #[cfg(feature = "ndarray")]
+    #[cfg(all(feature = "ndarray", not(feature = "openblas")))]
     #[allow(deprecated)]
     list.push(("ndarray", Device::ndarray()));
+    #[cfg(feature = "openblas")]
+    #[allow(deprecated)]
+    list.push(("ndarray + OpenBLAS", Device::ndarray()));
     list
 }
 
@@ -38,7 +43,7 @@ struct Shape {
 
 /// Tokens per second of a training step (forward, backward, AdamW) and of batched decoding at
 /// batch 1 and at `shape.batch`.
-fn measure(shape: &Shape, device: &Device) -> (f64, f64, f64) {
+fn measure(shape: &Shape, device: &Device, threads: usize) -> (f64, f64, f64) {
     let options = TransformerOptions {
         hidden_size: shape.hidden,
         layers: shape.layers,
@@ -74,14 +79,18 @@ fn measure(shape: &Shape, device: &Device) -> (f64, f64, f64) {
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let decode = |max_batch: usize| {
         runtime.block_on(async {
-            let g = Arc::new(BurnGenerator::new(
-                &BurnGeneratorOptions {
-                    max_batch,
-                    max_len: None,
-                    ..BurnGeneratorOptions::default()
-                },
-                device.clone(),
-            ));
+            let g = Arc::new(
+                BurnGenerator::new(
+                    &BurnGeneratorOptions {
+                        max_batch,
+                        max_len: None,
+                        threads,
+                        ..BurnGeneratorOptions::default()
+                    },
+                    device.clone(),
+                )
+                .expect("a generator"),
+            );
             g.update_weights(
                 WeightUpdate::new(0, policy.weights()).with_architecture(policy.architecture()),
             )
@@ -146,12 +155,21 @@ fn main() {
         shape.hidden, shape.layers, shape.batch, shape.len, shape.len
     );
     println!(
-        "| backend | train tokens/s | decode tokens/s, batch 1 | decode tokens/s, batch {} |",
+        "| backend | threads | train tokens/s | decode tokens/s, batch 1 | decode tokens/s, batch {} |",
         shape.batch
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut counts = vec![1, cores];
+    counts.dedup();
     for (name, device) in backends() {
-        let (train, one, many) = measure(&shape, &device);
-        println!("| {name} | {train:.0} | {one:.0} | {many:.0} |");
+        for &threads in &counts {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a thread pool");
+            let (train, one, many) = pool.install(|| measure(&shape, &device, threads));
+            println!("| {name} | {threads} | {train:.0} | {one:.0} | {many:.0} |");
+        }
     }
 }

@@ -52,8 +52,12 @@ pub struct ChainSumOptions {
     pub min_terms: usize,
     /// Most terms of a prompt. By default 12.
     pub max_terms: usize,
-    /// P(n terms) ∝ decay^(n − min_terms). By default 0.8.
+    /// P(n terms) ∝ decay^(n − min_terms) · (n − min_terms + 1)^(−power). By default 0.8.
     pub decay: f64,
+    /// The power-law part of the distribution of n: with `decay = 1`, `power = 1.5` and
+    /// terms 2 to 40, the median prompt has 3 terms and one in a hundred has 35 or more (a
+    /// heavy tail of long responses, as reasoning models produce). By default 0.
+    pub power: f64,
     /// Size of the eval split. By default 500.
     pub eval_items: usize,
     /// Size of the validation split. By default 200.
@@ -68,6 +72,7 @@ impl Default for ChainSumOptions {
             min_terms: 2,
             max_terms: 12,
             decay: 0.8,
+            power: 0.0,
             eval_items: 500,
             validation_items: 200,
             demo_carry_error: 0.6,
@@ -136,7 +141,10 @@ impl ChainSum {
     fn draw(&self, rng: &mut StdRng) -> Vec<u32> {
         let o = &self.options;
         let weights: Vec<f64> = (o.min_terms..=o.max_terms)
-            .map(|n| o.decay.powi((n - o.min_terms) as i32))
+            .map(|n| {
+                let k = n - o.min_terms;
+                o.decay.powi(k as i32) * ((k + 1) as f64).powf(-o.power)
+            })
             .collect();
         let mut u = rng.random::<f64>() * weights.iter().sum::<f64>();
         let mut n = o.max_terms;
@@ -260,6 +268,9 @@ pub(crate) fn build_task(
     }
     if !(o.decay > 0.0 && o.decay <= 1.0) {
         return Err(config.invalid("decay", format!("must be in (0, 1], found {}", o.decay)));
+    }
+    if !(o.power >= 0.0 && o.power.is_finite()) {
+        return Err(config.invalid("power", format!("must be ≥ 0, found {}", o.power)));
     }
     if !(0.0..=1.0).contains(&o.demo_carry_error) {
         return Err(config.invalid(

@@ -76,6 +76,35 @@ fn response_lengths_have_a_long_tail() {
     assert_eq!(response(&[1, 2], || false), "a1=1,b2=3>3");
 }
 
+/// The power-law option: P(n) ∝ (n − 1)^−1.5 on 2..=40 terms (the long-tail workload).
+#[test]
+fn power_law_term_counts_have_a_heavy_tail() {
+    let t = ChainSum::new(
+        ChainSumOptions {
+            max_terms: 40,
+            decay: 1.0,
+            power: 1.5,
+            ..ChainSumOptions::default()
+        },
+        7,
+    );
+    let draws = 20_000;
+    let mut count = [0usize; 41];
+    for i in 0..draws {
+        count[terms_of(&t.item(Split::Train, i).unwrap()).unwrap().len()] += 1;
+    }
+    // P(2) / P(3) = 2^1.5; P(n ≥ 30) = 2.46 % (exact sums over 2..=40)
+    let ratio = count[2] as f64 / count[3] as f64;
+    assert!((ratio - 2f64.powf(1.5)).abs() < 0.25, "P(2)/P(3) = {ratio}");
+    let tail = count[30..].iter().sum::<usize>() as f64 / draws as f64;
+    assert!((tail - 0.0246).abs() < 0.005, "P(n ≥ 30) = {tail}");
+    assert!(count[40] > 0, "the longest prompts occur");
+    let median = (2..=40)
+        .find(|&n| count[..=n].iter().sum::<usize>() * 2 >= draws as usize)
+        .unwrap();
+    assert_eq!(median, 3);
+}
+
 #[test]
 fn demonstrations_forget_carries_and_nothing_else() {
     let t = task();
