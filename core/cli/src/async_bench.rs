@@ -751,32 +751,40 @@ fn table(results: &Results) -> String {
         let ablation = etas(NAIVE);
         if !ablation.is_empty() {
             out.push_str(&format!(
-                "\n**{}: staleness ablation** — final accuracy, mean ± sd over seeds; the difference is paired by seed\n\n",
+                "\n**{}: staleness ablation** — final accuracy and the mean of the last 50 steps' evaluations, mean ± sd over seeds; differences paired by seed\n\n",
                 workload.name()
             ));
-            out.push_str("| η | ppo (π_prox = π_behav) | decoupled-ppo | decoupled − ppo |\n|---|---|---|---|\n");
+            out.push_str("| η | ppo (π_prox = π_behav) | decoupled-ppo | decoupled − ppo | last 50 steps: ppo | decoupled-ppo | decoupled − ppo |\n|---|---|---|---|---|---|---|\n");
             for eta in ablation {
-                let finals = |a: &str| -> Vec<f64> {
-                    runs(a, eta).iter().map(|r| r.final_accuracy).collect()
+                let late = |r: &RunRecord| r.late_accuracy(50);
+                let last = |r: &RunRecord| r.final_accuracy;
+                let of = |a: &str, f: &dyn Fn(&RunRecord) -> f64| -> Vec<f64> {
+                    runs(a, eta).iter().map(|r| f(r)).collect()
                 };
-                let diffs: Vec<f64> = runs(DECOUPLED, eta)
-                    .iter()
-                    .filter_map(|d| {
-                        runs(NAIVE, eta)
-                            .iter()
-                            .find(|p| p.key.seed == d.key.seed)
-                            .map(|p| d.final_accuracy - p.final_accuracy)
-                    })
-                    .collect();
-                out.push_str(&format!(
-                    "| {eta} | {} | {} | {} |\n",
-                    mean_sd(&finals(NAIVE), 3),
-                    mean_sd(&finals(DECOUPLED), 3),
+                let paired = |f: &dyn Fn(&RunRecord) -> f64| -> String {
+                    let diffs: Vec<f64> = runs(DECOUPLED, eta)
+                        .iter()
+                        .filter_map(|d| {
+                            runs(NAIVE, eta)
+                                .iter()
+                                .find(|p| p.key.seed == d.key.seed)
+                                .map(|p| f(d) - f(p))
+                        })
+                        .collect();
                     if diffs.is_empty() {
                         "-".into()
                     } else {
                         format!("{:+.3} ± {:.3}", mean(&diffs), sd(&diffs))
                     }
+                };
+                out.push_str(&format!(
+                    "| {eta} | {} | {} | {} | {} | {} | {} |\n",
+                    mean_sd(&of(NAIVE, &last), 3),
+                    mean_sd(&of(DECOUPLED, &last), 3),
+                    paired(&last),
+                    mean_sd(&of(NAIVE, &late), 3),
+                    mean_sd(&of(DECOUPLED, &late), 3),
+                    paired(&late),
                 ));
             }
         }
@@ -902,7 +910,7 @@ mod tests {
             "{table}"
         );
         assert!(
-            table.contains("| 4 | 0.400 ± 0.000 | 0.700 ± 0.000 | +0.300 ± 0.000 |"),
+            table.contains("| 4 | 0.400 ± 0.000 | 0.700 ± 0.000 | +0.300 ± 0.000 | 0.267 ± 0.000 | 0.480 ± 0.000 | +0.213 ± 0.000 |"),
             "{table}"
         );
     }

@@ -74,13 +74,19 @@ impl Default for Config {
                 "kv_heads": 2,
                 "max_positions": 128,
             }),
-            generator: serde_json::json!({ "kind": "burn", "max_batch": 64 }),
+            // One thread per side: generation and training overlap on the 2 cores of a small
+            // machine without queueing behind each other, and this model gains nothing from a
+            // second thread (docs/benchmarks.md).
+            generator: serde_json::json!({ "kind": "burn", "max_batch": 64, "threads": 1 }),
             task: plugin("chain-sum"),
             reward: plugin("chain-sum"),
             algorithm: plugin("decoupled-ppo"),
             rollout: RolloutConfig::default(),
             reward_service: RewardServiceConfig::default(),
-            train: TrainConfig::default(),
+            train: TrainConfig {
+                threads: 1,
+                ..TrainConfig::default()
+            },
             eval: EvalConfig::default(),
             warmup: crate::warmup::WarmupConfig {
                 enabled: true,
@@ -183,7 +189,7 @@ pub struct TrainConfig {
     pub device: String,
     /// Threads the trainer computes on (CPU), in a pool of its own, so that training and
     /// generation do not fight over the same cores; 0 shares the process-wide pool (as many
-    /// threads as cores). By default 0.
+    /// threads as cores). 0 by default; 1 in the built-in job.
     pub threads: usize,
 }
 
