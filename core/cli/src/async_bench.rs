@@ -27,8 +27,9 @@ use serde::{Deserialize, Serialize};
 pub(crate) enum Workload {
     /// `areal train`'s built-in job.
     Default,
-    /// Chain-sum with 2 to 40 terms, P(n terms) ∝ (n − 1)^−1.5 (responses of 11 to ~280
-    /// characters, a few times longer than the median in the tail), a 384-position context.
+    /// Chain-sum with 2 to 40 terms, P(n terms) ∝ (n − 1)^−1.5: the median prompt has 3
+    /// terms (a response of 17 characters), one in a hundred has 35 or more (over 230); a
+    /// 384-position context.
     LongTail,
 }
 
