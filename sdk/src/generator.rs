@@ -62,11 +62,11 @@ pub struct GeneratorStats {
     pub tokens: u64,
     /// Weight updates loaded.
     pub weight_loads: u64,
-    /// Seconds from the arrival of each weight update to the end of the first decoding step
-    /// under it (loading, dropping caches, prefilling again what was interrupted), summed over
-    /// `weight_loads` updates that decoding resumed after.
+    /// Seconds from each interruption of running work for new weights (at `pause`, or at the
+    /// update) to the end of the first forward pass after it (loading the weights, dropping
+    /// caches, prefilling again what was interrupted), summed over `resumes`.
     pub resume_seconds: f64,
-    /// Of those, updates after which decoding resumed (the others found nothing to decode).
+    /// Weight updates that interrupted running work, after which decoding ran again.
     pub resumes: u64,
 }
 

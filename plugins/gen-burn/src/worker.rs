@@ -35,7 +35,7 @@ pub(crate) struct Stats {
     pub(crate) busy: Duration,
     pub(crate) weight_loads: u64,
     /// Weight updates that interrupted running sequences, and the time from each such
-    /// interruption to the end of the first decoding step after it.
+    /// interruption to the end of the first forward pass (prefill or decoding step) after it.
     pub(crate) resumes: u64,
     pub(crate) resume: Duration,
 }
@@ -123,13 +123,8 @@ impl Worker {
             }
             let started = Instant::now();
             self.admit();
-            let decoded = self.step();
-            let mut stats = self.stats.lock().expect("stats lock");
-            stats.busy += started.elapsed();
-            if decoded && let Some(at) = self.interrupted_at.take() {
-                stats.resumes += 1;
-                stats.resume += at.elapsed();
-            }
+            self.step();
+            self.stats.lock().expect("stats lock").busy += started.elapsed();
         }
     }
 
@@ -140,8 +135,10 @@ impl Worker {
                 // Caches were computed with the old weights: running sequences return what
                 // they have and are resubmitted by their callers.
                 self.interrupt_all();
-                let _ = done.send(self.load(update));
+                let loaded = self.load(update);
+                // counted before the caller hears back, so that it reads its own update
                 self.stats.lock().expect("stats lock").weight_loads += 1;
+                let _ = done.send(loaded);
             }
             Command::Pause(done) => {
                 self.paused = true;
@@ -329,7 +326,11 @@ impl Worker {
                 rng,
             });
         }
-        self.stats.lock().expect("stats lock").tokens += b as u64;
+        {
+            let mut stats = self.stats.lock().expect("stats lock");
+            stats.tokens += b as u64;
+            resumed(&mut stats, &mut self.interrupted_at);
+        }
         let mut row = self.active.len();
         while row > row0 {
             row -= 1;
@@ -341,10 +342,10 @@ impl Worker {
         }
     }
 
-    /// One token for every active sequence; false when there was none.
-    fn step(&mut self) -> bool {
+    /// One token for every active sequence.
+    fn step(&mut self) {
         let Some(loaded) = self.loaded.as_mut() else {
-            return false;
+            return;
         };
         // sequences whose callers went away leave first
         let mut i = self.active.len();
@@ -356,7 +357,7 @@ impl Worker {
         }
         let b = self.active.len();
         if b == 0 {
-            return false;
+            return;
         }
         let ids: Vec<i64> = self.active.iter().map(|a| i64::from(a.pending)).collect();
         let positions: Vec<usize> = self.active.iter().map(|a| a.cached).collect();
@@ -375,6 +376,7 @@ impl Worker {
             stats.steps += 1;
             stats.tokens += b as u64;
             stats.max_active = stats.max_active.max(b);
+            resumed(&mut stats, &mut self.interrupted_at);
         }
         for (row, a) in self.active.iter_mut().enumerate() {
             a.cached += 1;
@@ -397,7 +399,15 @@ impl Worker {
                 let _ = done.reply.send(Ok(done.out));
             }
         }
-        true
+    }
+}
+
+/// Decoding computed again after an interruption: count what resuming took. (Called before
+/// any reply of that pass is sent, so that a caller who hears back sees it counted.)
+fn resumed(stats: &mut Stats, interrupted_at: &mut Option<Instant>) {
+    if let Some(at) = interrupted_at.take() {
+        stats.resumes += 1;
+        stats.resume += at.elapsed();
     }
 }
 
