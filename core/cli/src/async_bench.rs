@@ -76,13 +76,13 @@ pub(crate) struct AsyncVsSyncArgs {
     #[arg(long, value_delimiter = ',')]
     seeds: Option<Vec<u64>>,
     /// Values of η at which naive PPO (`ppo`: π_prox = π_behav) also runs, on the first
-    /// workload: the staleness ablation [default: 0,4,8; --quick: none]. `--ablation=` for
-    /// none.
+    /// workload: the staleness ablation [default: 0,4,8; --quick: none]. `--ablation` with no
+    /// value for none.
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     ablation: Option<Vec<u64>>,
     /// Values of η at which decoupled PPO also runs with the log-linear proximal
     /// approximation instead of the recompute, on the first workload [default: 4; --quick:
-    /// none]. `--log-linear=` for none.
+    /// none]. `--log-linear` with no value for none.
     #[arg(long, value_delimiter = ',', num_args = 0..)]
     log_linear: Option<Vec<u64>>,
     /// Evaluate the weights after every this many steps.
