@@ -416,12 +416,7 @@ pub(crate) fn run(args: AsyncVsSyncArgs) -> anyhow::Result<()> {
             ..Results::default()
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("areal-rt")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = crate::runtime()?;
     let todo: Vec<RunKey> = plan
         .runs()
         .into_iter()

@@ -508,11 +508,7 @@ impl areal_core::Observer for ControllerTrace {
 
 #[allow(clippy::print_stderr, clippy::print_stdout)]
 fn bench_controller(args: BenchControllerArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = crate::runtime()?;
     eprintln!(
         "testkit plugins (bigram model, successor task and reward), 1 sample of 1 token per \
          rollout, {} rollouts per step, {} steps, {} runs per setting, 2 runtime threads",

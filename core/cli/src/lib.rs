@@ -244,6 +244,17 @@ fn config_and_plugins(loader: &ConfigLoader) -> anyhow::Result<(areal_core::Conf
     Ok((config, plugins))
 }
 
+/// The async runtime of every command: two worker threads (the engine's own threads for
+/// rewards, training and decoding come on top).
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("areal-rt")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
 fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
     let (config, plugins) = config_and_plugins(&loader(&args.config)?)?;
     let out = args
@@ -256,12 +267,7 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
         let warmup_steps = config.warmup.enabled.then_some(config.warmup.max_steps);
         Arc::new(Progress::new(steps, warmup_steps))
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("areal-rt")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = runtime()?;
     let summary = runtime.block_on(areal_core::run(
         config,
         plugins,
@@ -329,11 +335,7 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
         max_new_tokens: r.max_new_tokens,
         concurrency: r.max_concurrent * r.group_size,
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = runtime()?;
     let outcome = runtime.block_on(areal_core::eval::evaluate_checkpoint(
         &config,
         plugins,
