@@ -278,8 +278,10 @@ fn strip_units(s: &str) -> String {
         let trimmed = text.trim_end();
         // the last word and what precedes it
         let word_start = trimmed
-            .rfind(|c: char| !c.is_ascii_alphabetic())
-            .map_or(0, |i| i + 1);
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !c.is_ascii_alphabetic())
+            .map_or(0, |(i, c)| i + c.len_utf8());
         let word = &trimmed[word_start..];
         if word.is_empty() || word_start == 0 {
             break;
@@ -345,6 +347,8 @@ mod tests {
         assert_eq!(normalize("125 miles"), "125");
         assert_eq!(normalize("5 m"), "5");
         assert_eq!(normalize("3t"), "3t");
+        assert_eq!(normalize("5 é"), "5 é");
+        assert_eq!(normalize("5 écm"), "5 écm");
         assert_eq!(normalize("11,\\! 111"), "11111");
         assert_eq!(normalize("14,916"), "14916");
         assert_eq!(normalize("14 {, }916"), "14916");

@@ -230,29 +230,38 @@ impl Parser<'_> {
             self.leave();
             return Ok(first);
         }
-        let mut acc = into_expr(first)?;
+        // One flat sum however long (`1+1+...+1` must not nest a thousand levels deep).
+        let mut terms = vec![into_expr(first)?];
         loop {
+            self.dl.check()?;
             match self.peek() {
                 Some(Tok::Op('+')) => {
                     self.pos += 1;
-                    let rhs = into_expr(self.term()?)?;
-                    acc = Expr::Add(vec![acc, rhs]);
+                    terms.push(into_expr(self.term()?)?);
                 }
                 Some(Tok::Op('-')) => {
                     self.pos += 1;
-                    let rhs = into_expr(self.term()?)?;
-                    acc = Expr::difference(acc, rhs);
+                    terms.push(Expr::negated(into_expr(self.term()?)?));
                 }
                 Some(Tok::PlusMinus) => {
                     self.pos += 1;
                     let rhs = into_expr(self.term()?)?;
-                    acc = Expr::PlusMinus(Box::new(acc), Box::new(rhs));
+                    let lhs = if terms.len() == 1 {
+                        terms.pop().expect("one term")
+                    } else {
+                        Expr::Add(std::mem::take(&mut terms))
+                    };
+                    terms.push(Expr::PlusMinus(Box::new(lhs), Box::new(rhs)));
                 }
                 _ => break,
             }
         }
         self.leave();
-        Ok(Math::Expr(acc))
+        Ok(Math::Expr(if terms.len() == 1 {
+            terms.pop().expect("one term")
+        } else {
+            Expr::Add(terms)
+        }))
     }
 
     fn term(&mut self) -> PResult<Math> {
@@ -260,17 +269,19 @@ impl Parser<'_> {
         if !matches!(self.peek(), Some(Tok::Op('*' | '/' | ':'))) {
             return Ok(first);
         }
-        let mut acc = into_expr(first)?;
+        // One flat product: `a / b / c` is a · b⁻¹ · c⁻¹.
+        let mut factors = vec![into_expr(first)?];
         while let Some(Tok::Op(op @ ('*' | '/' | ':'))) = self.peek().cloned() {
+            self.dl.check()?;
             self.pos += 1;
             let rhs = into_expr(self.unary()?)?;
-            acc = if op == '*' {
-                Expr::Mul(vec![acc, rhs])
+            factors.push(if op == '*' {
+                rhs
             } else {
-                Expr::quotient(acc, rhs)
-            };
+                Expr::Pow(Box::new(rhs), Box::new(Expr::int(-1)))
+            });
         }
-        Ok(Math::Expr(acc))
+        Ok(Math::Expr(Expr::Mul(factors)))
     }
 
     fn unary(&mut self) -> PResult<Math> {
@@ -837,7 +848,7 @@ mod tests {
         assert_eq!(p("a_{37}"), "a_37");
         assert_eq!(p("a_3"), "a_3");
         assert_eq!(p("f(x)"), "f(x)");
-        assert_eq!(p("p(1-p)"), "p*(1 + -p)");
+        assert_eq!(p("p(1-p)"), "p*(1 - p)");
         assert_eq!(p("10\\text{ cm}"), "10");
         assert_eq!(p("\\text{(C)}"), "\"c\"");
         assert_eq!(p("90^\\circ"), "90");
@@ -845,6 +856,23 @@ mod tests {
         assert_eq!(p("0204_{5}"), "204_5");
         assert_eq!(p("28\\%"), "28%");
         assert_eq!(p("\\sqrt[3]{x}"), "x^(3^(-1))");
+    }
+
+    #[test]
+    fn long_sums_and_products_stay_flat() {
+        let sum = vec!["1"; 20_000].join("+");
+        let m = parse(&sum, &Deadline::none()).unwrap();
+        let Math::Expr(Expr::Add(terms)) = &m else {
+            panic!("{m}")
+        };
+        assert_eq!(terms.len(), 20_000);
+        let product = vec!["2"; 20_000].join("/");
+        assert!(matches!(
+            parse(&product, &Deadline::none()).unwrap(),
+            Math::Expr(Expr::Mul(_))
+        ));
+        assert_eq!(p("a-b+c"), "a - b + c");
+        assert_eq!(p("a/b/c"), "a*b^(-1)*c^(-1)");
     }
 
     #[test]
