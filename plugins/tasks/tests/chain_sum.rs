@@ -174,7 +174,7 @@ fn verifier_checks_the_final_answer() {
     let p = prompt(&[5, 8, 3]);
     assert_eq!(p, "a5b8c3=");
     conformance::check_verifier(
-        &ChainSumVerifier,
+        std::sync::Arc::new(ChainSumVerifier),
         &[
             (input(&p, "a5=5,b8=13,c3=16>16", 16), 1.0),
             (input(&p, "a5=5,b8=3,c3=6>6", 16), 0.0),

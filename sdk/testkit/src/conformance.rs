@@ -218,11 +218,25 @@ async fn check_interruption(generator: Arc<dyn Generator>, weights: WeightUpdate
         .expect("restore weights");
 }
 
-/// Check a verifier on cases with known rewards: each is `Ok`, finite, equal to the expected
-/// value and the same when asked twice.
-pub fn check_verifier(verifier: &dyn RewardVerifier, cases: &[(RewardInput, f64)]) {
-    let name = verifier.name();
+/// Check a verifier as the engine will call it, on cases with known rewards:
+/// - every case is `Ok`, with a finite reward equal to the expected one and a verdict the
+///   engine does not reserve for itself: a wrong answer is a low reward, never an error;
+/// - the cases include at least one wrong answer (a reward below the best one);
+/// - the same sample twice gives the same reward and verdict;
+/// - the provenance names the verifier's version;
+/// - with a deadline already past, `verify` returns (`Ok` or `Err`) within 2 seconds instead
+///   of running on (it runs on a thread of its own here, so a hang fails the check).
+pub fn check_verifier(verifier: Arc<dyn RewardVerifier>, cases: &[(RewardInput, f64)]) {
+    let name = verifier.name().to_owned();
     assert!(!cases.is_empty(), "{name}: no cases given");
+    let best = cases
+        .iter()
+        .map(|(_, e)| *e)
+        .fold(f64::NEG_INFINITY, f64::max);
+    assert!(
+        cases.iter().any(|(_, e)| *e < best),
+        "{name}: give at least one wrong answer among the cases"
+    );
     for (input, expected) in cases {
         let ctx = VerifyContext::with_timeout(Duration::from_secs(60));
         let reward = verifier
@@ -245,9 +259,25 @@ pub fn check_verifier(verifier: &dyn RewardVerifier, cases: &[(RewardInput, f64)
             input.completion,
             reward.value
         );
+        assert!(
+            !reward.provenance.verifier_version.is_empty(),
+            "{name}: the reward's provenance has no verifier_version"
+        );
         let again = verifier.verify(input, &ctx).expect("second verify");
         assert_eq!(again.value, reward.value, "{name}: not deterministic");
         assert_eq!(again.verdict, reward.verdict, "{name}: not deterministic");
+    }
+    // A deadline already past: the verifier must give its thread back.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let on_thread = Arc::clone(&verifier);
+    let input = cases[0].0.clone();
+    std::thread::spawn(move || {
+        let ctx = VerifyContext::with_timeout(Duration::ZERO);
+        let _ = on_thread.verify(&input, &ctx);
+        let _ = tx.send(());
+    });
+    if rx.recv_timeout(Duration::from_secs(2)).is_err() {
+        panic!("{name}: still running 2 s after its deadline passed");
     }
 }
 

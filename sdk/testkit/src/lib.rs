@@ -24,7 +24,10 @@
 //!     finish_reason: FinishReason::Stop,
 //!     reference: serde_json::json!({"letters": 8, "length": 4}),
 //! };
-//! conformance::check_verifier(&SuccessorVerifier, &[(input("defg"), 1.0), (input("dex"), 0.5), (input("dffg"), 0.5)]);
+//! conformance::check_verifier(
+//!     std::sync::Arc::new(SuccessorVerifier),
+//!     &[(input("defg"), 1.0), (input("dex"), 0.5), (input("dffg"), 0.5)],
+//! );
 //! assert_eq!(LetterTokenizer::new(8).encode("bad").unwrap(), vec![1, 0, 3]);
 //! ```
 

@@ -526,3 +526,37 @@ fn the_lcb_plugin_builds_from_config_and_grades_a_sample() {
             .is_err()
     );
 }
+
+/// The `lcb` reward as the engine builds and calls it passes the verifier conformance checks:
+/// a right program is 1, a wrong one 0 (a reward, not an error), repeatable, with provenance,
+/// and a deadline already past stops it.
+#[test]
+fn the_lcb_reward_conforms() {
+    use areal_sdk::{BuildContext, FinishReason, PluginConfig, RewardInput, RewardPlugin};
+    let verifier = RewardPlugin::build_from(
+        &PluginConfig::new("reward", "lcb"),
+        &BuildContext::new(1, 1),
+    )
+    .expect("the lcb reward builds");
+    let rec = reference_records().into_iter().next().expect("a record");
+    let code = rec["code"]
+        .as_str()
+        .expect("a reference solution")
+        .to_owned();
+    let input = |id: u64, program: &str| RewardInput {
+        sample_id: id,
+        item_id: format!("lcb-{id}"),
+        prompt: rec["question_content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        completion: format!("Here is my solution.\n```python\n{program}\n```\n"),
+        completion_ids: Vec::new(),
+        finish_reason: FinishReason::Stop,
+        reference: rec.clone(),
+    };
+    areal_testkit::conformance::check_verifier(
+        verifier,
+        &[(input(1, &code), 1.0), (input(2, "print(0)"), 0.0)],
+    );
+}
