@@ -1004,8 +1004,11 @@ fn warm_up(
         .init();
     let max_grad_norm = (config.train.max_grad_norm > 0.0).then_some(config.train.max_grad_norm);
     let tokenizer = policy.tokenizer();
-    // warm-up draws from a part of the (unbounded) train split that RL does not start from
-    let first = 1u64 << 40;
+    // The warm-up draws from a part of an unbounded train split that RL does not start from;
+    // a finite one (a dataset) it goes through like RL does, shuffled afresh each epoch.
+    let train_len = shared.task.len(Split::Train);
+    let first = if train_len.is_none() { 1u64 << 40 } else { 0 };
+    let mut order = DataOrder::new(train_len, mix_seed(config.seed, 7));
     let validation_items = shared.task.len(Split::Validation).unwrap_or(0) as u64;
     let validation = warmup::examples(
         shared.task.as_ref(),
@@ -1025,12 +1028,14 @@ fn warm_up(
     let mut steps = 0;
     while steps < w.max_steps {
         steps += 1;
-        let start = first + (steps - 1) * w.batch_size as u64;
+        let indices: Vec<u64> = (0..w.batch_size)
+            .map(|_| first + order.next_index())
+            .collect();
         let batch = warmup::examples(
             shared.task.as_ref(),
             tokenizer.as_ref(),
             Split::Train,
-            start..start + w.batch_size as u64,
+            indices.into_iter(),
         )?;
         let (loss, n) = warmup::sft_step(
             policy,
