@@ -11,10 +11,12 @@ use areal_sdk::{PolicyVersion, TrajectoryGroup, WeightUpdate};
 use areal_algo_ppo as _;
 use areal_gen_burn as _;
 use areal_model as _;
+use areal_reward_math as _;
 use areal_tasks as _;
 use areal_testkit as _;
 
 mod interruption;
+mod math;
 mod pipeline;
 mod rewards;
 mod trainer;

@@ -2,6 +2,8 @@
 //!
 //! - `chain-sum` (task and reward): add a chain of digits step by step, with imperfect
 //!   demonstrations for the supervised warm-up; see [`chain_sum`].
+//! - `math` (task): maths problems from JSONL files in MATH's format, for the `math` reward;
+//!   see [`math`].
 //!
 //! ```
 //! use areal_sdk::{Split, Task};
@@ -14,6 +16,7 @@
 //! ```
 
 pub mod chain_sum;
+pub mod math;
 
 areal_sdk::register_task!(
     "chain-sum",
@@ -24,4 +27,9 @@ areal_sdk::register_reward!(
     "chain-sum",
     "1 when the answer after the last `>` is the sum of the prompt's digits",
     chain_sum::build_verifier
+);
+areal_sdk::register_task!(
+    "math",
+    "maths problems from JSONL (`problem`, `answer`), MATH's format; graded by the `math` reward",
+    math::build_task
 );
