@@ -32,6 +32,10 @@ pub(crate) enum BenchCommand {
     /// final accuracy, how busy each side is, for η = 0 (synchronous) and η > 0 over seeds,
     /// plus the naive-PPO staleness ablation; writes results.json, plots and a table.
     AsyncVsSync(crate::async_bench::AsyncVsSyncArgs),
+    /// The maths verifier on MATH-500 answers: verifications per second at each thread count
+    /// on pairs that are equal but written differently and on perturbed (unequal) pairs, with
+    /// Math-Verify (Python) on the same pairs when it is installed.
+    Math(crate::bench_math::BenchMathArgs),
 }
 
 #[derive(Debug, Args)]
@@ -80,6 +84,7 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Sandbox(args) => bench_sandbox(args),
         BenchCommand::Controller(args) => bench_controller(args),
         BenchCommand::AsyncVsSync(args) => crate::async_bench::run(args),
+        BenchCommand::Math(args) => crate::bench_math::run(args),
     }
 }
 

@@ -1,5 +1,5 @@
 //! `areal grade code`: grade LiveCodeBench records with the wasm sandbox, one JSON line out
-//! per line in, in order.
+//! per line in, in order. (`areal grade math` is in `grade_math.rs`.)
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufWriter, IsTerminal, Write};
@@ -21,6 +21,10 @@ pub(crate) enum GradeCommand {
     /// record plus `completion` (the model's whole response; its last fenced block is the
     /// code) or `code`. Prints one JSON line per input line, in order.
     Code(GradeCodeArgs),
+    /// Grade maths answers against references (Math-Verify's rules). Each input line is
+    /// `{"gold": ..., "pred": ...}`; prints one JSON line per input line, in order, with the
+    /// reward, the verdict and the parsed form of both sides.
+    Math(crate::grade_math::GradeMathArgs),
 }
 
 #[derive(Debug, Args)]
@@ -61,6 +65,7 @@ pub(crate) struct GradeCodeArgs {
 pub(crate) fn run(command: GradeCommand) -> anyhow::Result<()> {
     match command {
         GradeCommand::Code(args) => grade_code_file(args),
+        GradeCommand::Math(args) => crate::grade_math::run(args),
     }
 }
 

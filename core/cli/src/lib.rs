@@ -29,13 +29,16 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 mod async_bench;
 mod bench;
+mod bench_math;
 mod grade;
+mod grade_math;
 
 // The built-in plugins: naming the crates links their registrations.
 use areal_algo_ppo as _;
 use areal_gen_burn as _;
 use areal_model as _;
 use areal_reward_code as _;
+use areal_reward_math as _;
 use areal_tasks as _;
 use areal_testkit as _;
 
@@ -64,10 +67,11 @@ enum Command {
     Config(ConfigArgs),
     /// Evaluate a checkpoint on the task's held-out split: greedy pass@1, or pass@k sampled.
     Eval(EvalArgs),
-    /// Grade answers outside training (code: LiveCodeBench records in the wasm sandbox).
+    /// Grade answers outside training (code: LiveCodeBench records in the wasm sandbox;
+    /// math: answers against references).
     #[command(subcommand)]
     Grade(grade::GradeCommand),
-    /// Benchmarks that print tables (sandbox: the wasm sandbox against native Python).
+    /// Benchmarks that print tables (sandbox, controller, async-vs-sync, math).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }

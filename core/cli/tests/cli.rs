@@ -1,4 +1,5 @@
-//! The `areal` binary: plugin listing, a short training run, config errors, code grading.
+//! The `areal` binary: plugin listing, a short training run, config errors, code and maths
+//! grading, benches.
 
 use std::process::{Command, Output};
 
@@ -57,9 +58,11 @@ fn plugins_lists_every_built_in_plugin() {
         ("policy", "transformer"),
         ("reward", "chain-sum"),
         ("reward", "lcb"),
+        ("reward", "math"),
         ("reward", "testkit-faulty"),
         ("reward", "testkit-successor"),
         ("task", "chain-sum"),
+        ("task", "math"),
         ("task", "testkit-successor"),
     ];
     let expected: Vec<(String, String)> = expected
@@ -320,4 +323,123 @@ fn bench_controller_prints_a_row_per_setting() {
     );
     let err = failure(&["bench", "controller", "--steps", "2"]);
     assert!(err.contains("--steps"), "{err}");
+}
+
+#[test]
+fn grade_math_answers_every_line_in_order_on_any_thread_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lines = vec![
+        r#"{"gold": "\\frac{14}{3}", "pred": "So the answer is $\\boxed{\\dfrac{14}{3}}$.", "id": "a"}"#.to_string(),
+        r#"{"gold": "\\frac{1}{3}", "pred": "The answer is 0.33."}"#.to_string(),
+        "{not json".to_string(),
+        r#"{"gold": "3"}"#.to_string(),
+        r#"{"gold": "(1,2)", "pred": "I do not know."}"#.to_string(),
+        r#"{"gold": "1,22", "pred": "1.22", "config": {"match_types": ["expr"]}}"#.to_string(),
+        r#"{"gold": "1", "pred": "1", "config": {"match_type": ["expr"]}}"#.to_string(),
+    ];
+    // and many more, so that the threads share the work
+    for k in 0..600 {
+        lines.push(format!(
+            r#"{{"gold": "{k}", "pred": "$\\boxed{{{}}}$"}}"#,
+            k + k % 2
+        ));
+    }
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let run = |threads: &str| {
+        let out = areal(&["grade", "math", input.to_str().unwrap(), "-j", threads]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let results: Vec<serde_json::Value> = text(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (results, text(&out.stderr))
+    };
+    let (results, stderr) = run("1");
+    assert_eq!(results.len(), 607);
+    let verdicts: Vec<&str> = results[..7]
+        .iter()
+        .map(|r| r["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            "accepted",
+            "wrong_answer",
+            "error",
+            "error",
+            "no_answer",
+            "accepted",
+            "error"
+        ]
+    );
+    assert_eq!(results[0]["id"], "a");
+    assert_eq!(results[0]["gold"], "14/3");
+    assert_eq!(results[0]["pred"], "14/3");
+    assert_eq!(results[1]["pred"], "0.33");
+    assert!(
+        results[2]["error"]
+            .as_str()
+            .unwrap()
+            .contains("line 3: not JSON")
+    );
+    assert!(
+        results[3]["error"]
+            .as_str()
+            .unwrap()
+            .contains("line 4: no `pred`")
+    );
+    assert!(
+        results[6]["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown config key `match_type`")
+    );
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["line"], i + 1);
+    }
+    let accepted = results[7..].iter().filter(|r| r["reward"] == 1.0).count();
+    assert_eq!(accepted, 300, "even k are boxed as k, odd k as k + 1");
+    assert!(stderr.contains("graded 607 lines"), "{stderr}");
+    let (threaded, _) = run("3");
+    let strip = |rs: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        rs.iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r.as_object_mut().unwrap().remove("wall_ms");
+                r
+            })
+            .collect()
+    };
+    assert_eq!(strip(&threaded), strip(&results));
+}
+
+/// `areal bench math` prints a row per kind of pair (Math-Verify left out: it is measured by
+/// hand, with the figures in docs/benchmarks.md).
+#[test]
+fn bench_math_prints_a_row_per_kind_of_pair() {
+    let answers = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../rewards/math/tests/fixtures/math500.jsonl");
+    let out = areal(&[
+        "bench",
+        "math",
+        "--answers",
+        answers.to_str().unwrap(),
+        "--threads",
+        "1,2",
+        "--seconds",
+        "0.05",
+        "--no-reference",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    for row in [
+        "| identical (gold against gold) | 500 |",
+        "| \\dfrac for \\frac | 68 |",
+        "| boxed in prose | 500 |",
+        "| perturbed (unequal) | 500 |",
+    ] {
+        assert!(table.contains(row), "{row} missing from\n{table}");
+    }
+    assert!(table.contains("500 (100.0 % right)"), "{table}");
 }
