@@ -94,7 +94,7 @@ pub(crate) struct AsyncVsSyncArgs {
     budget_s: f64,
     /// Threads of each side in asynchronous runs (generation, training); synchronous runs
     /// give all cores to whichever side runs.
-    #[arg(long, default_value = "1,1", value_delimiter = ',', num_args = 2)]
+    #[arg(long, default_value = "1,1", value_delimiter = ',')]
     async_threads: Vec<usize>,
     /// A config override for every run (repeatable), e.g. `--set train.steps=200`.
     #[arg(long = "set", value_name = "KEY=VALUE")]
