@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufWriter, IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -120,27 +120,13 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
         options.timeout_s > 0.0 && options.time_scale > 0.0,
         "--timeout and --time-scale must be positive"
     );
-    let input: Box<dyn BufRead> = if args.file.as_os_str() == "-" {
-        Box::new(std::io::stdin().lock())
-    } else {
-        Box::new(std::io::BufReader::new(
-            std::fs::File::open(&args.file)
-                .with_context(|| format!("cannot open {}", args.file.display()))?,
-        ))
-    };
+    let input = open_input(&args.file)?;
     let sandbox = areal_reward_code::shared_sandbox(options.mode)?;
     let threads = args.threads.max(1);
     let pool = Pool::new(Arc::clone(&sandbox), threads);
     let options = Arc::new(options);
 
-    let bar = if args.quiet || !std::io::stderr().is_terminal() {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new_spinner().with_style(
-            ProgressStyle::with_template("{spinner} graded {pos} lines [{elapsed_precise}] {msg}")
-                .expect("a valid template"),
-        )
-    };
+    let bar = line_progress(args.quiet);
     let started = Instant::now();
     let stdout = std::io::stdout();
     let mut out = BufWriter::new(stdout.lock());
@@ -198,6 +184,27 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
         }
     );
     Ok(())
+}
+
+/// The lines of `file`, or of stdin for `-`.
+pub(crate) fn open_input(file: &Path) -> anyhow::Result<Box<dyn BufRead>> {
+    if file.as_os_str() == "-" {
+        return Ok(Box::new(std::io::stdin().lock()));
+    }
+    let opened =
+        std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    Ok(Box::new(std::io::BufReader::new(opened)))
+}
+
+/// A spinner counting graded lines on a terminal; hidden when `quiet` or stderr is a file.
+pub(crate) fn line_progress(quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    ProgressBar::new_spinner().with_style(
+        ProgressStyle::with_template("{spinner} graded {pos} lines [{elapsed_precise}] {msg}")
+            .expect("a valid template"),
+    )
 }
 
 fn receive(rx: crossbeam_channel::Receiver<Value>, sandbox: &Sandbox) -> Value {

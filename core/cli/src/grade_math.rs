@@ -1,15 +1,16 @@
 //! `areal grade math`: maths answers against references, one JSON line out per line in, in
 //! order.
 
-use std::io::{BufRead, BufWriter, IsTerminal, Write};
+use std::io::{BufRead, BufWriter, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use areal_reward_math::{Deadline, Extracted, Options, canonical_text, verify};
+
+use crate::grade::{line_progress, open_input};
 use areal_sdk::Verdict;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 
 #[derive(Debug, Args)]
@@ -53,23 +54,9 @@ pub(crate) fn run(args: GradeMathArgs) -> anyhow::Result<()> {
         timeout_s: args.timeout,
         ..Options::default()
     };
-    let input: Box<dyn BufRead> = if args.file.as_os_str() == "-" {
-        Box::new(std::io::stdin().lock())
-    } else {
-        Box::new(std::io::BufReader::new(
-            std::fs::File::open(&args.file)
-                .with_context(|| format!("cannot open {}", args.file.display()))?,
-        ))
-    };
+    let input = open_input(&args.file)?;
     let threads = args.threads.max(1);
-    let bar = if args.quiet || !std::io::stderr().is_terminal() {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new_spinner().with_style(
-            ProgressStyle::with_template("{spinner} graded {pos} lines [{elapsed_precise}] {msg}")
-                .expect("a valid template"),
-        )
-    };
+    let bar = line_progress(args.quiet);
     let started = Instant::now();
     let mut out = BufWriter::new(std::io::stdout().lock());
     let (mut graded, mut accepted, mut errors) = (0usize, 0usize, 0usize);

@@ -1115,6 +1115,18 @@ fn write_list(f: &mut fmt::Formatter<'_>, items: &[Expr], sep: &str) -> fmt::Res
     Ok(())
 }
 
+/// `name(a, b)`.
+fn write_call(f: &mut fmt::Formatter<'_>, name: &str, args: &[Expr]) -> fmt::Result {
+    write!(f, "{name}(")?;
+    for (i, a) in args.iter().enumerate() {
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        write!(f, "{a}")?;
+    }
+    f.write_str(")")
+}
+
 fn write_operand(f: &mut fmt::Formatter<'_>, e: &Expr) -> fmt::Result {
     match e {
         Expr::Add(_) | Expr::PlusMinus(..) => write!(f, "({e})"),
@@ -1203,26 +1215,8 @@ impl fmt::Display for Expr {
                     _ => write!(f, "^({e})"),
                 }
             }
-            Expr::Func(func, args) => {
-                write!(f, "{}(", func.name())?;
-                for (i, a) in args.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{a}")?;
-                }
-                f.write_str(")")
-            }
-            Expr::Apply(name, args) => {
-                write!(f, "{name}(")?;
-                for (i, a) in args.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{a}")?;
-                }
-                f.write_str(")")
-            }
+            Expr::Func(func, args) => write_call(f, func.name(), args),
+            Expr::Apply(name, args) => write_call(f, name, args),
             Expr::PlusMinus(a, b) => {
                 if a.as_num().is_some_and(Number::is_zero) {
                     write!(f, "±")?;
