@@ -668,14 +668,7 @@ fn rename_like(gold: &Math, pred: &Math) -> Math {
 fn unwrap_applications(e: &Expr) -> Expr {
     match e {
         Expr::Apply(..) => Expr::Sym(e.to_string()),
-        Expr::Add(xs) => Expr::Add(xs.iter().map(unwrap_applications).collect()),
-        Expr::Mul(xs) => Expr::Mul(xs.iter().map(unwrap_applications).collect()),
-        Expr::Pow(a, b) => Expr::Pow(
-            Box::new(unwrap_applications(a)),
-            Box::new(unwrap_applications(b)),
-        ),
-        Expr::Func(f, xs) => Expr::Func(*f, xs.iter().map(unwrap_applications).collect()),
-        other => other.clone(),
+        other => other.map_children(&mut unwrap_applications),
     }
 }
 

@@ -306,28 +306,16 @@ impl Expr {
 
     /// Replaces variables by `map(name)` where it gives `Some`.
     pub fn substitute(&self, map: &dyn Fn(&str) -> Option<Expr>) -> Expr {
-        let sub = |x: &Expr| x.substitute(map);
         match self {
             Expr::Sym(s) => map(s).unwrap_or_else(|| self.clone()),
-            Expr::Num(_) | Expr::Const(_) | Expr::Text(_) => self.clone(),
-            Expr::Add(xs) => Expr::Add(xs.iter().map(sub).collect()),
-            Expr::Mul(xs) => Expr::Mul(xs.iter().map(sub).collect()),
-            Expr::Func(f, xs) => Expr::Func(*f, xs.iter().map(sub).collect()),
             Expr::Apply(name, xs) => {
                 let renamed = match map(name) {
                     Some(Expr::Sym(other)) => other,
                     _ => name.clone(),
                 };
-                Expr::Apply(renamed, xs.iter().map(sub).collect())
+                Expr::Apply(renamed, xs.iter().map(|x| x.substitute(map)).collect())
             }
-            Expr::Pow(a, b) => Expr::Pow(Box::new(sub(a)), Box::new(sub(b))),
-            Expr::PlusMinus(a, b) => Expr::PlusMinus(Box::new(sub(a)), Box::new(sub(b))),
-            Expr::Percent(a) => Expr::Percent(Box::new(sub(a))),
-            Expr::Matrix(rows) => Expr::Matrix(
-                rows.iter()
-                    .map(|row| row.iter().map(sub).collect())
-                    .collect(),
-            ),
+            // The index of a sum is bound inside its body.
             Expr::Big {
                 op,
                 var,
@@ -337,12 +325,53 @@ impl Expr {
             } => Expr::Big {
                 op: *op,
                 var: var.clone(),
-                lo: Box::new(sub(lo)),
-                hi: Box::new(sub(hi)),
+                lo: Box::new(lo.substitute(map)),
+                hi: Box::new(hi.substitute(map)),
                 body: Box::new(body.substitute(&|name| {
                     if name == var { None } else { map(name) }
                 })),
             },
+            _ => self.map_children(&mut |x| x.substitute(map)),
+        }
+    }
+
+    /// The same node with each direct child replaced by `f(child)`, children in order (for a
+    /// sum over a range: the first index, the last, the body).
+    pub fn map_children(&self, f: &mut dyn FnMut(&Expr) -> Expr) -> Expr {
+        let mut all = |xs: &[Expr]| xs.iter().map(&mut *f).collect::<Vec<_>>();
+        match self {
+            Expr::Num(_) | Expr::Sym(_) | Expr::Const(_) | Expr::Text(_) => self.clone(),
+            Expr::Add(xs) => Expr::Add(all(xs)),
+            Expr::Mul(xs) => Expr::Mul(all(xs)),
+            Expr::Func(g, xs) => Expr::Func(*g, all(xs)),
+            Expr::Apply(name, xs) => Expr::Apply(name.clone(), all(xs)),
+            Expr::Matrix(rows) => Expr::Matrix(rows.iter().map(|row| all(row)).collect()),
+            Expr::Pow(a, b) => {
+                let a = f(a);
+                Expr::Pow(Box::new(a), Box::new(f(b)))
+            }
+            Expr::PlusMinus(a, b) => {
+                let a = f(a);
+                Expr::PlusMinus(Box::new(a), Box::new(f(b)))
+            }
+            Expr::Percent(a) => Expr::Percent(Box::new(f(a))),
+            Expr::Big {
+                op,
+                var,
+                lo,
+                hi,
+                body,
+            } => {
+                let lo = f(lo);
+                let hi = f(hi);
+                Expr::Big {
+                    op: *op,
+                    var: var.clone(),
+                    lo: Box::new(lo),
+                    hi: Box::new(hi),
+                    body: Box::new(f(body)),
+                }
+            }
         }
     }
 
@@ -362,52 +391,20 @@ impl Expr {
             .collect()
     }
 
+    /// `self` with the `index`-th `±` met in pre-order (as [`Expr::walk`] meets them) taken
+    /// as `−` when bit `index` of `signs` is set, as `+` otherwise.
     fn choose_signs(&self, signs: u32, index: &mut u32) -> Expr {
-        fn all(xs: &[Expr], signs: u32, index: &mut u32) -> Vec<Expr> {
-            xs.iter().map(|x| x.choose_signs(signs, index)).collect()
-        }
-        match self {
-            Expr::PlusMinus(a, b) => {
-                let minus = *index < 6 && signs & (1 << *index) != 0;
-                *index += 1;
-                let a = a.choose_signs(signs, index);
-                let b = b.choose_signs(signs, index);
-                if minus {
-                    Expr::difference(a, b)
-                } else {
-                    Expr::Add(vec![a, b])
-                }
-            }
-            Expr::Num(_) | Expr::Sym(_) | Expr::Const(_) | Expr::Text(_) => self.clone(),
-            Expr::Add(xs) => Expr::Add(all(xs, signs, index)),
-            Expr::Mul(xs) => Expr::Mul(all(xs, signs, index)),
-            Expr::Func(f, xs) => Expr::Func(*f, all(xs, signs, index)),
-            Expr::Apply(n, xs) => Expr::Apply(n.clone(), all(xs, signs, index)),
-            Expr::Pow(a, b) => {
-                let a = a.choose_signs(signs, index);
-                Expr::Pow(Box::new(a), Box::new(b.choose_signs(signs, index)))
-            }
-            Expr::Percent(a) => Expr::Percent(Box::new(a.choose_signs(signs, index))),
-            Expr::Matrix(rows) => {
-                Expr::Matrix(rows.iter().map(|row| all(row, signs, index)).collect())
-            }
-            Expr::Big {
-                op,
-                var,
-                lo,
-                hi,
-                body,
-            } => {
-                let lo = lo.choose_signs(signs, index);
-                let hi = hi.choose_signs(signs, index);
-                Expr::Big {
-                    op: *op,
-                    var: var.clone(),
-                    lo: Box::new(lo),
-                    hi: Box::new(hi),
-                    body: Box::new(body.choose_signs(signs, index)),
-                }
-            }
+        let Expr::PlusMinus(a, b) = self else {
+            return self.map_children(&mut |x| x.choose_signs(signs, index));
+        };
+        let minus = *index < 6 && signs & (1 << *index) != 0;
+        *index += 1;
+        let a = a.choose_signs(signs, index);
+        let b = b.choose_signs(signs, index);
+        if minus {
+            Expr::difference(a, b)
+        } else {
+            Expr::Add(vec![a, b])
         }
     }
 }
