@@ -7,180 +7,236 @@
 //!   expected output (`1 == 1.0 == True`, a list never equals a tuple; a returned tuple was
 //!   turned into a list by the harness, as LiveCodeBench does).
 
-use serde_json::Value;
+use std::collections::HashMap;
 
-/// A Python value in the closed set that may leave the guest.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PyValue {
-    /// `None`.
-    None,
-    /// `bool`.
-    Bool(bool),
-    /// `int`, any size: sign and decimal digits without leading zeros (`0` is `(false, "0")`).
-    Int(bool, String),
-    /// `float`.
-    Float(f64),
-    /// `str`.
-    Str(String),
-    /// `list`.
-    List(Vec<PyValue>),
-    /// `tuple`.
-    Tuple(Vec<PyValue>),
-    /// `dict`, in insertion order.
-    Dict(Vec<(PyValue, PyValue)>),
-    /// `set` or `frozenset`.
-    Set(Vec<PyValue>),
-}
+use sha2::{Digest, Sha256};
+
+/// A value as Python's `==` sees it: a SHA-256 digest of a canonical form under which equal
+/// values are identical (`1`, `1.0` and `True` alike; dict and set members in any order), or
+/// `None` when the value holds a NaN, which equals nothing, not even itself.
+///
+/// Values are read by an iterative parser and reduced to their digest as each container
+/// closes: no tree is built, nothing recurses, so nesting depth costs neither stack nor time,
+/// and comparing two values of n members is O(n log n) (dict and set members are sorted by
+/// digest), never quadratic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PyValue(Option<[u8; 32]>);
 
 impl PyValue {
-    fn int(text: &str) -> Option<PyValue> {
-        let (neg, digits) = match text.strip_prefix('-') {
-            Some(d) => (true, d),
-            None => (false, text.strip_prefix('+').unwrap_or(text)),
-        };
-        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        let digits = digits.trim_start_matches('0');
-        Some(if digits.is_empty() {
-            PyValue::Int(false, "0".into())
-        } else {
-            PyValue::Int(neg, digits.into())
-        })
-    }
-
-    /// As an exact integer, when the value is one (`True` is 1; `2.0` is 2).
-    fn as_int(&self) -> Option<(bool, String)> {
-        match self {
-            PyValue::Bool(b) => Some((false, if *b { "1" } else { "0" }.into())),
-            PyValue::Int(neg, d) => Some((*neg, d.clone())),
-            PyValue::Float(f) if f.is_finite() && f.fract() == 0.0 => {
-                match PyValue::int(&format!("{f:.0}")) {
-                    Some(PyValue::Int(neg, d)) => Some((neg, d)),
-                    _ => None,
-                }
-            }
-            _ => None,
-        }
-    }
-
-    fn is_number(&self) -> bool {
-        matches!(
-            self,
-            PyValue::Bool(_) | PyValue::Int(..) | PyValue::Float(_)
-        )
-    }
-
     /// Python's `==`.
     pub fn py_eq(&self, other: &PyValue) -> bool {
-        use PyValue as P;
-        match (self, other) {
-            (P::None, P::None) => true,
-            (P::Str(a), P::Str(b)) => a == b,
-            (P::Float(a), P::Float(b)) => a == b,
-            (a, b) if a.is_number() && b.is_number() => {
-                if let (P::Float(f), _) | (_, P::Float(f)) = (a, b)
-                    && (!f.is_finite() || f.fract() != 0.0)
-                {
-                    // A non-integral float equals no int or bool.
-                    return false;
-                }
-                a.as_int() == b.as_int()
-            }
-            (P::List(a), P::List(b)) | (P::Tuple(a), P::Tuple(b)) => {
-                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.py_eq(y))
-            }
-            (P::Set(a), P::Set(b)) => {
-                a.len() == b.len() && a.iter().all(|x| b.iter().any(|y| x.py_eq(y)))
-            }
-            (P::Dict(a), P::Dict(b)) => {
-                a.len() == b.len()
-                    && a.iter().all(|(k, v)| {
-                        b.iter()
-                            .find(|(k2, _)| k.py_eq(k2))
-                            .is_some_and(|(_, v2)| v.py_eq(v2))
-                    })
-            }
-            _ => false,
-        }
-    }
-
-    /// Decode the guest's closed encoding (see `harness.py`).
-    pub fn from_guest(v: &Value) -> Result<PyValue, String> {
-        Ok(match v {
-            Value::Null => PyValue::None,
-            Value::Bool(b) => PyValue::Bool(*b),
-            Value::String(s) => PyValue::Str(s.clone()),
-            Value::Array(xs) => PyValue::List(decode_all(xs)?),
-            Value::Object(o) if o.len() == 1 => {
-                let (tag, inner) = o.iter().next().expect("one entry");
-                match (tag.as_str(), inner) {
-                    ("i", Value::String(s)) => {
-                        PyValue::int(s).ok_or_else(|| format!("bad int {s:?}"))?
-                    }
-                    ("f", Value::String(s)) => PyValue::Float(parse_float_repr(s)?),
-                    ("t", Value::Array(xs)) => PyValue::Tuple(decode_all(xs)?),
-                    ("e", Value::Array(xs)) => PyValue::Set(decode_all(xs)?),
-                    ("d", Value::Array(pairs)) => PyValue::Dict(
-                        pairs
-                            .iter()
-                            .map(|p| match p.as_array().map(Vec::as_slice) {
-                                Some([k, v]) => Ok((Self::from_guest(k)?, Self::from_guest(v)?)),
-                                _ => Err("bad dict entry".to_owned()),
-                            })
-                            .collect::<Result<_, _>>()?,
-                    ),
-                    _ => return Err(format!("unknown encoding tag {tag:?}")),
-                }
-            }
-            other => return Err(format!("not in the closed encoding: {other}")),
-        })
-    }
-}
-
-fn decode_all(xs: &[Value]) -> Result<Vec<PyValue>, String> {
-    xs.iter().map(PyValue::from_guest).collect()
-}
-
-fn parse_float_repr(s: &str) -> Result<f64, String> {
-    match s {
-        "nan" => Ok(f64::NAN),
-        "inf" => Ok(f64::INFINITY),
-        "-inf" => Ok(f64::NEG_INFINITY),
-        _ => s.parse().map_err(|_| format!("bad float {s:?}")),
+        self.0.is_some() && self.0 == other.0
     }
 }
 
 /// `json.loads` as Python does it: integers stay exact at any size, `NaN`/`Infinity` are
-/// accepted, objects keep their order (keys are strings).
+/// accepted, a repeated key keeps its last value.
 pub fn parse_python_json(text: &str) -> Result<PyValue, String> {
-    let mut p = JsonParser {
-        s: text.as_bytes(),
-        i: 0,
-    };
-    p.ws();
-    let v = p.value(0)?;
-    p.ws();
-    if p.i != p.s.len() {
-        return Err(format!("extra data at byte {}", p.i));
-    }
-    Ok(v)
+    Parser::new(text.as_bytes(), Dialect::Json).parse()
 }
 
-struct JsonParser<'a> {
+/// The guest harness's closed encoding of a return value (`harness.py`): JSON `null`, `true`,
+/// `false`, strings and arrays (lists) as themselves, and `{"i": "<digits>"}` (int),
+/// `{"f": "<repr>"}` (float), `{"t": [...]}` (tuple), `{"e": [...]}` (set),
+/// `{"d": [k1, v1, k2, v2, ...]}` (dict). Anything else is an error.
+pub fn parse_guest_value(bytes: &[u8]) -> Result<PyValue, String> {
+    Parser::new(bytes, Dialect::Guest).parse()
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    /// Python's `json.loads`.
+    Json,
+    /// The harness's tagged encoding.
+    Guest,
+}
+
+/// A canonical digest, or `None` (holds a NaN).
+type Canon = Option<[u8; 32]>;
+
+/// A finished JSON value, as its parent needs it.
+enum Item {
+    /// A string, kept as code points (lone surrogates included, as Python's `str` may hold
+    /// them) until the parent decides what it is.
+    Str(Vec<u32>),
+    /// Any other value, reduced.
+    Value(Canon),
+    /// An array: its members, reduced.
+    Array(Vec<Canon>),
+}
+
+/// An open container.
+enum Frame {
+    Array(Vec<Canon>),
+    /// Members so far, and the key of the member being read.
+    Object(Vec<(Vec<u32>, Item)>, Option<Vec<u32>>),
+}
+
+/// Leaf and container tags of the canonical form (one byte each, never ambiguous).
+mod tag {
+    pub(super) const NONE: u8 = b'N';
+    pub(super) const INT: u8 = b'I';
+    pub(super) const FLOAT: u8 = b'F';
+    pub(super) const STR: u8 = b'S';
+    pub(super) const LIST: u8 = b'L';
+    pub(super) const TUPLE: u8 = b'T';
+    pub(super) const SET: u8 = b'E';
+    pub(super) const DICT: u8 = b'D';
+    pub(super) const ENTRY: u8 = b'K';
+}
+
+fn leaf(tag: u8, data: &[u8]) -> Canon {
+    let mut h = Sha256::new();
+    h.update([tag]);
+    h.update((data.len() as u64).to_le_bytes());
+    h.update(data);
+    Some(h.finalize().into())
+}
+
+/// A container of members in the given order; `None` if any member is.
+fn container(tag: u8, members: &[Canon]) -> Canon {
+    let mut h = Sha256::new();
+    h.update([tag]);
+    h.update((members.len() as u64).to_le_bytes());
+    for m in members {
+        h.update(m.as_ref()?);
+    }
+    Some(h.finalize().into())
+}
+
+/// A set: members in digest order, each once (`{1, True}` is `{1}`).
+fn set(mut members: Vec<Canon>) -> Canon {
+    if members.iter().any(Option::is_none) {
+        return None;
+    }
+    members.sort_unstable();
+    members.dedup();
+    container(tag::SET, &members)
+}
+
+/// A dict from (key, value) pairs in insertion order; a repeated key keeps its last value.
+fn dict(entries: Vec<(Canon, Canon)>) -> Canon {
+    let mut last: HashMap<[u8; 32], usize> = HashMap::with_capacity(entries.len());
+    for (i, (k, _)) in entries.iter().enumerate() {
+        last.insert((*k)?, i);
+    }
+    let mut members: Vec<Canon> = Vec::with_capacity(last.len());
+    for (i, (k, v)) in entries.iter().enumerate() {
+        if last[&k.expect("checked above")] == i {
+            members.push(container(tag::ENTRY, &[*k, *v]));
+        }
+    }
+    set_like(tag::DICT, members)
+}
+
+fn set_like(tag: u8, mut members: Vec<Canon>) -> Canon {
+    if members.iter().any(Option::is_none) {
+        return None;
+    }
+    members.sort_unstable();
+    container(tag, &members)
+}
+
+/// An exact integer from its decimal text (sign, digits, leading zeros allowed).
+fn int(text: &str) -> Option<Canon> {
+    let (neg, digits) = match text.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = digits.trim_start_matches('0');
+    Some(if digits.is_empty() {
+        leaf(tag::INT, b"0")
+    } else if neg {
+        leaf(tag::INT, format!("-{digits}").as_bytes())
+    } else {
+        leaf(tag::INT, digits.as_bytes())
+    })
+}
+
+/// A float: an integral one is the int it equals exactly (`2.0 == 2`, `-0.0 == 0`), a NaN
+/// equals nothing, any other is its bits.
+fn float(f: f64) -> Canon {
+    if f.is_nan() {
+        None
+    } else if f.is_finite() && f.fract() == 0.0 {
+        int(&format!("{f:.0}")).expect("a formatted integral float is an integer")
+    } else {
+        leaf(tag::FLOAT, &f.to_bits().to_le_bytes())
+    }
+}
+
+fn boolean(b: bool) -> Canon {
+    int(if b { "1" } else { "0" }).expect("an integer")
+}
+
+/// A `str` of code points, encoded as generalised UTF-8 (surrogates included), so that two
+/// strings are equal exactly when their code points are.
+fn string(points: &[u32]) -> Canon {
+    let mut bytes = Vec::with_capacity(points.len());
+    for &c in points {
+        match c {
+            0..=0x7f => bytes.push(c as u8),
+            0x80..=0x7ff => bytes.extend([0xc0 | (c >> 6) as u8, 0x80 | (c & 0x3f) as u8]),
+            0x800..=0xffff => bytes.extend([
+                0xe0 | (c >> 12) as u8,
+                0x80 | ((c >> 6) & 0x3f) as u8,
+                0x80 | (c & 0x3f) as u8,
+            ]),
+            _ => bytes.extend([
+                0xf0 | (c >> 18) as u8,
+                0x80 | ((c >> 12) & 0x3f) as u8,
+                0x80 | ((c >> 6) & 0x3f) as u8,
+                0x80 | (c & 0x3f) as u8,
+            ]),
+        }
+    }
+    leaf(tag::STR, &bytes)
+}
+
+fn text_of(points: &[u32]) -> String {
+    points.iter().filter_map(|&c| char::from_u32(c)).collect()
+}
+
+struct Parser<'a> {
     s: &'a [u8],
     i: usize,
+    dialect: Dialect,
 }
 
-impl JsonParser<'_> {
+impl<'a> Parser<'a> {
+    fn new(s: &'a [u8], dialect: Dialect) -> Self {
+        Self { s, i: 0, dialect }
+    }
+
+    fn parse(mut self) -> Result<PyValue, String> {
+        let item = self.value()?;
+        self.ws();
+        if self.i != self.s.len() {
+            return Err(format!("extra data at byte {}", self.i));
+        }
+        Ok(PyValue(self.reduce(item)?))
+    }
+
+    /// An item as a value in a list, set, tuple or dict, or at the top.
+    fn reduce(&self, item: Item) -> Result<Canon, String> {
+        Ok(match item {
+            Item::Str(points) => string(&points),
+            Item::Value(v) => v,
+            Item::Array(members) => container(tag::LIST, &members),
+        })
+    }
+
     fn ws(&mut self) {
         while self.i < self.s.len() && matches!(self.s[self.i], b' ' | b'\t' | b'\n' | b'\r') {
             self.i += 1;
         }
     }
 
-    fn eat(&mut self, lit: &str) -> bool {
-        if self.s[self.i..].starts_with(lit.as_bytes()) {
+    fn eat(&mut self, lit: &[u8]) -> bool {
+        if self.s[self.i..].starts_with(lit) {
             self.i += lit.len();
             true
         } else {
@@ -188,79 +244,160 @@ impl JsonParser<'_> {
         }
     }
 
-    fn value(&mut self, depth: usize) -> Result<PyValue, String> {
-        if depth > 10_000 {
-            return Err("nested too deeply".into());
-        }
-        let at = self.i;
-        let c = *self.s.get(self.i).ok_or("unexpected end")?;
-        match c {
-            b'{' => {
-                self.i += 1;
-                let mut entries: Vec<(String, PyValue)> = Vec::new();
-                self.ws();
-                if self.eat("}") {
-                    return Ok(PyValue::Dict(Vec::new()));
-                }
-                loop {
-                    self.ws();
-                    let key = self.string()?;
-                    self.ws();
-                    if !self.eat(":") {
-                        return Err(format!("expected ':' at byte {}", self.i));
-                    }
-                    self.ws();
-                    let v = self.value(depth + 1)?;
-                    // Python keeps the last value of a repeated key.
-                    if let Some(slot) = entries.iter_mut().find(|(k, _)| *k == key) {
-                        slot.1 = v;
+    fn expect(&mut self, what: &str) -> Result<u8, String> {
+        self.ws();
+        self.s
+            .get(self.i)
+            .copied()
+            .ok_or_else(|| format!("unexpected end, expected {what}"))
+    }
+
+    /// One whole value, containers included, with an explicit stack instead of recursion.
+    fn value(&mut self) -> Result<Item, String> {
+        let mut stack: Vec<Frame> = Vec::new();
+        loop {
+            // Read a scalar or open a container.
+            let c = self.expect("a value")?;
+            let mut done = match c {
+                b'[' => {
+                    self.i += 1;
+                    if self.expect("a value or ']'")? == b']' {
+                        self.i += 1;
+                        Some(Item::Array(Vec::new()))
                     } else {
-                        entries.push((key, v));
-                    }
-                    self.ws();
-                    if self.eat("}") {
-                        break;
-                    }
-                    if !self.eat(",") {
-                        return Err(format!("expected ',' or '}}' at byte {}", self.i));
+                        stack.push(Frame::Array(Vec::new()));
+                        None
                     }
                 }
-                Ok(PyValue::Dict(
-                    entries
-                        .into_iter()
-                        .map(|(k, v)| (PyValue::Str(k), v))
-                        .collect(),
-                ))
+                b'{' => {
+                    self.i += 1;
+                    if self.expect("a key or '}'")? == b'}' {
+                        self.i += 1;
+                        Some(self.close_object(Vec::new())?)
+                    } else {
+                        let key = self.key()?;
+                        stack.push(Frame::Object(Vec::new(), Some(key)));
+                        None
+                    }
+                }
+                _ => Some(self.scalar()?),
+            };
+            // Hand finished values to their containers, closing those that end.
+            while let Some(item) = done.take() {
+                let Some(frame) = stack.last_mut() else {
+                    return Ok(item);
+                };
+                match frame {
+                    Frame::Array(members) => {
+                        members.push(self.reduce(item)?);
+                        match self.expect("',' or ']'")? {
+                            b',' => self.i += 1,
+                            b']' => {
+                                self.i += 1;
+                                let Some(Frame::Array(members)) = stack.pop() else {
+                                    unreachable!("the top frame is an array")
+                                };
+                                done = Some(Item::Array(members));
+                            }
+                            c => {
+                                return Err(format!(
+                                    "expected ',' or ']' at byte {}, found {:?}",
+                                    self.i, c as char
+                                ));
+                            }
+                        }
+                    }
+                    Frame::Object(entries, key) => {
+                        entries.push((key.take().expect("a key was read"), item));
+                        match self.expect("',' or '}'")? {
+                            b',' => {
+                                self.i += 1;
+                                let next = self.key()?;
+                                if let Some(Frame::Object(_, key)) = stack.last_mut() {
+                                    *key = Some(next);
+                                }
+                            }
+                            b'}' => {
+                                self.i += 1;
+                                let Some(Frame::Object(entries, _)) = stack.pop() else {
+                                    unreachable!("the top frame is an object")
+                                };
+                                done = Some(self.close_object(entries)?);
+                            }
+                            c => {
+                                return Err(format!(
+                                    "expected ',' or '}}' at byte {}, found {:?}",
+                                    self.i, c as char
+                                ));
+                            }
+                        }
+                    }
+                }
             }
-            b'[' => {
-                self.i += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.eat("]") {
-                    return Ok(PyValue::List(items));
+        }
+    }
+
+    /// `"key" :`
+    fn key(&mut self) -> Result<Vec<u32>, String> {
+        if self.expect("a key")? != b'"' {
+            return Err(format!("expected a string key at byte {}", self.i));
+        }
+        let key = self.string()?;
+        if self.expect("':'")? != b':' {
+            return Err(format!("expected ':' at byte {}", self.i));
+        }
+        self.i += 1;
+        Ok(key)
+    }
+
+    fn close_object(&self, entries: Vec<(Vec<u32>, Item)>) -> Result<Item, String> {
+        match self.dialect {
+            Dialect::Json => {
+                let mut pairs = Vec::with_capacity(entries.len());
+                for (k, v) in entries {
+                    pairs.push((string(&k), self.reduce(v)?));
                 }
-                loop {
-                    self.ws();
-                    items.push(self.value(depth + 1)?);
-                    self.ws();
-                    if self.eat("]") {
-                        break;
-                    }
-                    if !self.eat(",") {
-                        return Err(format!("expected ',' or ']' at byte {}", self.i));
-                    }
-                }
-                Ok(PyValue::List(items))
+                Ok(Item::Value(dict(pairs)))
             }
-            b'"' => Ok(PyValue::Str(self.string()?)),
-            _ if self.eat("true") => Ok(PyValue::Bool(true)),
-            _ if self.eat("false") => Ok(PyValue::Bool(false)),
-            _ if self.eat("null") => Ok(PyValue::None),
-            _ if self.eat("NaN") => Ok(PyValue::Float(f64::NAN)),
-            _ if self.eat("Infinity") => Ok(PyValue::Float(f64::INFINITY)),
-            _ if self.eat("-Infinity") => Ok(PyValue::Float(f64::NEG_INFINITY)),
-            b'-' | b'0'..=b'9' => {
-                let start = self.i;
+            Dialect::Guest => {
+                let mut entries = entries.into_iter();
+                let (Some((tag, payload)), None) = (entries.next(), entries.next()) else {
+                    return Err("a tagged value has exactly one key".into());
+                };
+                let tag = text_of(&tag);
+                Ok(Item::Value(match (tag.as_str(), payload) {
+                    ("i", Item::Str(s)) => {
+                        let s = text_of(&s);
+                        int(&s).ok_or_else(|| format!("bad int {s:?}"))?
+                    }
+                    ("f", Item::Str(s)) => float(parse_float_repr(&text_of(&s))?),
+                    ("t", Item::Array(members)) => container(tag::TUPLE, &members),
+                    ("e", Item::Array(members)) => set(members),
+                    ("d", Item::Array(flat)) => {
+                        if flat.len() % 2 != 0 {
+                            return Err("a dict's encoding has an odd number of members".into());
+                        }
+                        dict(flat.chunks(2).map(|kv| (kv[0], kv[1])).collect())
+                    }
+                    (tag, _) => return Err(format!("unknown encoding tag {tag:?}")),
+                }))
+            }
+        }
+    }
+
+    fn scalar(&mut self) -> Result<Item, String> {
+        let at = self.i;
+        let c = self.s[self.i];
+        let json = self.dialect == Dialect::Json;
+        let value = match c {
+            b'"' => return Ok(Item::Str(self.string()?)),
+            _ if self.eat(b"true") => boolean(true),
+            _ if self.eat(b"false") => boolean(false),
+            _ if self.eat(b"null") => leaf(tag::NONE, b""),
+            _ if json && self.eat(b"NaN") => None,
+            _ if json && self.eat(b"Infinity") => float(f64::INFINITY),
+            _ if json && self.eat(b"-Infinity") => float(f64::NEG_INFINITY),
+            b'-' | b'0'..=b'9' if json => {
                 self.i += 1;
                 let mut is_float = false;
                 while let Some(&b) = self.s.get(self.i) {
@@ -272,31 +409,30 @@ impl JsonParser<'_> {
                     }
                     self.i += 1;
                 }
-                let text = std::str::from_utf8(&self.s[start..self.i]).expect("ASCII");
+                let text = std::str::from_utf8(&self.s[at..self.i]).expect("ASCII");
                 if is_float {
-                    text.parse()
-                        .map(PyValue::Float)
-                        .map_err(|_| format!("bad number {text:?}"))
+                    float(text.parse().map_err(|_| format!("bad number {text:?}"))?)
                 } else {
-                    PyValue::int(text).ok_or_else(|| format!("bad number {text:?}"))
+                    int(text).ok_or_else(|| format!("bad number {text:?}"))?
                 }
             }
-            _ => Err(format!("unexpected {:?} at byte {at}", c as char)),
-        }
+            _ => {
+                return Err(format!(
+                    "unexpected {:?} at byte {at}",
+                    String::from_utf8_lossy(&self.s[at..(at + 4).min(self.s.len())])
+                ));
+            }
+        };
+        Ok(Item::Value(value))
     }
 
-    fn string(&mut self) -> Result<String, String> {
-        if !self.eat("\"") {
-            return Err(format!("expected a string at byte {}", self.i));
-        }
-        let mut out = String::new();
-        let mut units: Vec<u16> = Vec::new();
+    /// A JSON string as code points; `\u` escapes pair surrogates where they pair and keep
+    /// lone ones, as Python does.
+    fn string(&mut self) -> Result<Vec<u32>, String> {
+        self.i += 1; // the opening quote
+        let mut out: Vec<u32> = Vec::new();
         loop {
             let c = *self.s.get(self.i).ok_or("unterminated string")?;
-            if c != b'\\' && !units.is_empty() {
-                out.push_str(&String::from_utf16_lossy(&units));
-                units.clear();
-            }
             match c {
                 b'"' => {
                     self.i += 1;
@@ -315,31 +451,63 @@ impl JsonParser<'_> {
                         b'r' => '\r',
                         b't' => '\t',
                         b'u' => {
-                            let hex = self.s.get(self.i..self.i + 4).ok_or("short \\u escape")?;
-                            let hex = std::str::from_utf8(hex).map_err(|_| "bad \\u escape")?;
-                            let unit =
-                                u16::from_str_radix(hex, 16).map_err(|_| "bad \\u escape")?;
-                            self.i += 4;
-                            units.push(unit);
+                            let unit = self.hex4()?;
+                            // a high surrogate followed by an escaped low one is one character
+                            if (0xd800..0xdc00).contains(&unit)
+                                && self.s[self.i..].starts_with(b"\\u")
+                            {
+                                let save = self.i;
+                                self.i += 2;
+                                let low = self.hex4()?;
+                                if (0xdc00..0xe000).contains(&low) {
+                                    out.push(0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00));
+                                    continue;
+                                }
+                                self.i = save;
+                            }
+                            out.push(unit);
                             continue;
                         }
                         _ => return Err(format!("bad escape at byte {}", self.i - 1)),
                     };
-                    if !units.is_empty() {
-                        out.push_str(&String::from_utf16_lossy(&units));
-                        units.clear();
-                    }
-                    out.push(plain);
+                    out.push(plain as u32);
+                }
+                _ if c < 0x80 => {
+                    out.push(u32::from(c));
+                    self.i += 1;
                 }
                 _ => {
-                    let rest = std::str::from_utf8(&self.s[self.i..])
-                        .map_err(|_| "invalid UTF-8 in string")?;
-                    let ch = rest.chars().next().expect("non-empty");
-                    out.push(ch);
+                    // one UTF-8 character (at most 4 bytes)
+                    let end = (self.i + 4).min(self.s.len());
+                    let ch = match std::str::from_utf8(&self.s[self.i..end]) {
+                        Ok(s) => s.chars().next(),
+                        Err(e) => std::str::from_utf8(&self.s[self.i..self.i + e.valid_up_to()])
+                            .ok()
+                            .and_then(|s| s.chars().next()),
+                    }
+                    .ok_or_else(|| format!("invalid UTF-8 in a string at byte {}", self.i))?;
+                    out.push(ch as u32);
                     self.i += ch.len_utf8();
                 }
             }
         }
+    }
+
+    fn hex4(&mut self) -> Result<u32, String> {
+        let hex = self.s.get(self.i..self.i + 4).ok_or("short \\u escape")?;
+        let hex = std::str::from_utf8(hex).map_err(|_| "bad \\u escape")?;
+        let unit = u32::from_str_radix(hex, 16).map_err(|_| "bad \\u escape")?;
+        self.i += 4;
+        Ok(unit)
+    }
+}
+
+fn parse_float_repr(s: &str) -> Result<f64, String> {
+    match s {
+        "nan" => Ok(f64::NAN),
+        "inf" => Ok(f64::INFINITY),
+        "-inf" => Ok(f64::NEG_INFINITY),
+        _ => s.parse().map_err(|_| format!("bad float {s:?}")),
     }
 }
 
@@ -351,68 +519,89 @@ enum Dec {
     /// Zero (any sign, any exponent).
     Zero,
     /// Sign, significant digits (no leading or trailing zeros), exponent of the last digit.
-    Finite(bool, String, i64),
+    Finite(bool, String, i128),
 }
 
+/// The largest adjusted exponent (of the first digit) `Decimal` reads: libmpdec's
+/// `MPD_MAX_EMAX` on 64-bit machines.
+const DEC_EMAX: i128 = 999_999_999_999_999_999;
+/// The smallest exponent of the last digit `Decimal` reads: `MPD_MIN_ETINY`.
+const DEC_ETINY: i128 = -1_999_999_999_999_999_997;
+
+/// `Decimal(token)` as CPython reads it: underscores anywhere are dropped, `inf`/`infinity`
+/// and `nan`/`snan` (with digits after) in any case, and an exponent out of libmpdec's range
+/// is not a decimal (`Decimal` raises). Exponents are exact: none wraps.
 fn parse_decimal(token: &str) -> Option<Dec> {
-    let t = token.trim();
+    let t = token.trim().replace('_', "").to_ascii_lowercase();
     let (neg, body) = match t.as_bytes().first()? {
         b'-' => (true, &t[1..]),
         b'+' => (false, &t[1..]),
-        _ => (false, t),
+        _ => (false, t.as_str()),
     };
-    let lower = body.to_ascii_lowercase();
-    match lower.as_str() {
+    match body {
         "inf" | "infinity" => return Some(Dec::Inf(neg)),
-        "nan" | "snan" => return Some(Dec::NaN),
         _ => {}
     }
-    // Underscores are allowed between digits, as in Python.
-    let (mantissa, exp) = match lower.find('e') {
-        Some(p) => (&lower[..p], Some(&lower[p + 1..])),
-        None => (lower.as_str(), None),
-    };
-    let digits_ok = |s: &str| {
-        !s.starts_with('_')
-            && !s.ends_with('_')
-            && !s.contains("__")
-            && s.bytes().all(|b| b.is_ascii_digit() || b == b'_')
+    for nan in ["snan", "nan"] {
+        if let Some(payload) = body.strip_prefix(nan) {
+            return payload
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+                .then_some(Dec::NaN);
+        }
+    }
+    let (mantissa, exp) = match body.find('e') {
+        Some(p) => (&body[..p], Some(&body[p + 1..])),
+        None => (body, None),
     };
     let (int_part, frac_part) = match mantissa.find('.') {
         Some(p) => (&mantissa[..p], &mantissa[p + 1..]),
         None => (mantissa, ""),
     };
+    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
     if (int_part.is_empty() && frac_part.is_empty())
-        || !digits_ok(int_part)
-        || !digits_ok(frac_part)
+        || !all_digits(int_part)
+        || !all_digits(frac_part)
     {
         return None;
     }
-    let mut exponent: i64 = match exp {
+    // The exponent as written: more than 19 significant digits is out of range either way.
+    let written: i128 = match exp {
         None => 0,
         Some(e) => {
-            let (eneg, ed) = match e.as_bytes().first()? {
+            let (eneg, digits) = match e.as_bytes().first()? {
                 b'-' => (true, &e[1..]),
                 b'+' => (false, &e[1..]),
                 _ => (false, e),
             };
-            if ed.is_empty() || !digits_ok(ed) {
+            if digits.is_empty() || !all_digits(digits) {
                 return None;
             }
-            let v: i64 = ed.replace('_', "").parse().ok()?;
+            let digits = digits.trim_start_matches('0');
+            if digits.len() > 19 {
+                return None;
+            }
+            let v: i128 = if digits.is_empty() {
+                0
+            } else {
+                digits.parse().ok()?
+            };
             if eneg { -v } else { v }
         }
     };
-    let int_digits = int_part.replace('_', "");
-    let frac_digits = frac_part.replace('_', "");
-    exponent -= frac_digits.len() as i64;
-    let all = format!("{int_digits}{frac_digits}");
+    // The exponent of the last digit written, and the coefficient without leading zeros.
+    let exponent = written - frac_part.len() as i128;
+    let all = format!("{int_part}{frac_part}");
     let trimmed = all.trim_start_matches('0');
+    let digits = trimmed.len().max(1) as i128;
+    if exponent < DEC_ETINY || exponent + digits - 1 > DEC_EMAX {
+        return None;
+    }
     if trimmed.is_empty() {
         return Some(Dec::Zero);
     }
     let sig = trimmed.trim_end_matches('0');
-    exponent += (trimmed.len() - sig.len()) as i64;
+    let exponent = exponent + (trimmed.len() - sig.len()) as i128;
     Some(Dec::Finite(neg, sig.to_owned(), exponent))
 }
 
@@ -474,45 +663,144 @@ mod tests {
         assert!(!stdout_matches("a   b", "a b"));
     }
 
+    fn g(s: &str) -> PyValue {
+        parse_guest_value(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn decimal_exponents_are_exact_and_bounded_as_in_python() {
+        // An exponent that wrapped in i64 once made these equal.
+        assert!(!stdout_matches(
+            "10e9223372036854775807",
+            "0.1e-9223372036854775807"
+        ));
+        assert_eq!(parse_decimal("10e9223372036854775807"), None);
+        assert_eq!(parse_decimal("0.1e-9223372036854775807"), None);
+        // libmpdec's range, checked against CPython 3.11's Decimal.
+        assert!(parse_decimal("1e999999999999999999").is_some());
+        assert_eq!(parse_decimal("1e1000000000000000000"), None);
+        assert_eq!(parse_decimal("12e999999999999999999"), None);
+        assert!(parse_decimal("0.1e1000000000000000000").is_some());
+        assert!(parse_decimal("1e-1999999999999999997").is_some());
+        assert_eq!(parse_decimal("1e-1999999999999999998"), None);
+        assert_eq!(parse_decimal("0.1e-1999999999999999997"), None);
+        assert!(parse_decimal("0e-1999999999999999997").is_some());
+        assert_eq!(parse_decimal("0e1000000000000000000"), None);
+        assert!(parse_decimal("0.0e1000000000000000000").is_some());
+        assert!(parse_decimal("100000000000000000000e999999999999999979").is_some());
+        assert!(parse_decimal("1e00000000000000000000000000001").is_some());
+        assert_eq!(parse_decimal("1e99999999999999999999999"), None);
+        // Far apart exponents never meet.
+        assert!(!stdout_matches(
+            "1e999999999999999999",
+            "1e-999999999999999999"
+        ));
+        assert!(stdout_matches(
+            "1e999999999999999999",
+            "10e999999999999999998"
+        ));
+        // Underscores anywhere, NaN payloads, infinities, as CPython reads them.
+        assert_eq!(parse_decimal("_1"), parse_decimal("1"));
+        assert_eq!(parse_decimal("1e-_5"), parse_decimal("0.00001"));
+        assert_eq!(parse_decimal("_"), None);
+        assert_eq!(parse_decimal("nan123"), Some(Dec::NaN));
+        assert_eq!(parse_decimal("NaN12a"), None);
+        assert_eq!(parse_decimal("-INFINITY"), Some(Dec::Inf(true)));
+        assert_eq!(parse_decimal("infinit"), None);
+        assert_eq!(parse_decimal("1e+-5"), None);
+        assert_eq!(parse_decimal("."), None);
+    }
+
     #[test]
     fn python_equality_rules() {
         assert!(py("1").py_eq(&py("1.0")));
-        assert!(py("1").py_eq(&PyValue::Bool(true)));
-        assert!(py("0.0").py_eq(&PyValue::Bool(false)));
+        assert!(py("1").py_eq(&py("true")));
+        assert!(py("0.0").py_eq(&py("false")));
+        assert!(py("-0.0").py_eq(&py("0")));
         assert!(!py("1.5").py_eq(&py("1")));
         assert!(!py("NaN").py_eq(&py("NaN")));
-        assert!(py("Infinity").py_eq(&PyValue::Float(f64::INFINITY)));
+        assert!(!py("[NaN]").py_eq(&py("[NaN]")));
+        assert!(py("Infinity").py_eq(&g(r#"{"f": "inf"}"#)));
+        assert!(
+            py("1e400").py_eq(&py("Infinity")),
+            "json.loads reads 1e400 as inf"
+        );
         let big = "123456789012345678901234567890";
         assert!(py(big).py_eq(&py(big)));
         assert!(!py(big).py_eq(&py("123456789012345678901234567891")));
         assert!(py("1e30").py_eq(&py("1000000000000000019884624838656")));
-        assert!(!py("[1, 2]").py_eq(&PyValue::Tuple(vec![py("1"), py("2")])));
+        assert!(!py("1e30").py_eq(&py("1000000000000000000000000000000")));
+        assert!(!py("[1, 2]").py_eq(&g(r#"{"t": [{"i": "1"}, {"i": "2"}]}"#)));
         assert!(py("[1, [2, 3]]").py_eq(&py("[1.0, [2, 3]]")));
+        assert!(!py("[1, [2, 3]]").py_eq(&py("[1, [3, 2]]")));
+        assert!(!py("[[1], 2]").py_eq(&py("[1, [2]]")));
         assert!(py(r#"{"a": 1, "b": [2]}"#).py_eq(&py(r#"{"b": [2.0], "a": 1}"#)));
         assert!(!py(r#"{"a": 1}"#).py_eq(&py(r#"{"a": 1, "b": 2}"#)));
-        assert!(py(r#""\u00e9\ud83d\ude00""#).py_eq(&PyValue::Str("é😀".into())));
+        assert!(!py(r#"{"a": 1, "b": 2}"#).py_eq(&py(r#"{"a": 2, "b": 1}"#)));
+        assert!(
+            py(r#"{"a": 1, "a": 2}"#).py_eq(&py(r#"{"a": 2}"#)),
+            "a repeated key keeps its last value"
+        );
+        assert!(py(r#""\u00e9\ud83d\ude00""#).py_eq(&py("\"é😀\"")));
+        assert!(
+            !py(r#""\ud800""#).py_eq(&py("\"\u{fffd}\"")),
+            "a lone surrogate is itself"
+        );
         assert!(!py("null").py_eq(&py("0")));
         assert!(!py(r#""1""#).py_eq(&py("1")));
-        let set = PyValue::Set(vec![py("1"), py("2")]);
-        assert!(set.py_eq(&PyValue::Set(vec![py("2.0"), py("1")])));
+        assert!(!py("[]").py_eq(&py("{}")));
+        assert!(!py(r#"["ab"]"#).py_eq(&py(r#"["a", "b"]"#)));
+        let set = g(r#"{"e": [{"i": "1"}, {"i": "2"}]}"#);
+        assert!(set.py_eq(&g(r#"{"e": [{"f": "2.0"}, true]}"#)));
         assert!(!set.py_eq(&py("[1, 2]")));
+        assert!(!set.py_eq(&g(r#"{"e": [{"i": "1"}]}"#)));
     }
 
     #[test]
-    fn guest_encoding_round_trips() {
-        let v: Value = serde_json::from_str(
-            r#"{"d": [[{"i": "1"}, {"t": [{"f": "nan"}, {"f": "-inf"}, "x", null, true]}]]}"#,
-        )
-        .unwrap();
-        let decoded = PyValue::from_guest(&v).unwrap();
-        match decoded {
-            PyValue::Dict(entries) => {
-                assert_eq!(entries[0].0, PyValue::Int(false, "1".into()));
-                assert!(matches!(&entries[0].1, PyValue::Tuple(xs) if xs.len() == 5));
-            }
-            other => panic!("{other:?}"),
+    fn guest_encoding_decodes_and_rejects_what_is_not_in_it() {
+        let dict = g(
+            r#"{"d": [{"i": "1"}, {"t": [{"f": "-inf"}, "x", null, true]}, "k", [{"i": "-0"}]]}"#,
+        );
+        assert!(dict.py_eq(&g(
+            r#"{"d": ["k", [{"i": "0"}], {"f": "1.0"}, {"t": [{"f": "-inf"}, "x", null, {"i": "1"}]}]}"#
+        )));
+        assert!(
+            !g(r#"{"d": [{"i": "1"}, {"f": "nan"}]}"#)
+                .py_eq(&g(r#"{"d": [{"i": "1"}, {"f": "nan"}]}"#))
+        );
+        for bad in [
+            r#"{"zz": 1}"#,
+            "3",
+            "NaN",
+            r#"{"i": "1", "f": "2"}"#,
+            r#"{"i": "1x"}"#,
+            r#"{"d": [{"i": "1"}]}"#,
+            r#"{"t": "x"}"#,
+            "[1, 2",
+            "[{\"i\": \"1\"}] extra",
+        ] {
+            assert!(parse_guest_value(bad.as_bytes()).is_err(), "{bad}");
         }
-        assert!(PyValue::from_guest(&serde_json::json!({"zz": 1})).is_err());
-        assert!(PyValue::from_guest(&serde_json::json!(3)).is_err());
+    }
+
+    #[test]
+    fn depth_and_width_cost_no_stack_and_no_quadratic_time() {
+        // 100 000 levels: an explicit stack, nothing recurses.
+        let depth = 100_000;
+        let deep = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        assert!(py(&deep).py_eq(&g(&format!(
+            "{}{{\"i\": \"1\"}}{}",
+            "[".repeat(depth),
+            "]".repeat(depth)
+        ))));
+        let deeper = format!("{}1{}", "[".repeat(depth + 1), "]".repeat(depth + 1));
+        assert!(!py(&deep).py_eq(&py(&deeper)));
+        // 100 000 keys, in opposite orders.
+        let n = 100_000;
+        let forward: Vec<String> = (0..n).map(|i| format!("\"k{i}\": {i}")).collect();
+        let backward: Vec<String> = (0..n).rev().map(|i| format!("\"k{i}\": {i}")).collect();
+        let a = py(&format!("{{{}}}", forward.join(", ")));
+        let b = py(&format!("{{{}}}", backward.join(", ")));
+        assert!(a.py_eq(&b));
     }
 }

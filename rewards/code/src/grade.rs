@@ -6,7 +6,7 @@ use areal_sandbox::{Limits, Mode, Outcome, Run, RunReport, Sandbox, SandboxError
 use areal_sdk::Verdict;
 use serde::{Deserialize, Serialize};
 
-use crate::compare::{PyValue, parse_python_json, stdout_matches};
+use crate::compare::{parse_guest_value, parse_python_json, stdout_matches};
 use crate::record::{Problem, TestKind, extract_code};
 
 const HARNESS: &str = include_str!("harness.py");
@@ -31,6 +31,8 @@ import random\nimport statistics\nimport itertools\nimport functools\nimport ope
 import io\nimport sys\nimport json\nsys.setrecursionlimit(50000)\n";
 const MARK: &[u8] = b"\x1eareal-result\x1e";
 const EXEC_MARK: &[u8] = b"\x1eareal-exec-ns=";
+/// The harness writes this first on stderr, just before the program runs.
+const STARTED_MARK: &[u8] = b"\x1eareal-started\n";
 
 /// Limits and scoring of a grading.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -52,6 +54,8 @@ pub struct GradeOptions {
     pub partial_credit: bool,
     /// Deterministic mode's fuel budget per test (replaces the time limit there).
     pub fuel: u64,
+    /// The most a record's compressed tests may decompress to, in MiB.
+    pub max_tests_mb: usize,
 }
 
 impl Default for GradeOptions {
@@ -64,11 +68,103 @@ impl Default for GradeOptions {
             output_bytes: 16 << 20,
             partial_credit: false,
             fuel: 40_000_000_000,
+            max_tests_mb: crate::record::DEFAULT_MAX_TESTS_BYTES >> 20,
         }
     }
 }
 
+/// Bounds of [`GradeOptions`], checked by [`GradeOptions::check`].
+pub mod bounds {
+    /// The longest CPU limit of one test, `timeout_s × time_scale`, in seconds (one hour).
+    pub const MAX_CPU_S: f64 = 3600.0;
+    /// The largest `time_scale`: the interpreter in wasm is 2–4× slower than native.
+    pub const MAX_TIME_SCALE: f64 = 100.0;
+    /// The least memory per test, in MiB: the interpreter's snapshot starts at ~90 MiB
+    /// (64 MiB of it the C stack).
+    pub const MIN_MEMORY_MB: usize = 128;
+    /// The most memory per test, in MiB: a wasm32 guest addresses 4 GiB.
+    pub const MAX_MEMORY_MB: usize = 4096;
+    /// The least stdout per test, in bytes (a call test's encoded return value needs room).
+    pub const MIN_OUTPUT_BYTES: usize = 1 << 10;
+    /// The most stdout per test, in bytes (1 GiB): it is held in the host's memory.
+    pub const MAX_OUTPUT_BYTES: usize = 1 << 30;
+    /// The least fuel per test in deterministic mode (a trivial program spends ~1.1 × 10⁶).
+    pub const MIN_FUEL: u64 = 10_000_000;
+    /// The most a record's tests may decompress to, in MiB.
+    pub const MAX_TESTS_MB: usize = 16 << 10;
+}
+
 impl GradeOptions {
+    /// Check every option against [`bounds`]; each problem as (option, message naming the
+    /// value). Callers name the option their own way (`reward.memory_mb`, `--memory-mb`).
+    pub fn check(&self) -> Vec<(&'static str, String)> {
+        use bounds::*;
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, key: &'static str, message: String| {
+            if !ok {
+                problems.push((key, message));
+            }
+        };
+        let positive = |x: f64| x > 0.0 && x.is_finite();
+        check(
+            positive(self.timeout_s),
+            "timeout_s",
+            format!("{:?} is not a positive number of seconds", self.timeout_s),
+        );
+        check(
+            positive(self.time_scale) && self.time_scale <= MAX_TIME_SCALE,
+            "time_scale",
+            format!(
+                "{:?} is not a factor in (0, {MAX_TIME_SCALE}]",
+                self.time_scale
+            ),
+        );
+        if positive(self.timeout_s)
+            && positive(self.time_scale)
+            && self.time_scale <= MAX_TIME_SCALE
+        {
+            let cpu = self.timeout_s * self.time_scale;
+            check(
+                cpu <= MAX_CPU_S,
+                "timeout_s",
+                format!(
+                    "{:?} s × time_scale {:?} = {cpu:?} s per test is past the limit of {MAX_CPU_S} s",
+                    self.timeout_s, self.time_scale
+                ),
+            );
+        }
+        check(
+            (MIN_MEMORY_MB..=MAX_MEMORY_MB).contains(&self.memory_mb),
+            "memory_mb",
+            format!(
+                "{} MiB is outside {MIN_MEMORY_MB}..={MAX_MEMORY_MB} (the interpreter needs {MIN_MEMORY_MB}; a wasm32 guest addresses at most 4 GiB)",
+                self.memory_mb
+            ),
+        );
+        check(
+            (MIN_OUTPUT_BYTES..=MAX_OUTPUT_BYTES).contains(&self.output_bytes),
+            "output_bytes",
+            format!(
+                "{} bytes is outside {MIN_OUTPUT_BYTES}..={MAX_OUTPUT_BYTES}",
+                self.output_bytes
+            ),
+        );
+        check(
+            self.fuel >= MIN_FUEL,
+            "fuel",
+            format!(
+                "{} is below {MIN_FUEL}: a trivial program spends ~1 100 000 per test",
+                self.fuel
+            ),
+        );
+        check(
+            (1..=MAX_TESTS_MB).contains(&self.max_tests_mb),
+            "max_tests_mb",
+            format!("{} MiB is outside 1..={MAX_TESTS_MB}", self.max_tests_mb),
+        );
+        problems
+    }
+
     /// The CPU limit of one test in the sandbox.
     pub fn cpu_limit(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_s * self.time_scale)
@@ -81,7 +177,7 @@ impl GradeOptions {
             cpu,
             // Room for start-up and a busy machine; a sleeping guest is stopped here.
             wall: cpu + cpu / 2 + Duration::from_secs(1),
-            memory_bytes: self.memory_mb << 20,
+            memory_bytes: self.memory_mb.saturating_mul(1 << 20),
             stdout_bytes: self.output_bytes,
             stderr_bytes: 64 << 10,
             fuel: self.fuel,
@@ -256,14 +352,21 @@ fn grade(
             limits,
         );
         let (verdict, message, report) = match run {
+            // The program was still running when the sample's time ran out: it is the
+            // program's slowness, not the grader's failure (an `error` would let a policy
+            // escape every penalty by never finishing).
             Ok(report) if cut_short && report.outcome == Outcome::TimeLimit => (
-                Verdict::Error,
-                Some(format!("the verification deadline passed during test {i}")),
+                Verdict::TimeLimit,
+                Some(format!(
+                    "the verification deadline passed during test {i}, {:.1} s into it",
+                    report.wall.as_secs_f64()
+                )),
                 Some((report, None)),
             ),
             Ok(mut report) => {
+                let ran = take_started_mark(&mut report.stderr);
                 let exec_ns = take_exec_mark(&mut report.stderr);
-                let (verdict, message) = judge(&report, test.kind, &test.output);
+                let (verdict, message) = judge(&report, ran, test.kind, &test.output);
                 (verdict, message, Some((report, exec_ns)))
             }
             Err(e) => (Verdict::Error, Some(e.to_string()), None),
@@ -287,6 +390,16 @@ fn grade(
     }
     grade.wall_ms = ms(started.elapsed());
     grade
+}
+
+/// Remove the harness's start mark from the front of stderr; whether the program ran.
+fn take_started_mark(stderr: &mut Vec<u8>) -> bool {
+    if stderr.starts_with(STARTED_MARK) {
+        stderr.drain(..STARTED_MARK.len());
+        true
+    } else {
+        false
+    }
 }
 
 /// Remove the harness's timing line from the end of stderr and return its nanoseconds.
@@ -332,8 +445,15 @@ fn run_test(
     sandbox.run_blocking(&run)
 }
 
-/// The verdict of one run; expected outputs are only ever seen here, on the host.
-fn judge(report: &RunReport, kind: TestKind, expected: &str) -> (Verdict, Option<String>) {
+/// The verdict of one run; expected outputs are only ever seen here, on the host. `ran`: the
+/// program started (the harness said so before running it), so every exit status from then
+/// on is the program's doing and none is the grader's failure.
+fn judge(
+    report: &RunReport,
+    ran: bool,
+    kind: TestKind,
+    expected: &str,
+) -> (Verdict, Option<String>) {
     let stderr_tail = || {
         let text = String::from_utf8_lossy(&report.stderr);
         let lines: Vec<&str> = text.trim_end().lines().collect();
@@ -348,7 +468,7 @@ fn judge(report: &RunReport, kind: TestKind, expected: &str) -> (Verdict, Option
             Verdict::RuntimeError,
             Some(format!("the interpreter trapped: {why}")),
         ),
-        Outcome::Exited(2) => (
+        Outcome::Exited(2) if !ran => (
             Verdict::Error,
             Some(format!(
                 "the harness was misused: {}",
@@ -381,10 +501,7 @@ fn judge_return(stdout: &[u8], expected: &str) -> (Verdict, Option<String>) {
             Some("the program exited before its function returned".into()),
         );
     };
-    let encoded = &stdout[at + MARK.len()..];
-    let got = serde_json::from_slice::<serde_json::Value>(encoded)
-        .map_err(|e| e.to_string())
-        .and_then(|v| PyValue::from_guest(&v));
+    let encoded = stdout[at + MARK.len()..].trim_ascii_end();
     let want = match parse_python_json(expected) {
         Ok(v) => v,
         Err(e) => {
@@ -394,7 +511,7 @@ fn judge_return(stdout: &[u8], expected: &str) -> (Verdict, Option<String>) {
             );
         }
     };
-    match got {
+    match parse_guest_value(encoded) {
         Ok(got) if got.py_eq(&want) => (Verdict::Accepted, None),
         Ok(_) => (Verdict::WrongAnswer, None),
         Err(e) => (

@@ -12,9 +12,13 @@
 # Expected outputs never come here; the host decides the verdict. What leaves:
 #   stdin tests: the program's own stdout;
 #   call tests:  stdout carries MARK + the return value in a closed JSON encoding (None, bool,
-#                int, float, str, list, tuple, dict, set); the program's prints are discarded.
-#   stderr:      the program's, then EXEC_MARK + the nanoseconds the program itself ran,
-#                which the host strips off.
+#                int, float, str, list, tuple, dict as [k1, v1, k2, v2, ...], set); the
+#                program's prints are discarded.
+#   stderr:      STARTED_MARK, written just before the program runs, then the program's own,
+#                then EXEC_MARK + the nanoseconds the program itself ran; the host strips
+#                both marks off. Without STARTED_MARK the program never ran, so an exit
+#                status then is the harness's; with it, every status is the program's (it
+#                can call os._exit(n) with any n) and never counts as a grader failure.
 # Exit status: 0 ran to the end (a stdin program's SystemExit is swallowed, as LiveCodeBench
 # does); 1 the program raised (in a call test SystemExit too: nothing was returned);
 # 2 the harness itself was misused; 3 MemoryError; 4 a call test's function is missing;
@@ -28,6 +32,7 @@ import time
 
 MARK = b"\x1eareal-result\x1e"
 EXEC_MARK = b"\x1eareal-exec-ns="
+STARTED_MARK = b"\x1eareal-started\n"
 
 # The prelude, imported once into a template of the program's globals.
 _TEMPLATE = {"__builtins__": __builtins__}
@@ -87,6 +92,13 @@ def _finish(status):
     os._exit(status)
 
 
+def _start():
+    """The program runs from here on: say so first, then start its clock."""
+    global _t0
+    os.write(2, STARTED_MARK)
+    _t0 = time.perf_counter_ns()
+
+
 def _fail(status):
     import traceback
 
@@ -131,14 +143,17 @@ def _encode(v):
     if t is tuple:
         return {"t": [_encode(x) for x in v]}
     if t is dict:
-        return {"d": [[_encode(k), _encode(x)] for k, x in v.items()]}
+        flat = []
+        for k, x in v.items():
+            flat.append(_encode(k))
+            flat.append(_encode(x))
+        return {"d": flat}
     if t is set or t is frozenset:
         return {"e": [_encode(x) for x in v]}
     raise _Unencodable(t.__name__)
 
 
 def areal_main():
-    global _t0
     try:
         header = json.loads(_read_line())
         kind = header["kind"]
@@ -151,7 +166,7 @@ def areal_main():
     g = _TEMPLATE  # every run is a fresh instance: no copy needed (a copy touches every value)
     if kind == "stdin":
         g["__name__"] = "__main__"
-        _t0 = time.perf_counter_ns()
+        _start()
         try:
             exec(compile(code, "<solution>", "exec"), g)
         except SystemExit:
@@ -170,7 +185,7 @@ def areal_main():
         _fail(2)
     g["__name__"] = "__solution__"
     sys.stdout = _Sink()
-    _t0 = time.perf_counter_ns()
+    _start()
     try:
         exec(compile(code, "<solution>", "exec"), g)
         if "class Solution" in code:

@@ -25,7 +25,8 @@ use areal_sdk::{
 };
 
 pub use grade::{
-    Grade, GradeOptions, PRELUDE, TestRun, grade_code, grade_completion, grade_completion_before,
+    Grade, GradeOptions, PRELUDE, TestRun, bounds, grade_code, grade_completion,
+    grade_completion_before,
 };
 pub use record::{Problem, RecordError, TestCase, TestKind, extract_code};
 
@@ -116,7 +117,8 @@ impl RewardVerifier for LcbVerifier {
     }
 
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError> {
-        let problem = Problem::from_record(&input.reference).map_err(|e| {
+        let max_tests = self.options.max_tests_mb.saturating_mul(1 << 20);
+        let problem = Problem::from_record_within(&input.reference, max_tests).map_err(|e| {
             PluginError::failed(
                 "lcb",
                 format!(
@@ -141,11 +143,8 @@ fn build_verifier(
     _ctx: &BuildContext,
 ) -> Result<Arc<dyn RewardVerifier>, PluginError> {
     let options: GradeOptions = config.parse()?;
-    if !(options.timeout_s > 0.0 && options.timeout_s.is_finite()) {
-        return Err(config.invalid("timeout_s", "must be a positive number of seconds"));
-    }
-    if !(options.time_scale > 0.0 && options.time_scale.is_finite()) {
-        return Err(config.invalid("time_scale", "must be a positive factor"));
+    if let Some((key, message)) = options.check().into_iter().next() {
+        return Err(config.invalid(key, message));
     }
     let sandbox =
         shared_sandbox(options.mode).map_err(|e| PluginError::failed("lcb", e.to_string()))?;

@@ -54,11 +54,22 @@ pub struct Problem {
     pub func_name: Option<String>,
 }
 
+/// The most bytes a record's compressed tests may decompress to, by default (256 MiB): real
+/// LiveCodeBench records stay far below it; a zlib bomb stops here instead of filling memory.
+pub const DEFAULT_MAX_TESTS_BYTES: usize = 256 << 20;
+
 impl Problem {
     /// Read a record in LiveCodeBench's field names. `public_test_cases` and
     /// `private_test_cases` are JSON strings (or already arrays); private ones may be
-    /// compressed (base64 → zlib → pickle of the JSON string).
+    /// compressed (base64 → zlib → pickle of the JSON string) and may decompress to at most
+    /// [`DEFAULT_MAX_TESTS_BYTES`].
     pub fn from_record(record: &Value) -> Result<Self, RecordError> {
+        Self::from_record_within(record, DEFAULT_MAX_TESTS_BYTES)
+    }
+
+    /// [`Problem::from_record`] with compressed tests allowed to decompress to at most
+    /// `max_tests_bytes`; past it the record is refused, naming the field and the limit.
+    pub fn from_record_within(record: &Value, max_tests_bytes: usize) -> Result<Self, RecordError> {
         let obj = record
             .as_object()
             .ok_or_else(|| bad("record", "expected a JSON object"))?;
@@ -75,7 +86,7 @@ impl Problem {
         let mut tests = Vec::new();
         for field in ["public_test_cases", "private_test_cases"] {
             if let Some(v) = obj.get(field) {
-                tests.extend(parse_tests(field, v)?);
+                tests.extend(parse_tests(field, v, max_tests_bytes)?);
             }
         }
         let func_name = match obj.get("metadata") {
@@ -111,10 +122,10 @@ fn func_name_of(meta: &Value) -> Result<Option<String>, RecordError> {
     }
 }
 
-fn parse_tests(field: &str, v: &Value) -> Result<Vec<TestCase>, RecordError> {
+fn parse_tests(field: &str, v: &Value, max_bytes: usize) -> Result<Vec<TestCase>, RecordError> {
     let text = match v {
         Value::Array(_) => {
-            return serde_json::from_value(v.clone())
+            return Vec::<TestCase>::deserialize(v)
                 .map_err(|e| bad(field, format!("not a list of tests: {e}")));
         }
         Value::String(s) => s.trim(),
@@ -124,26 +135,43 @@ fn parse_tests(field: &str, v: &Value) -> Result<Vec<TestCase>, RecordError> {
     if text.is_empty() {
         return Ok(Vec::new());
     }
-    let json = if text.starts_with('[') {
-        text.to_owned()
+    let tests = if text.starts_with('[') {
+        serde_json::from_str(text)
     } else {
-        decompress(text).map_err(|m| bad(field, m))?
+        let json = decompress_within(text, max_bytes).map_err(|m| bad(field, m))?;
+        serde_json::from_str(&json)
     };
-    serde_json::from_str(&json).map_err(|e| bad(field, format!("not a list of tests: {e}")))
+    tests.map_err(|e| bad(field, format!("not a list of tests: {e}")))
 }
 
-/// base64 → zlib → pickle (one string), as LiveCodeBench compresses private tests.
+/// base64 → zlib → pickle (one string), as LiveCodeBench compresses private tests, up to
+/// [`DEFAULT_MAX_TESTS_BYTES`] decompressed.
 pub fn decompress(text: &str) -> Result<String, String> {
+    decompress_within(text, DEFAULT_MAX_TESTS_BYTES)
+}
+
+/// [`decompress`] that refuses to inflate past `max_bytes` (a zlib bomb stops there).
+pub fn decompress_within(text: &str, max_bytes: usize) -> Result<String, String> {
     use std::io::Read as _;
     let raw = base64::engine::general_purpose::STANDARD
         .decode(text.as_bytes())
         .map_err(|e| format!("neither JSON nor base64: {e}"))?;
     let mut pickled = Vec::new();
+    let limit = u64::try_from(max_bytes)
+        .unwrap_or(u64::MAX)
+        .saturating_add(1);
     flate2::read::ZlibDecoder::new(&raw[..])
-        .take(1 << 30)
+        .take(limit)
         .read_to_end(&mut pickled)
         .map_err(|e| format!("base64 but not zlib: {e}"))?;
-    unpickle_string(&pickled)
+    drop(raw);
+    if pickled.len() > max_bytes {
+        return Err(format!(
+            "decompresses to more than {} MiB (the limit; LiveCodeBench's records are far smaller)",
+            max_bytes >> 20
+        ));
+    }
+    unpickle_string_owned(pickled)
 }
 
 /// Decode a pickle that holds exactly one `str`, accepting only the opcodes such records use
@@ -151,8 +179,27 @@ pub fn decompress(text: &str) -> Result<String, String> {
 /// GLOBAL, REDUCE and every opcode that builds or calls objects — is rejected, so a record
 /// can never make the grader execute anything.
 pub fn unpickle_string(data: &[u8]) -> Result<String, String> {
+    unpickle_string_owned(data.to_vec())
+}
+
+/// [`unpickle_string`] that reuses the pickle's buffer for the string (no second copy of a
+/// large record).
+fn unpickle_string_owned(mut data: Vec<u8>) -> Result<String, String> {
+    let range = unpickled_range(&data)?;
+    data.truncate(range.end);
+    data.drain(..range.start);
+    String::from_utf8(data).map_err(|e| {
+        format!(
+            "invalid UTF-8 at byte {} of the string",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+/// Where the one string of a pickle lies in it.
+fn unpickled_range(data: &[u8]) -> Result<std::ops::Range<usize>, String> {
     let mut pos = 0usize;
-    let mut value: Option<String> = None;
+    let mut value: Option<std::ops::Range<usize>> = None;
     let take = |pos: &mut usize, n: usize| -> Result<&[u8], String> {
         let end = pos
             .checked_add(n)
@@ -165,14 +212,16 @@ pub fn unpickle_string(data: &[u8]) -> Result<String, String> {
     loop {
         let at = pos;
         let op = *take(&mut pos, 1)?.first().expect("one byte");
-        let len_prefixed = |pos: &mut usize, width: usize| -> Result<String, String> {
-            let mut n = [0u8; 8];
-            n[..width].copy_from_slice(take(pos, width)?);
-            let n = usize::try_from(u64::from_le_bytes(n))
-                .map_err(|_| format!("string length too large at byte {at}"))?;
-            let bytes = take(pos, n)?;
-            String::from_utf8(bytes.to_vec()).map_err(|_| format!("invalid UTF-8 at byte {at}"))
-        };
+        let len_prefixed =
+            |pos: &mut usize, width: usize| -> Result<std::ops::Range<usize>, String> {
+                let mut n = [0u8; 8];
+                n[..width].copy_from_slice(take(pos, width)?);
+                let n = usize::try_from(u64::from_le_bytes(n))
+                    .map_err(|_| format!("string length too large at byte {at}"))?;
+                let start = *pos;
+                take(pos, n)?;
+                Ok(start..*pos)
+            };
         match op {
             0x80 => {
                 // PROTO n

@@ -24,5 +24,6 @@ mod sandbox;
 pub use guest::{INTERPRETER_ENV, Interpreter, InterpreterError};
 pub use pool::Pool;
 pub use sandbox::{
-    Limits, Mode, Outcome, Run, RunReport, Sandbox, SandboxError, Settings, wasmtime_version,
+    Limits, MAX_CONCURRENT_RUNS, MAX_GUEST_RESOURCES, Mode, Outcome, Run, RunReport, Sandbox,
+    SandboxError, Settings, wasmtime_version,
 };

@@ -24,7 +24,12 @@ const EPOCH_TICK: Duration = Duration::from_millis(5);
 const MAX_WASM_STACK: usize = 48 << 20;
 const ASYNC_STACK: usize = 64 << 20;
 /// Runs that may be in flight at once in one sandbox (slots of the instance pool).
-pub(crate) const MAX_CONCURRENT_RUNS: u32 = 64;
+pub const MAX_CONCURRENT_RUNS: u32 = 64;
+/// Open resources one guest may hold at once: files and directories (each one a host file
+/// descriptor), streams, pollables. Importing needs a few at a time; past the cap the guest
+/// traps (`runtime_error`), so that no guest can exhaust the process's descriptors and fail
+/// the guests beside it: `N` guests at once hold at most `64 N` descriptors.
+pub const MAX_GUEST_RESOURCES: usize = 64;
 
 /// The wasmtime version this crate runs (part of every cache key and provenance).
 pub fn wasmtime_version() -> &'static str {
@@ -468,8 +473,12 @@ fn guest_state(
             .insecure_random(SeededRandom::new(io.seed ^ 0x9e37_79b9_7f4a_7c15))
             .insecure_random_seed(u128::from(io.seed));
     }
+    let mut wasi = wasi.build_p1();
+    wasmtime_wasi::WasiView::ctx(&mut wasi)
+        .table
+        .set_max_capacity(MAX_GUEST_RESOURCES);
     Ok(Guest {
-        wasi: wasi.build_p1(),
+        wasi,
         clock,
         memory: MemoryCap {
             max: memory_bytes,
@@ -599,6 +608,11 @@ fn classify(e: &wasmtime::Error, memory_exceeded: bool) -> Outcome {
     }
     if memory_exceeded {
         return Outcome::MemoryLimit;
+    }
+    if let Some(wasmtime::component::ResourceTableError::Full) = e.downcast_ref() {
+        return Outcome::Trapped(format!(
+            "too many open files or streams (at most {MAX_GUEST_RESOURCES} per run)"
+        ));
     }
     if let Some(trap) = e.downcast_ref::<Trap>() {
         return match trap {

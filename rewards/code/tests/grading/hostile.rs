@@ -316,6 +316,62 @@ const PROGRAMS: &[(&str, Kind, &str, Verdict)] = &[
         "import sys\ndef add(a, b):\n    sys.exit(0)",
         RE,
     ),
+    // The harness's own exit statuses, forged: none may reach `error`, the grader-failure
+    // verdict training drops without penalty (a policy would learn to exit on hard problems).
+    ("os._exit(2)", Stdin, "import os\nos._exit(2)", RE),
+    (
+        "os._exit(2) in a call",
+        Call,
+        "import os\ndef add(a, b):\n    os._exit(2)",
+        RE,
+    ),
+    (
+        "os._exit(2) at import in a call",
+        Call,
+        "import os\nos._exit(2)\ndef add(a, b):\n    return a + b",
+        RE,
+    ),
+    (
+        "os._exit(2) after a forged harness message",
+        Stdin,
+        "import os\nos.write(2, b'the harness was misused')\nos._exit(2)",
+        RE,
+    ),
+    ("os._exit(4)", Stdin, "import os\nos._exit(4)", RE),
+    (
+        "os._exit(5)",
+        Call,
+        "import os\ndef add(a, b):\n    os._exit(5)",
+        WA,
+    ),
+    ("os._exit(3)", Stdin, "import os\nos._exit(3)", MLE),
+    ("os._exit(-1)", Stdin, "import os\nos._exit(-1)", RE),
+    // Host file descriptors: a guest may hold 64 open resources; more traps it, and the
+    // guests grading beside it (the `together` pass) still get theirs.
+    (
+        "open files until the host runs out",
+        Stdin,
+        "fs = []\nwhile True:\n    fs.append(open('/usr/local/lib/python3.11/os.py'))",
+        RE,
+    ),
+    (
+        "open directories until the host runs out",
+        Stdin,
+        "import os\nfs = []\nwhile True:\n    fs.append(os.open('/usr/local/lib/python3.11', os.O_RDONLY))",
+        RE,
+    ),
+    (
+        "open files, catching the failure",
+        Stdin,
+        "fs = []\ntry:\n    while True:\n        fs.append(open('/usr/local/lib/python3.11/os.py'))\nexcept BaseException:\n    pass\nprint(3)",
+        RE,
+    ),
+    (
+        "a few open files are fine",
+        Stdin,
+        "fs = [open('/usr/local/lib/python3.11/os.py') for _ in range(20)]\na, b = map(int, input().split())\nprint(a + b)",
+        AC,
+    ),
     ("hard-coded first answer", Stdin, "print(3)", WA),
     ("syntax error", Stdin, "def f(:\n    pass", RE),
     (
@@ -383,7 +439,7 @@ fn check(results: &[(usize, Grade)]) {
 
 #[test]
 fn hostile_programs_get_their_verdicts_and_the_host_is_unharmed() {
-    assert!(PROGRAMS.len() >= 40);
+    assert!(PROGRAMS.len() >= 60);
     let sb = sandbox();
     let stdlib = sb.interpreter().stdlib();
     let before = host_state(&stdlib);

@@ -150,12 +150,83 @@ fn records_with_bad_fields_are_rejected_by_name() {
     assert_eq!(err.field, "metadata");
 }
 
+/// The lower bounds of the options are honest: a program that does little still passes at
+/// each of them.
+#[test]
+fn the_least_limits_still_grade_an_honest_program() {
+    use areal_reward_code::bounds;
+    let problem = stdin_problem(&[("1 2\n", "3\n")]);
+    let code = "a, b = map(int, input().split())\nprint(a + b)";
+    let least = GradeOptions {
+        memory_mb: bounds::MIN_MEMORY_MB,
+        output_bytes: bounds::MIN_OUTPUT_BYTES,
+        ..quick()
+    };
+    assert!(least.check().is_empty());
+    let grade = grade_code(&sandbox(), &problem, code, &least);
+    assert_eq!(grade.verdict, Verdict::Accepted, "{grade:?}");
+    let deterministic = GradeOptions {
+        mode: Mode::Deterministic,
+        fuel: bounds::MIN_FUEL,
+        ..least
+    };
+    let sb = shared_sandbox(Mode::Deterministic).unwrap();
+    let grade = grade_code(&sb, &problem, code, &deterministic);
+    assert_eq!(grade.verdict, Verdict::Accepted, "{grade:?}");
+}
+
 #[test]
 fn zero_tests_is_an_error_never_a_pass() {
     let problem = stdin_problem(&[]);
     let grade = grade_code(&sandbox(), &problem, "print(1)", &quick());
     assert_eq!(grade.verdict, Verdict::Error);
     assert_eq!(reward_of(&grade, &quick(), &sandbox()).value, 0.0);
+}
+
+/// What the hostile pass found a program could game, each a regression test: a wrapped
+/// decimal exponent, a depth limit that failed correct answers, and a quadratic comparison.
+#[test]
+fn rewards_a_program_cannot_game() {
+    let sb = sandbox();
+    // A decimal exponent once wrapped in i64, making these two "equal".
+    let tiny = stdin_problem(&[("\n", "0.1e-9223372036854775807\n")]);
+    let grade = grade_code(&sb, &tiny, "print('10e9223372036854775807')", &quick());
+    assert_eq!(grade.verdict, Verdict::WrongAnswer, "{grade:?}");
+    let grade = grade_code(&sb, &tiny, "print('0.1e-9223372036854775807')", &quick());
+    assert_eq!(
+        grade.verdict,
+        Verdict::Accepted,
+        "equal lines match as text"
+    );
+
+    // Nested return values: right at 150 and 10 000 levels, wrong one level off.
+    let nest = "def nest(n):\n    v = 1\n    for _ in range(n):\n        v = [v]\n    return v";
+    for depth in [150usize, 10_000] {
+        let want = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        let problem = call_problem("nest", &[(&depth.to_string(), &want)]);
+        let grade = grade_code(&sb, &problem, nest, &quick());
+        assert_eq!(grade.verdict, Verdict::Accepted, "depth {depth}: {grade:?}");
+        let off = call_problem("nest", &[(&(depth + 1).to_string(), &want)]);
+        let grade = grade_code(&sb, &off, nest, &quick());
+        assert_eq!(grade.verdict, Verdict::WrongAnswer, "depth {depth} + 1");
+    }
+
+    // A dict of 100 000 keys, expected in the opposite order (once 108 s, quadratic).
+    let n = 100_000;
+    let want: Vec<String> = (0..n).rev().map(|i| format!("\"{i}\": {i}")).collect();
+    let want = format!("{{{}}}", want.join(", "));
+    let problem = call_problem("table", &[(&n.to_string(), &want)]);
+    let code = "def table(n):\n    return {str(i): i for i in range(n)}";
+    let roomy = GradeOptions {
+        output_bytes: 16 << 20,
+        ..quick()
+    };
+    let grade = grade_code(&sb, &problem, code, &roomy);
+    assert_eq!(grade.verdict, Verdict::Accepted, "{grade:?}");
+    let wrong =
+        "def table(n):\n    d = {str(i): i for i in range(n)}\n    d['7'] = 8\n    return d";
+    let grade = grade_code(&sb, &problem, wrong, &roomy);
+    assert_eq!(grade.verdict, Verdict::WrongAnswer);
 }
 
 #[test]
@@ -477,6 +548,22 @@ fn the_lcb_plugin_builds_from_config_and_grades_a_sample() {
     assert!(err.contains("timeout"), "{err}");
     let err = error(PluginConfig::new("reward", "lcb").with("mode", "quick"));
     assert!(err.contains("reward.mode"), "{err}");
+    // Values that once panicked, wrapped or were taken without a word: each is named.
+    for (key, value, shown) in [
+        ("timeout_s", json!(1e300), "1e300"),
+        ("time_scale", json!(1e300), "1e300"),
+        ("memory_mb", json!(17_592_186_044_416u64), "17592186044416"),
+        ("memory_mb", json!(0), "0 MiB"),
+        ("output_bytes", json!(0), "0 bytes"),
+        ("fuel", json!(0), "0 is below"),
+        ("max_tests_mb", json!(0), "0 MiB"),
+    ] {
+        let err = error(PluginConfig::new("reward", "lcb").with(key, value.clone()));
+        assert!(
+            err.contains(&format!("reward.{key}")) && err.contains(shown),
+            "{key} = {value}: {err}"
+        );
+    }
 
     let verifier = build(PluginConfig::new("reward", "lcb").with("timeout_s", 1.0)).unwrap();
     let input = RewardInput {
@@ -497,7 +584,9 @@ fn the_lcb_plugin_builds_from_config_and_grades_a_sample() {
     assert_eq!((reward.value, reward.verdict), (1.0, Verdict::Accepted));
     assert_eq!(reward.provenance.limits["cpu_s"], json!(3.0));
     // The engine's deadline bounds the grading: a program that would run for its full 18 s
-    // CPU limit is stopped at the deadline, as the verifier's failure (not a time_limit).
+    // CPU limit is stopped at the deadline. That is the program's time_limit, never the
+    // grader's `error`: training drops errors without penalty, so a policy that learned to
+    // loop forever would escape every penalty.
     let default = build(PluginConfig::new("reward", "lcb")).unwrap();
     let slow = RewardInput {
         completion: "```python\nwhile True:\n    pass\n```".into(),
@@ -510,7 +599,11 @@ fn the_lcb_plugin_builds_from_config_and_grades_a_sample() {
             &VerifyContext::with_timeout(std::time::Duration::from_secs(1)),
         )
         .unwrap();
-    assert_eq!(reward.verdict, Verdict::Error, "{reward:?}");
+    assert_eq!(
+        (reward.value, reward.verdict),
+        (0.0, Verdict::TimeLimit),
+        "{reward:?}"
+    );
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
     // A reference that is not a record is the task's fault: an error, not a wrong answer.
     let bad = RewardInput {
