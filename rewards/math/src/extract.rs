@@ -65,7 +65,7 @@ pub fn extract(text: &str, options: &Options, dl: &Deadline) -> Result<Extracted
     };
     let chains = chain_spans(text, &spans);
     let plain = if options.expr {
-        plain_matches(text)
+        plain_matches(text, dl)?
     } else {
         Vec::new()
     };
@@ -474,11 +474,12 @@ fn is_joiner(between: &str) -> bool {
 }
 
 /// Plain numbers and arithmetic: anchored at the start, after a space or after `=`.
-fn plain_matches(text: &str) -> Vec<Candidate> {
+fn plain_matches(text: &str, dl: &Deadline) -> Result<Vec<Candidate>, Timeout> {
     let bytes = text.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
+        dl.check()?;
         let anchored = i == 0 || matches!(bytes[i - 1], b' ' | b'\t' | b'\n' | b'\r' | b'=');
         if !anchored {
             i += text[i..].chars().next().map_or(1, char::len_utf8);
@@ -502,7 +503,7 @@ fn plain_matches(text: &str) -> Vec<Candidate> {
         }
         i += text[i..].chars().next().map_or(1, char::len_utf8);
     }
-    out
+    Ok(out)
 }
 
 /// A number at `i`: `-1,234.5`, `1 000`, `1000,99` (decimal comma), `.5`, and a percent.
@@ -629,6 +630,25 @@ fn expression_at(text: &str, i: usize) -> Option<Candidate> {
     if run_text.contains('\n') {
         return None; // no multi-line arithmetic
     }
+    // The first operator after the lead: an expression needs one inside it. Without one (a
+    // long number) there is nothing to back off over.
+    let first_op = run_text
+        .char_indices()
+        .skip(skip + 1)
+        .find(|&(_, c)| is_op(c))
+        .map(|(k, _)| k)?;
+    // Open minus close parentheses before each byte offset, so that each end is checked in
+    // constant time (backing off over a long run stays linear).
+    let mut depth = vec![0i64; run + 1];
+    for (k, c) in run_text.char_indices() {
+        let d = depth[k]
+            + match c {
+                '(' => 1,
+                ')' => -1,
+                _ => 0,
+            };
+        depth[k + 1..=k + c.len_utf8()].fill(d);
+    }
     // Back off until what follows is a valid end and an operator sits inside.
     let mut end = run;
     while end > 0 {
@@ -639,15 +659,10 @@ fn expression_at(text: &str, i: usize) -> Option<Candidate> {
             Some(c) => ".,: )$".contains(c) || c.is_whitespace(),
         };
         let last = body.chars().last();
-        let has_op = body
-            .char_indices()
-            .skip(skip + 1)
-            .any(|(k, c)| is_op(c) && k + 1 < body.len());
+        let has_op = first_op + 1 < body.len();
         if valid_end && has_op && last.is_some_and(|c| c.is_ascii_digit() || c == ')' || c == '.') {
             let body = body.trim_end_matches('.');
-            if body.chars().filter(|&c| c == '(').count()
-                == body.chars().filter(|&c| c == ')').count()
-            {
+            if depth[body.len()] == 0 {
                 return Some(Candidate {
                     tier: 300,
                     start: i,

@@ -79,7 +79,43 @@ impl Default for Options {
     }
 }
 
+/// The longest `timeout_s` (an hour): a limit, not a way to wait forever.
+pub const MAX_TIMEOUT_S: f64 = 3600.0;
+/// The most `float_rounding` places: past what a float holds.
+pub const MAX_FLOAT_ROUNDING: u32 = 15;
+
 impl Options {
+    /// Check the options; each problem as (option, message naming the value). Callers name
+    /// the option their own way (`reward.timeout_s`, `--timeout`).
+    pub fn check(&self) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        if !(self.timeout_s > 0.0 && self.timeout_s <= MAX_TIMEOUT_S) {
+            problems.push((
+                "timeout_s",
+                format!(
+                    "{:?} is not a number of seconds in (0, {MAX_TIMEOUT_S}]",
+                    self.timeout_s
+                ),
+            ));
+        }
+        if self.float_rounding > MAX_FLOAT_ROUNDING {
+            problems.push((
+                "float_rounding",
+                format!(
+                    "{} places is past what a float holds; at most {MAX_FLOAT_ROUNDING}",
+                    self.float_rounding
+                ),
+            ));
+        }
+        if !self.latex && !self.expr {
+            problems.push((
+                "latex",
+                "with `expr` also false, no answer can ever be found".to_owned(),
+            ));
+        }
+        problems
+    }
+
     /// These options changed by a config in Math-Verify's terms, as its test cases state
     /// them: `match_types` (`["latex", "expr"]`), `latex_boxed_match_priority` (-1: no
     /// boxes), `float_rounding`, `strict`, `allow_set_relation_comp`; `"parse": "default
@@ -116,7 +152,7 @@ impl Options {
                     out.float_rounding = value
                         .as_u64()
                         .and_then(|v| u32::try_from(v).ok())
-                        .filter(|v| *v <= 15)
+                        .filter(|v| *v <= MAX_FLOAT_ROUNDING)
                         .ok_or_else(bad)?;
                 }
                 "strict" => out.strict = value.as_bool().ok_or_else(bad)?,
@@ -307,23 +343,8 @@ fn build_verifier(
     _ctx: &BuildContext,
 ) -> Result<Arc<dyn RewardVerifier>, PluginError> {
     let options: Options = config.parse()?;
-    if !(options.timeout_s > 0.0 && options.timeout_s.is_finite()) {
-        return Err(config.invalid("timeout_s", "must be a positive number of seconds"));
-    }
-    if options.float_rounding > 15 {
-        return Err(config.invalid(
-            "float_rounding",
-            format!(
-                "{} places is past what a float holds; at most 15",
-                options.float_rounding
-            ),
-        ));
-    }
-    if !options.latex && !options.expr {
-        return Err(config.invalid(
-            "latex",
-            "with `expr` also false, no answer can ever be found",
-        ));
+    if let Some((key, message)) = options.check().into_iter().next() {
+        return Err(config.invalid(key, message));
     }
     Ok(Arc::new(MathVerifier::new(options)))
 }

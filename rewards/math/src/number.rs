@@ -14,6 +14,11 @@ use num_traits::{One, Signed, ToPrimitive, Zero};
 /// left as powers and compared numerically.
 const MAX_EXACT_BITS: u64 = 4096;
 
+/// Numbers written with more digits than this are not read as numbers: arithmetic on them
+/// (a gcd, a rounding) takes seconds that no deadline can interrupt. Such an answer is
+/// compared as text, exactly (`equal_answers`), which never accepts a wrong one.
+pub const MAX_LITERAL_DIGITS: usize = 10_000;
+
 /// An exact rational, and whether a decimal point took part in writing it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Number {
@@ -42,8 +47,12 @@ impl Number {
         Self::exact(BigRational::new(BigInt::from(p), BigInt::from(q)))
     }
 
-    /// Parses `123`, `0045`, `12.50`, `.5`: ASCII digits with at most one point.
+    /// Parses `123`, `0045`, `12.50`, `.5`: ASCII digits with at most one point, and at
+    /// most [`MAX_LITERAL_DIGITS`] of them.
     pub fn parse(text: &str) -> Option<Self> {
+        if text.len() > MAX_LITERAL_DIGITS + 1 {
+            return None;
+        }
         let (int_part, frac_part) = match text.split_once('.') {
             Some((i, f)) => (i, Some(f)),
             None => (text, None),
@@ -292,6 +301,11 @@ mod tests {
         assert!(Number::parse("1.2.3").is_none());
         assert!(Number::parse(".").is_none());
         assert!(Number::parse("").is_none());
+        let longest = "9".repeat(MAX_LITERAL_DIGITS);
+        assert!(Number::parse(&longest).is_some());
+        assert!(Number::parse(&format!("{}.5", &longest[1..])).is_some());
+        assert!(Number::parse(&format!("{longest}9")).is_none());
+        assert!(Number::parse(&format!("0.{longest}")).is_none());
     }
 
     #[test]
