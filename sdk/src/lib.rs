@@ -48,6 +48,7 @@ mod config;
 mod error;
 mod generator;
 pub mod registry;
+pub mod resources;
 mod reward;
 mod rollout;
 pub mod sampling;

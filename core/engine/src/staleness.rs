@@ -54,18 +54,25 @@ impl StalenessManager {
     /// nothing running.
     pub fn resume_at(&mut self, version: u64) {
         self.version = version;
-        self.accepted = version * self.batch_size;
+        self.accepted = version.saturating_mul(self.batch_size);
         self.running = 0;
     }
 
-    /// The most rollouts that may be accepted or running at the current version.
+    /// The most rollouts that may be accepted or running at the current version. The
+    /// arithmetic saturates: a huge η (2⁶³ − 1, say) means no staleness bound, never a
+    /// wrapped one that admits nothing.
     pub fn limit(&self) -> u64 {
-        (self.max_staleness + self.version + 1) * self.batch_size
+        self.max_staleness
+            .saturating_add(self.version)
+            .saturating_add(1)
+            .saturating_mul(self.batch_size)
     }
 
     /// How many more rollouts may start now.
     pub fn capacity(&self) -> u64 {
-        let by_staleness = self.limit().saturating_sub(self.accepted + self.running);
+        let by_staleness = self
+            .limit()
+            .saturating_sub(self.accepted.saturating_add(self.running));
         let by_concurrency = self.max_concurrent.saturating_sub(self.running);
         by_staleness.min(by_concurrency)
     }
@@ -107,7 +114,8 @@ impl StalenessManager {
 
     /// Whether the counters satisfy the rule (they always should).
     pub fn holds(&self) -> bool {
-        self.accepted + self.running <= self.limit() && self.running <= self.max_concurrent
+        self.accepted.saturating_add(self.running) <= self.limit()
+            && self.running <= self.max_concurrent
     }
 }
 
@@ -116,6 +124,20 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn the_largest_staleness_admits_up_to_concurrency() {
+        // (η + 1) · B once wrapped to a tiny limit: the run deadlocked with 0 steps.
+        for eta in [u64::MAX, i64::MAX as u64, u64::MAX / 8] {
+            let mut s = StalenessManager::new(8, eta, 16);
+            assert_eq!(s.capacity(), 16, "η = {eta}");
+            assert_eq!((0..100).filter(|_| s.try_admit()).count(), 16);
+            s.set_version(i64::MAX);
+            assert!(s.holds());
+            s.resume_at(u64::MAX);
+            assert_eq!(s.counts().accepted, u64::MAX);
+        }
+    }
 
     #[test]
     fn synchronous_admits_one_batch_per_version() {

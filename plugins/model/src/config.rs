@@ -186,16 +186,61 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// Parameters of the model.
-    pub fn num_parameters(&self) -> usize {
-        let (d, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let kv = self.kv_heads() * self.head_dim();
-        let bias = if self.qkv_bias() { d + 2 * kv } else { 0 };
-        let attention = d * d + 2 * d * kv + d * d + bias;
-        let mlp = 3 * d * f;
-        let layer = attention + mlp + 2 * d;
-        let head = if self.tie_word_embeddings { 0 } else { d * v };
-        v * d + self.num_hidden_layers * layer + d + head
+    /// Parameters of the model (exact for real shapes; saturates rather than wraps for absurd
+    /// ones).
+    pub fn num_parameters(&self) -> u128 {
+        let n = |x: usize| x as u128;
+        let (d, f, v) = (
+            n(self.hidden_size),
+            n(self.intermediate_size),
+            n(self.vocab_size),
+        );
+        let kv = n(self.kv_heads()).saturating_mul(n(self.head_dim()));
+        let bias = if self.qkv_bias() {
+            d.saturating_add(kv.saturating_mul(2))
+        } else {
+            0
+        };
+        // q and o are d × d, k and v are d × kv
+        let attention = d
+            .saturating_mul(d)
+            .saturating_mul(2)
+            .saturating_add(d.saturating_mul(kv).saturating_mul(2))
+            .saturating_add(bias);
+        let mlp = d.saturating_mul(f).saturating_mul(3);
+        let layer = attention
+            .saturating_add(mlp)
+            .saturating_add(d.saturating_mul(2));
+        let head = if self.tie_word_embeddings {
+            0
+        } else {
+            d.saturating_mul(v)
+        };
+        v.saturating_mul(d)
+            .saturating_add(n(self.num_hidden_layers).saturating_mul(layer))
+            .saturating_add(d)
+            .saturating_add(head)
+    }
+
+    /// Bytes a training run holds for this model: f32 weights, their gradients and AdamW's two
+    /// moments on the trainer, and the generator's copy — 5 × 4 bytes per parameter.
+    pub fn training_bytes(&self) -> u128 {
+        self.num_parameters().saturating_mul(20)
+    }
+
+    /// [`ModelConfig::check`], and that a run with this model fits in this machine's memory
+    /// ([`ModelConfig::training_bytes`]); the message gives both numbers.
+    pub fn check_fits(&self) -> Result<(), String> {
+        self.check()?;
+        areal_sdk::resources::check_memory(
+            &format!(
+                "a model of {} parameters ({} layers of width {}; weights, gradients, optimizer state and the generator's copy)",
+                self.num_parameters(),
+                self.num_hidden_layers,
+                self.hidden_size
+            ),
+            self.training_bytes(),
+        )
     }
 }
 
@@ -224,6 +269,33 @@ mod tests {
         c.check().unwrap();
         // 494M parameters, as published for Qwen2.5-0.5B
         assert_eq!(c.num_parameters(), 494_032_768);
+    }
+
+    #[test]
+    fn refuses_models_that_cannot_fit_with_the_numbers() {
+        // hidden_size 1e6 × 1000 layers, and a checkpoint's num_hidden_layers = 1e9, once
+        // aborted on a multi-TB allocation.
+        let huge = ModelConfig::small(20, 1_000_000, 1000, 4, 2, 128);
+        assert_eq!(huge.num_parameters() / 1_000_000_000_000, 15);
+        let mut deep = ModelConfig::small(20, 64, 2, 4, 2, 128);
+        deep.num_hidden_layers = 1_000_000_000;
+        let mut wide = ModelConfig::small(20, 64, 2, 4, 2, 128);
+        wide.vocab_size = usize::MAX;
+        wide.hidden_size = usize::MAX / 4 * 4;
+        if areal_sdk::resources::total_memory().is_some() {
+            for c in [&huge, &deep, &wide] {
+                let err = c.check_fits().unwrap_err();
+                assert!(
+                    err.contains("needs about") && err.contains("this machine has"),
+                    "{err}"
+                );
+            }
+            let err = deep.check_fits().unwrap_err();
+            assert!(err.contains("1000000000 layers"), "{err}");
+        }
+        ModelConfig::small(20, 64, 2, 4, 2, 128)
+            .check_fits()
+            .unwrap();
     }
 
     #[test]

@@ -171,7 +171,7 @@ pub fn import(
     device: &Device,
 ) -> Result<Transformer, PluginError> {
     config
-        .check()
+        .check_fits()
         .map_err(|e| failed(format!("config.json: {e}")))?;
     let mut src = Source {
         tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
@@ -356,6 +356,9 @@ pub fn load_checkpoint(
         .map_err(|e| failed(format!("cannot read {}: {e}", path.display())))?;
     let config: ModelConfig =
         serde_json::from_str(&text).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+    config
+        .check_fits()
+        .map_err(|e| failed(format!("{}: {e}", path.display())))?;
     let tensors = read_safetensors(&dir.join(WEIGHTS_FILE))?;
     let model =
         import(&config, tensors, device).map_err(|e| failed(format!("{}: {e}", dir.display())))?;

@@ -219,7 +219,7 @@ impl TransformerPolicy {
         );
         config.eos_token_id = Some(crate::config::EosTokens::One(tokenizer.stop_token_ids()[0]));
         config
-            .check()
+            .check_fits()
             .map_err(|e| PluginError::failed("transformer", e))?;
         let model = Transformer::new(&config, seed, device);
         Ok(Self::new(config, model, tokenizer, device.clone()))
