@@ -43,8 +43,8 @@ pub(crate) struct GradeCodeArgs {
     /// Stdout per test, in bytes.
     #[arg(long, default_value_t = GradeOptions::default().output_bytes)]
     output_bytes: usize,
-    /// Parallel sandboxes. One is the fastest today: sandboxes on several threads of one
-    /// process slow each other down (docs/benchmarks.md).
+    /// Parallel sandboxes (1 to 64). One is the fastest today: sandboxes on several threads
+    /// of one process slow each other down (docs/benchmarks.md).
     #[arg(long, short = 'j', default_value_t = 1)]
     threads: usize,
     /// Reward = fraction of tests passed instead of 1 iff accepted.
@@ -57,6 +57,9 @@ pub(crate) struct GradeCodeArgs {
     /// Fuel per test in deterministic mode.
     #[arg(long, default_value_t = GradeOptions::default().fuel)]
     fuel: u64,
+    /// The most a record's compressed private tests may decompress to, in MiB.
+    #[arg(long, default_value_t = GradeOptions::default().max_tests_mb)]
+    max_tests_mb: usize,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -81,7 +84,7 @@ enum Text {
     Code(String),
 }
 
-fn parse_line(line: &str) -> Result<Job, String> {
+fn parse_line(line: &str, max_tests_bytes: usize) -> Result<Job, String> {
     if line.trim().is_empty() {
         return Err("empty line".into());
     }
@@ -93,7 +96,8 @@ fn parse_line(line: &str) -> Result<Job, String> {
         (None, None) => return Err("no `completion` (the model's response) or `code`".into()),
         _ => return Err("`completion` / `code` must be a string".into()),
     };
-    let problem = Problem::from_record(&record).map_err(|e| e.to_string())?;
+    let problem =
+        Problem::from_record_within(&record, max_tests_bytes).map_err(|e| e.to_string())?;
     Ok(Job {
         id: problem.id.clone(),
         problem,
@@ -115,14 +119,28 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
         output_bytes: args.output_bytes,
         partial_credit: args.partial_credit,
         fuel: args.fuel,
+        max_tests_mb: args.max_tests_mb,
     };
-    anyhow::ensure!(
-        options.timeout_s > 0.0 && options.time_scale > 0.0,
-        "--timeout and --time-scale must be positive"
-    );
+    let flag = |key: &str| match key {
+        "timeout_s" => "--timeout".to_owned(),
+        other => format!("--{}", other.replace('_', "-")),
+    };
+    let mut problems: Vec<String> = options
+        .check()
+        .into_iter()
+        .map(|(key, message)| format!("{}: {message}", flag(key)))
+        .collect();
+    if !(1..=MAX_THREADS).contains(&args.threads) {
+        problems.push(format!(
+            "--threads {}: between 1 and {MAX_THREADS} sandboxes may run at once",
+            args.threads
+        ));
+    }
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    let max_tests_bytes = options.max_tests_mb << 20;
     let input = open_input(&args.file)?;
     let sandbox = areal_reward_code::shared_sandbox(options.mode)?;
-    let threads = args.threads.max(1);
+    let threads = args.threads;
     let pool = Pool::new(Arc::clone(&sandbox), threads);
     let options = Arc::new(options);
 
@@ -145,11 +163,10 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
         out.write_all(b"\n")?;
         out.flush()
     };
-    for (n, line) in input.lines().enumerate() {
-        let line_no = n + 1;
-        let line = line.with_context(|| format!("reading line {line_no}"))?;
+    for line in Lines::new(input) {
+        let (line_no, line) = line?;
         let (tx, rx) = crossbeam_channel::bounded(1);
-        match parse_line(&line) {
+        match line.and_then(|line| parse_line(&line, max_tests_bytes)) {
             Err(message) => {
                 let message = format!("line {line_no}: {message}");
                 let _ = tx.send(error_line(line_no, &message, &sandbox));
@@ -184,6 +201,53 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
         }
     );
     Ok(())
+}
+
+/// The most threads a grade command runs on (and the sandbox's pool of instance slots).
+pub(crate) const MAX_THREADS: usize = areal_sandbox::MAX_CONCURRENT_RUNS as usize;
+
+/// The lines of an input, numbered from 1. A line that is not UTF-8 is that line's problem
+/// (`Err` with where it breaks), never the end of the input; only a failure to read ends it.
+pub(crate) struct Lines {
+    input: Box<dyn BufRead>,
+    number: usize,
+}
+
+impl Lines {
+    pub(crate) fn new(input: Box<dyn BufRead>) -> Self {
+        Self { input, number: 0 }
+    }
+}
+
+impl Iterator for Lines {
+    type Item = anyhow::Result<(usize, Result<String, String>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut bytes = Vec::new();
+        self.number += 1;
+        let number = self.number;
+        match self.input.read_until(b'\n', &mut bytes) {
+            Ok(0) => None,
+            Ok(_) => {
+                if bytes.ends_with(b"\n") {
+                    bytes.pop();
+                    if bytes.ends_with(b"\r") {
+                        bytes.pop();
+                    }
+                }
+                let text = String::from_utf8(bytes).map_err(|e| {
+                    format!(
+                        "not UTF-8 (invalid byte at column {})",
+                        e.utf8_error().valid_up_to() + 1
+                    )
+                });
+                Some(Ok((number, text)))
+            }
+            Err(e) => Some(Err(
+                anyhow::Error::new(e).context(format!("reading line {number}"))
+            )),
+        }
+    }
 }
 
 /// The lines of `file`, or of stdin for `-`.

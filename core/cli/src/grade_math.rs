@@ -1,14 +1,13 @@
 //! `areal grade math`: maths answers against references, one JSON line out per line in, in
 //! order.
 
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use areal_reward_math::{Deadline, Extracted, Options, canonical_text, verify};
 
-use crate::grade::{line_progress, open_input};
+use crate::grade::{Lines, MAX_THREADS, line_progress, open_input};
 use areal_sdk::Verdict;
 use clap::Args;
 use serde_json::{Value, json};
@@ -26,7 +25,7 @@ pub(crate) struct GradeMathArgs {
     /// Time limit per line, in seconds.
     #[arg(long, default_value_t = Options::default().timeout_s)]
     timeout: f64,
-    /// Worker threads.
+    /// Worker threads (1 to 64).
     #[arg(long, short = 'j', default_value_t = 1)]
     threads: usize,
     /// No progress bar.
@@ -39,36 +38,38 @@ const BATCH: usize = 512;
 
 #[allow(clippy::print_stderr)]
 pub(crate) fn run(args: GradeMathArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        args.timeout > 0.0 && args.timeout.is_finite(),
-        "--timeout must be a positive number of seconds, not {}",
-        args.timeout
-    );
-    anyhow::ensure!(
-        args.float_rounding <= 15,
-        "--float-rounding {} is past what a float holds; at most 15",
-        args.float_rounding
-    );
     let options = Options {
         float_rounding: args.float_rounding,
         timeout_s: args.timeout,
         ..Options::default()
     };
+    let mut problems: Vec<String> = options
+        .check()
+        .into_iter()
+        .map(|(key, message)| match key {
+            "timeout_s" => format!("--timeout: {message}"),
+            other => format!("--{}: {message}", other.replace('_', "-")),
+        })
+        .collect();
+    if !(1..=MAX_THREADS).contains(&args.threads) {
+        problems.push(format!(
+            "--threads {}: between 1 and {MAX_THREADS} threads",
+            args.threads
+        ));
+    }
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
     let input = open_input(&args.file)?;
-    let threads = args.threads.max(1);
+    let threads = args.threads;
     let bar = line_progress(args.quiet);
     let started = Instant::now();
     let mut out = BufWriter::new(std::io::stdout().lock());
     let (mut graded, mut accepted, mut errors) = (0usize, 0usize, 0usize);
-    let mut batch: Vec<(usize, String)> = Vec::with_capacity(BATCH);
-    let mut lines = input.lines().enumerate();
+    let mut batch: Vec<(usize, Result<String, String>)> = Vec::with_capacity(BATCH);
+    let mut lines = Lines::new(input);
     loop {
         batch.clear();
-        for (n, line) in lines.by_ref() {
-            batch.push((
-                n + 1,
-                line.with_context(|| format!("reading line {}", n + 1))?,
-            ));
+        for line in lines.by_ref() {
+            batch.push(line?);
             if batch.len() == BATCH {
                 break;
             }
@@ -100,7 +101,11 @@ pub(crate) fn run(args: GradeMathArgs) -> anyhow::Result<()> {
 }
 
 /// Grades lines on `threads` threads; results in input order.
-fn grade_batch(batch: &[(usize, String)], options: &Options, threads: usize) -> Vec<Value> {
+fn grade_batch(
+    batch: &[(usize, Result<String, String>)],
+    options: &Options,
+    threads: usize,
+) -> Vec<Value> {
     if threads == 1 || batch.len() < 2 {
         return batch
             .iter()
@@ -144,7 +149,11 @@ fn text_of(value: Option<&Value>, key: &str) -> Result<String, String> {
     }
 }
 
-fn grade_line(line: usize, text: &str, options: &Options) -> Value {
+fn grade_line(line: usize, text: &Result<String, String>, options: &Options) -> Value {
+    let text = match text {
+        Ok(text) => text,
+        Err(message) => return error_line(line, None, &format!("line {line}: {message}")),
+    };
     let record: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) if text.trim().is_empty() => {

@@ -293,6 +293,136 @@ fn grade_code_answers_every_line_in_order() {
     );
 }
 
+/// Lines that once ended the command, crashed it or filled memory: each becomes an `error`
+/// line naming its line, and every other line is still graded, in order.
+#[test]
+fn grade_code_survives_bad_lines_deep_values_and_bombs() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../rewards/code/tests/fixtures/lcb_reference.jsonl");
+    let good: Vec<Vec<u8>> = std::fs::read_to_string(fixtures)
+        .unwrap()
+        .lines()
+        .take(3)
+        .map(|l| l.as_bytes().to_vec())
+        .collect();
+    // A functional answer nested 10 000 deep (once a stack overflow that lost every line).
+    let depth = 10_000;
+    let nested = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    let tests = serde_json::json!([{"input": depth.to_string(), "output": nested, "testtype": "functional"}]);
+    let deep = serde_json::json!({
+        "question_id": "deep",
+        "public_test_cases": tests.to_string(),
+        "metadata": "{\"func_name\": \"nest\"}",
+        "code": "def nest(n):\n    v = 1\n    for _ in range(n):\n        v = [v]\n    return v",
+    });
+    // A zlib bomb: 3 MiB of private tests from a few KiB (past --max-tests-mb 1).
+    let mut pickle = vec![0x80, 4, 0x8d];
+    pickle.extend((3u64 << 20).to_le_bytes());
+    pickle.extend(std::iter::repeat_n(b'x', 3 << 20));
+    pickle.extend([0x94, b'.']);
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    z.write_all(&pickle).unwrap();
+    let bomb = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(z.finish().unwrap())
+    };
+    let mut bombed: serde_json::Value = serde_json::from_slice(&good[0]).unwrap();
+    bombed["private_test_cases"] = bomb.into();
+    let lines: Vec<Vec<u8>> = vec![
+        good[0].clone(),
+        b"{\"code\": \"print(1)\xff\xfe\"}".to_vec(),
+        good[1].clone(),
+        deep.to_string().into_bytes(),
+        bombed.to_string().into_bytes(),
+        format!("{}{}", "[".repeat(6000), "]".repeat(6000)).into_bytes(),
+        good[2].clone(),
+    ];
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(&input, lines.join(&b"\n"[..])).unwrap();
+    let out = areal(&[
+        "grade",
+        "code",
+        input.to_str().unwrap(),
+        "--max-tests-mb",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let results: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let verdicts: Vec<&str> = results
+        .iter()
+        .map(|r| r["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            "accepted", "error", "accepted", "accepted", "error", "error", "accepted"
+        ]
+    );
+    let message = |i: usize| {
+        results[i]["provenance"]["details"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert!(
+        message(1).starts_with("line 2: not UTF-8"),
+        "{}",
+        message(1)
+    );
+    assert!(
+        message(4).contains("line 5: private_test_cases: decompresses to more than 1 MiB"),
+        "{}",
+        message(4)
+    );
+    assert!(message(5).starts_with("line 6: "), "{}", message(5));
+    for (i, r) in results.iter().enumerate() {
+        assert_eq!(r["line"], i + 1);
+    }
+}
+
+/// Limits out of range are refused by name before anything runs, never a panic (exit 101)
+/// or a silent wrap.
+#[test]
+fn grade_flags_out_of_range_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(&input, "{}\n").unwrap();
+    let input = input.to_str().unwrap();
+    for (command, args, flag) in [
+        ("code", &["--timeout", "1e300"][..], "--timeout"),
+        ("code", &["--timeout", "inf"], "--timeout"),
+        ("code", &["--timeout", "nan"], "--timeout"),
+        ("code", &["--time-scale", "1e300"], "--time-scale"),
+        ("code", &["--memory-mb", "17592186044416"], "--memory-mb"),
+        ("code", &["--memory-mb", "0"], "--memory-mb"),
+        ("code", &["--output-bytes", "0"], "--output-bytes"),
+        ("code", &["--fuel", "0"], "--fuel"),
+        ("code", &["--max-tests-mb", "0"], "--max-tests-mb"),
+        ("code", &["-j", "1000"], "--threads 1000"),
+        ("code", &["-j", "0"], "--threads 0"),
+        ("math", &["--timeout", "1e300"], "--timeout"),
+        ("math", &["--timeout", "inf"], "--timeout"),
+        ("math", &["--float-rounding", "16"], "--float-rounding"),
+        ("math", &["-j", "1000"], "--threads 1000"),
+    ] {
+        let mut all = vec!["grade", command, input];
+        all.extend(args);
+        let out = areal(&all);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{all:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(flag),
+            "{all:?}: {stderr}"
+        );
+        assert!(out.stdout.is_empty(), "{all:?}");
+    }
+}
+
 /// `areal bench controller` runs the engine with the in-flight limit it is given and prints one
 /// table row per setting (what the figures are is for the bench to say, not this test).
 #[test]
@@ -412,6 +542,30 @@ fn grade_math_answers_every_line_in_order_on_any_thread_count() {
             .collect()
     };
     assert_eq!(strip(&threaded), strip(&results));
+}
+
+/// A line that is not UTF-8 once ended the command and lost the lines after it.
+#[test]
+fn grade_math_answers_the_lines_after_one_that_is_not_utf8() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    let mut bytes = br#"{"gold": "2", "pred": "$2$"}"#.to_vec();
+    bytes.extend(b"\n{\"gold\": \"2\", \"pred\": \"\xff\"}\n");
+    bytes.extend(br#"{"gold": "3", "pred": "$3$"}"#);
+    std::fs::write(&input, bytes).unwrap();
+    let out = areal(&["grade", "math", input.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let results: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let verdicts: Vec<&str> = results
+        .iter()
+        .map(|r| r["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts, ["accepted", "error", "accepted"]);
+    let error = results[1]["error"].as_str().unwrap();
+    assert!(error.starts_with("line 2: not UTF-8"), "{error}");
 }
 
 /// `areal bench math` prints a row per kind of pair (Math-Verify left out: it is measured by
