@@ -280,6 +280,45 @@ async fn panicking_plugins_cost_only_their_groups() {
     assert!(summary.groups_rejected > 48, "{summary:?}");
 }
 
+/// The largest staleness bound once wrapped `(η + i + 1) · B` to a tiny limit: the run
+/// deadlocked with 0 steps. It is no bound at all, and the run trains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_staleness_bound_trains() {
+    let config = config(&[
+        "rollout.max_staleness=9223372036854775807",
+        "train.steps=10",
+        "eval.enabled=false",
+    ]);
+    let (summary, _) = run_recorded(config, None).await;
+    let summary = summary.unwrap();
+    assert_eq!(summary.steps, 10);
+    assert_eq!(summary.max_staleness, i64::MAX as u64);
+}
+
+/// A plugin that fails to build for a reason other than one option is filed under its
+/// section, never under an empty key.
+#[test]
+fn plugin_failures_are_filed_under_their_section() {
+    let config = config(&[
+        "policy.kind=transformer",
+        "policy.alphabet=abcdefgh",
+        "policy.hidden_size=1000000",
+        "generator.kind=burn",
+    ]);
+    let Err(EngineError::Build { errors }) = Plugins::build(&config) else {
+        panic!("expected a build error");
+    };
+    let loader = ConfigLoader::new();
+    for e in &errors {
+        let problem = loader.problem_from_plugin_error(e);
+        assert!(!problem.key.is_empty(), "{e}");
+    }
+    assert!(
+        errors.iter().any(|e| e.to_string().contains("`policy`")),
+        "{errors:?}"
+    );
+}
+
 /// Plugins that cannot be built are all reported, each with its config key.
 #[test]
 fn plugin_build_errors_are_all_reported() {

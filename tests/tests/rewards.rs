@@ -151,3 +151,35 @@ async fn late_verifiers_give_their_thread_back() {
         Verdict::Accepted
     );
 }
+
+/// A verifier that fails on every sample once left the run generating and rejecting groups
+/// forever, never counting a failure. Now a group with no reward left is a failed rollout:
+/// `rollout.max_consecutive_failures` of them in a row stop the run with the verifier's error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verifier_that_fails_on_every_sample_stops_the_run() {
+    let config = config(&[
+        "reward.kind=testkit-faulty",
+        "reward.error_every=1",
+        "rollout.max_consecutive_failures=2",
+        "eval.enabled=false",
+    ]);
+    let (result, recorder) = run_recorded(config, None).await;
+    let err = result.unwrap_err();
+    let chain = format!(
+        "{err}: {}",
+        std::error::Error::source(&err)
+            .map(|s| s.to_string())
+            .unwrap_or_default()
+    );
+    assert!(
+        chain.contains("rollout.max_consecutive_failures"),
+        "{chain}"
+    );
+    assert!(chain.contains("lost its reward"), "{chain}");
+    assert!(chain.contains("testkit-faulty"), "{chain}");
+    assert!(
+        chain.contains("as configured"),
+        "the verifier's own message: {chain}"
+    );
+    assert!(recorder.steps.lock().unwrap().is_empty());
+}

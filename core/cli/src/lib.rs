@@ -108,8 +108,8 @@ struct ConfigArgs {
     /// Override one key, e.g. `--set rollout.max_staleness=0` (repeatable, applied in order).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// The run's seed (same as `--set seed=N`).
-    #[arg(long)]
+    /// The run's seed (same as `--set seed=N`), from 0 to 2^63 − 1.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(..=i64::MAX as u64))]
     seed: Option<u64>,
 }
 

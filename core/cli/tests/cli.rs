@@ -199,6 +199,42 @@ fn config_errors_name_the_key_the_origin_and_the_value() {
         "plugin and engine problems are reported together: {err}"
     );
 
+    // Values that once deadlocked, wrapped, aborted on a multi-TB allocation or misled.
+    for (set, key, says) in [
+        (
+            "rollout.group_size=4611686018427387904",
+            "`rollout.group_size`",
+            "between 1 and 65536",
+        ),
+        (
+            "rollout.batch_size=1000000000000",
+            "`rollout.batch_size`",
+            "found 1000000000000",
+        ),
+        (
+            "rollout.max_new_tokens=1000000000",
+            "`rollout.max_new_tokens`",
+            "found 1000000000",
+        ),
+        ("policy.hidden_size=1000000", "`policy`", "needs about"),
+        (
+            "generator.threads=2000",
+            "`generator.threads`",
+            "2000 threads",
+        ),
+        ("train.lr=nan", "`train.lr`", "not a finite number"),
+        ("seed=9223372036854775808", "`seed`", "out of range"),
+    ] {
+        let err = failure(&["train", "-q", "--set", set]);
+        assert!(
+            err.contains(key) && err.contains(says) && !err.contains("null"),
+            "{set}: {err}"
+        );
+    }
+    let out = areal(&["train", "-q", "--seed", "9223372036854775808"]);
+    assert_eq!(out.status.code(), Some(2), "clap's own usage error");
+    assert!(text(&out.stderr).contains("--seed"));
+
     let missing = dir.path().join("nope.toml");
     let err = failure(&["train", "--config", missing.to_str().unwrap()]);
     assert!(err.contains("nope.toml"), "{err}");

@@ -235,7 +235,53 @@ impl Default for EvalConfig {
     }
 }
 
+/// Bounds of the engine's settings, checked by [`Config::problems`]: generous for real runs,
+/// finite so that no product wraps and no setting asks for more than a machine has.
+pub mod bounds {
+    /// Most prompts per training step (`rollout.batch_size`).
+    pub const MAX_BATCH_SIZE: usize = 1 << 20;
+    /// Most samples per prompt (`rollout.group_size`).
+    pub const MAX_GROUP_SIZE: usize = 1 << 16;
+    /// Most samples per step, `rollout.batch_size × rollout.group_size`.
+    pub const MAX_SAMPLES_PER_STEP: u128 = 1 << 24;
+    /// Most groups generating at once (`rollout.max_concurrent`).
+    pub const MAX_CONCURRENT: usize = 1 << 20;
+    /// Most tokens generated per sample (`rollout.max_new_tokens`).
+    pub const MAX_NEW_TOKENS: usize = 1 << 20;
+    /// Most verifier threads (`reward_service.threads`).
+    pub const MAX_REWARD_THREADS: usize = 1024;
+    /// Longest per-sample verification deadline (`reward_service.deadline_ms`): a day.
+    pub const MAX_DEADLINE_MS: u64 = 86_400_000;
+    /// Largest packed micro-batch (`train.token_budget`), in tokens.
+    pub const MAX_TOKEN_BUDGET: usize = 1 << 24;
+    /// Largest warm-up batch (`warmup.batch_size`), in demonstrations.
+    pub const MAX_WARMUP_BATCH: usize = 1 << 16;
+    /// Largest seed: config files are TOML, whose integers are 64-bit signed.
+    pub const MAX_SEED: u64 = i64::MAX as u64;
+    /// Bytes held per generated token, for the memory estimate: its id, behaviour logprob and
+    /// policy version while it waits, and the trainer's per-token arrays (current, proximal
+    /// and behaviour logprobs, advantages, masks) while it is trained on.
+    pub const BYTES_PER_TOKEN: u128 = 64;
+}
+
 impl Config {
+    /// The most rollout data a run holds at once, in bytes: groups waiting in the buffer (at
+    /// most `(min(η, steps) + 1) · B` accepted ahead of training), groups generating (at most
+    /// `max_concurrent`) and the batch being trained, each of `group_size` samples of up to
+    /// `max_new_tokens` tokens. Saturates instead of wrapping.
+    pub fn rollout_memory_estimate(&self) -> u128 {
+        let r = &self.rollout;
+        let ahead = u128::from(r.max_staleness.min(self.train.steps)).saturating_add(1);
+        let groups = ahead
+            .saturating_add(1)
+            .saturating_mul(r.batch_size as u128)
+            .saturating_add(r.max_concurrent as u128);
+        groups
+            .saturating_mul(r.group_size as u128)
+            .saturating_mul(r.max_new_tokens as u128)
+            .saturating_mul(bounds::BYTES_PER_TOKEN)
+    }
+
     /// The plugin section `name` (one of [`PLUGIN_SECTIONS`]).
     pub fn plugin(&self, name: &str) -> Result<PluginConfig, areal_sdk::PluginError> {
         let value = match name {
@@ -251,12 +297,51 @@ impl Config {
 
     /// Check the engine's own settings; returns every problem as (key, message).
     pub fn problems(&self) -> Vec<(String, String)> {
+        use bounds::*;
         let mut p = Problems::default();
+        p.check(self.seed <= MAX_SEED, "seed", || {
+            format!(
+                "{} is past the largest seed, {MAX_SEED} (2^63 − 1: config files are TOML, whose integers are 64-bit signed)",
+                self.seed
+            )
+        });
         let r = &self.rollout;
-        p.at_least_one("rollout.batch_size", r.batch_size as u64);
-        p.at_least_one("rollout.group_size", r.group_size as u64);
-        p.at_least_one("rollout.max_concurrent", r.max_concurrent as u64);
-        p.at_least_one("rollout.max_new_tokens", r.max_new_tokens as u64);
+        let before = p.0.len();
+        p.in_range("rollout.batch_size", r.batch_size, MAX_BATCH_SIZE);
+        p.in_range("rollout.group_size", r.group_size, MAX_GROUP_SIZE);
+        p.in_range("rollout.max_concurrent", r.max_concurrent, MAX_CONCURRENT);
+        p.in_range("rollout.max_new_tokens", r.max_new_tokens, MAX_NEW_TOKENS);
+        let per_step = r.batch_size as u128 * r.group_size as u128;
+        // Products and the memory estimate only once each size is within its own bound (a
+        // size past it is reported once, above).
+        let sizes_ok = p.0.len() == before;
+        p.check(
+            !sizes_ok || per_step <= MAX_SAMPLES_PER_STEP,
+            "rollout.group_size",
+            || {
+                format!(
+                    "{} prompts (rollout.batch_size) × {} samples = {per_step} samples per step is past the most, {MAX_SAMPLES_PER_STEP}",
+                    r.batch_size, r.group_size
+                )
+            },
+        );
+        let memory = self.rollout_memory_estimate();
+        let fits = || {
+            areal_sdk::resources::check_memory(
+                &format!(
+                    "rollout data (up to {} groups of {} samples of up to {} tokens held at once: (min(rollout.max_staleness, train.steps) + 2) × rollout.batch_size + rollout.max_concurrent)",
+                    (u128::from(r.max_staleness.min(self.train.steps)) + 2)
+                        .saturating_mul(r.batch_size as u128)
+                        .saturating_add(r.max_concurrent as u128),
+                    r.group_size,
+                    r.max_new_tokens
+                ),
+                memory,
+            )
+        };
+        if sizes_ok && let Err(message) = fits() {
+            p.0.push(("rollout".into(), message));
+        }
         p.at_least_one(
             "rollout.max_consecutive_failures",
             r.max_consecutive_failures as u64,
@@ -275,8 +360,17 @@ impl Config {
             format!("must be in (0, 1], found {}", r.top_p)
         });
         let s = &self.reward_service;
-        p.at_least_one("reward_service.threads", s.threads as u64);
-        p.at_least_one("reward_service.deadline_ms", s.deadline_ms);
+        p.in_range("reward_service.threads", s.threads, MAX_REWARD_THREADS);
+        p.check(
+            (1..=MAX_DEADLINE_MS).contains(&s.deadline_ms),
+            "reward_service.deadline_ms",
+            || {
+                format!(
+                    "must be between 1 and {MAX_DEADLINE_MS} (a day), found {}",
+                    s.deadline_ms
+                )
+            },
+        );
         let t = &self.train;
         p.at_least_one("train.steps", t.steps);
         p.check(t.lr > 0.0 && t.lr.is_finite(), "train.lr", || {
@@ -291,14 +385,24 @@ impl Config {
             });
         }
         p.at_least_one("train.minibatches", t.minibatches as u64);
-        let samples = r.batch_size * r.group_size;
-        p.check(t.minibatches <= samples.max(1), "train.minibatches", || {
+        p.check(
+            t.minibatches as u128 <= per_step.max(1),
+            "train.minibatches",
+            || {
+                format!(
+                    "{} mini-batches cannot be cut from {per_step} samples (rollout.batch_size × rollout.group_size)",
+                    t.minibatches
+                )
+            },
+        );
+        p.in_range("train.token_budget", t.token_budget, MAX_TOKEN_BUDGET);
+        let cores = areal_sdk::resources::available_threads();
+        p.check(t.threads <= cores, "train.threads", || {
             format!(
-                "{} mini-batches cannot be cut from {samples} samples (rollout.batch_size × rollout.group_size)",
-                t.minibatches
+                "{} threads on a machine that runs {cores} at once: more only queue behind each other (0 shares the process-wide pool)",
+                t.threads
             )
         });
-        p.at_least_one("train.token_budget", t.token_budget as u64);
         p.at_least_one("train.min_microbatches", t.min_microbatches as u64);
         if let Err(message) = crate::device::parse_device(&t.device) {
             p.0.push(("train.device".into(), message));
@@ -327,6 +431,12 @@ impl Problems {
     fn at_least_one(&mut self, key: &str, value: u64) {
         self.check(value >= 1, key, || {
             format!("must be at least 1, found {value}")
+        });
+    }
+
+    fn in_range(&mut self, key: &str, value: usize, max: usize) {
+        self.check((1..=max).contains(&value), key, || {
+            format!("must be between 1 and {max}, found {value}")
         });
     }
 
@@ -452,7 +562,15 @@ impl ConfigLoader {
             path: path.to_owned(),
             message: e.to_string().trim_end().to_owned(),
         })?;
-        let value = serde_json::to_value(table).expect("TOML converts to JSON");
+        let value = json_of(toml::Value::Table(table), "").map_err(|(key, message)| {
+            ConfigError::Invalid {
+                problems: vec![ConfigProblem {
+                    key,
+                    origin: Origin::File(path.to_owned()),
+                    message,
+                }],
+            }
+        })?;
         let mut keys = BTreeSet::new();
         collect_keys(&value, "", &mut keys);
         merge(&mut self.tree, value, "");
@@ -474,7 +592,11 @@ impl ConfigLoader {
                 message: format!("`{key}` is not a dotted key like rollout.max_staleness"),
             });
         }
-        let value = parse_override_value(raw.trim());
+        let value =
+            parse_override_value(key, raw.trim()).map_err(|message| ConfigError::Override {
+                arg: arg.to_owned(),
+                message,
+            })?;
         let mut overlay = value;
         for segment in key.rsplit('.') {
             let mut table = Map::new();
@@ -593,12 +715,70 @@ impl ConfigLoader {
     }
 }
 
-fn parse_override_value(raw: &str) -> Value {
+/// An override's value: TOML if it reads as TOML, else a plain string. An integer past what
+/// TOML holds (64-bit signed) is refused, not taken as a string.
+fn parse_override_value(key: &str, raw: &str) -> Result<Value, String> {
     match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
-        Ok(mut table) => serde_json::to_value(table.remove("v").expect("parsed key"))
-            .expect("TOML converts to JSON"),
-        Err(_) => Value::String(raw.to_owned()),
+        Ok(mut table) => json_of(table.remove("v").expect("parsed key"), key)
+            .map_err(|(key, message)| format!("`{key}`: {message}")),
+        Err(_) => {
+            let digits = raw.strip_prefix(['+', '-']).unwrap_or(raw).replace('_', "");
+            let integer = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+            let fits = || {
+                raw.replace('_', "")
+                    .parse::<i128>()
+                    .is_ok_and(|v| i64::try_from(v).is_ok())
+            };
+            if integer && !fits() {
+                return Err(format!(
+                    "`{key}`: {raw} is out of range: config integers are 64-bit signed, from {} to {}",
+                    i64::MIN,
+                    i64::MAX
+                ));
+            }
+            Ok(Value::String(raw.to_owned()))
+        }
     }
+}
+
+/// A TOML value as JSON. A float that is not finite (`nan`, `inf`) has no JSON form and no
+/// place in a config: it is refused with its key (`(key, message)`), never turned into null.
+fn json_of(value: toml::Value, key: &str) -> Result<Value, (String, String)> {
+    Ok(match value {
+        toml::Value::String(s) => Value::String(s),
+        toml::Value::Integer(i) => Value::from(i),
+        toml::Value::Float(f) => match serde_json::Number::from_f64(f) {
+            Some(n) => Value::Number(n),
+            None => {
+                return Err((
+                    key.to_owned(),
+                    format!("{f} is not a finite number (nan and inf are not allowed)"),
+                ));
+            }
+        },
+        toml::Value::Boolean(b) => Value::Bool(b),
+        toml::Value::Datetime(d) => Value::String(d.to_string()),
+        toml::Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| json_of(v, &format!("{key}[{i}]")))
+                .collect::<Result<_, _>>()?,
+        ),
+        toml::Value::Table(table) => Value::Object(
+            table
+                .into_iter()
+                .map(|(k, v)| {
+                    let sub = if key.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{key}.{k}")
+                    };
+                    json_of(v, &sub).map(|v| (k, v))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+    })
 }
 
 /// The dotted keys of the leaves (non-table values) of `value`.
@@ -798,6 +978,118 @@ mod tests {
         ] {
             assert!(keys.contains(&k.to_owned()), "{k} missing from {keys:?}");
         }
+    }
+
+    #[test]
+    fn non_finite_numbers_and_huge_integers_are_named_not_mangled() {
+        // nan and inf once became `null` ("invalid type: null"); a seed past 2^63 a "string".
+        for value in ["nan", "inf", "-inf", "+nan"] {
+            let e = ConfigLoader::new()
+                .set(&format!("train.lr={value}"))
+                .unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("`train.lr`") && text.contains("not a finite number"),
+                "{value}: {text}"
+            );
+        }
+        let e = ConfigLoader::new()
+            .toml("[train]\nlr = nan\n", Path::new("nan.toml"))
+            .unwrap_err();
+        let p = problems(e);
+        assert_eq!(p[0].key, "train.lr");
+        assert_eq!(p[0].origin, Origin::File("nan.toml".into()));
+        let e = ConfigLoader::new()
+            .toml(
+                "[algorithm]\nkind = \"ppo\"\nweights = [1.0, inf]\n",
+                Path::new("a.toml"),
+            )
+            .unwrap_err();
+        assert_eq!(problems(e)[0].key, "algorithm.weights[1]");
+        for seed in [
+            "9223372036854775808",
+            "18446744073709551615",
+            "-9223372036854775809",
+        ] {
+            let text = ConfigLoader::new()
+                .set(&format!("seed={seed}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                text.contains("`seed`")
+                    && text.contains("out of range")
+                    && !text.contains("string"),
+                "{text}"
+            );
+        }
+        let c = ConfigLoader::new()
+            .set("seed=9223372036854775807")
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(c.seed, i64::MAX as u64);
+        assert!(c.to_toml().contains("seed = 9223372036854775807"));
+        let mut c = Config::default();
+        c.seed = u64::MAX;
+        assert!(
+            c.problems()
+                .iter()
+                .any(|(k, m)| k == "seed" && m.contains("2^63"))
+        );
+    }
+
+    #[test]
+    fn sizes_are_bounded_and_products_never_wrap() {
+        let keys = |overrides: &[&str]| -> Vec<String> {
+            let loader = ConfigLoader::new().set_all(overrides).unwrap();
+            match loader.load() {
+                Ok(_) => Vec::new(),
+                Err(e) => problems(e).into_iter().map(|p| p.key).collect(),
+            }
+        };
+        // 2^62 samples per prompt once wrapped batch × group and was OOM-killed at 23.8 GB.
+        assert!(
+            keys(&["rollout.group_size=4611686018427387904"])
+                .contains(&"rollout.group_size".to_owned())
+        );
+        assert!(
+            keys(&["rollout.batch_size=1000000000000"]).contains(&"rollout.batch_size".to_owned())
+        );
+        assert!(
+            keys(&["rollout.max_new_tokens=1000000000"])
+                .contains(&"rollout.max_new_tokens".to_owned())
+        );
+        // Each within its own bound, together past what a machine holds: the estimate says so.
+        if areal_sdk::resources::total_memory().is_some() {
+            let k = keys(&[
+                "rollout.batch_size=65536",
+                "rollout.group_size=256",
+                "rollout.max_new_tokens=65536",
+            ]);
+            assert_eq!(k, ["rollout"]);
+            let e = ConfigLoader::new()
+                .set_all([
+                    "rollout.batch_size=65536",
+                    "rollout.group_size=256",
+                    "rollout.max_new_tokens=65536",
+                ])
+                .unwrap()
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("needs about") && e.contains("this machine has"),
+                "{e}"
+            );
+        }
+        // The largest staleness is fine: the buffer is bounded by the steps.
+        assert!(keys(&["rollout.max_staleness=9223372036854775807"]).is_empty());
+        assert!(keys(&["train.threads=100000"]).contains(&"train.threads".to_owned()));
+        assert!(
+            keys(&["reward_service.deadline_ms=0"])
+                .contains(&"reward_service.deadline_ms".to_owned())
+        );
+        assert!(keys(&[]).is_empty(), "the defaults are within every bound");
     }
 
     #[test]

@@ -61,28 +61,26 @@ impl Plugins {
             .zip(device)
             .and_then(|(section, device)| {
                 let ctx = PolicyContext::new(ctx(1, 1), device);
-                keep(&mut errors, PolicyPlugin::build_from(&section, &ctx))
+                let built = PolicyPlugin::build_from(&section, &ctx);
+                keep(&mut errors, built.map_err(|e| in_section("policy", e)))
             });
         let generator = keep(&mut errors, config.plugin("generator")).and_then(|section| {
-            keep(
-                &mut errors,
-                GeneratorPlugin::build_from(&section, &ctx(2, 1)),
-            )
+            let built = GeneratorPlugin::build_from(&section, &ctx(2, 1));
+            keep(&mut errors, built.map_err(|e| in_section("generator", e)))
         });
-        let task = keep(&mut errors, config.plugin("task"))
-            .and_then(|section| keep(&mut errors, TaskPlugin::build_from(&section, &ctx(3, 1))));
+        let task = keep(&mut errors, config.plugin("task")).and_then(|section| {
+            let built = TaskPlugin::build_from(&section, &ctx(3, 1));
+            keep(&mut errors, built.map_err(|e| in_section("task", e)))
+        });
         let verifier = keep(&mut errors, config.plugin("reward")).and_then(|section| {
             let ctx = ctx(4, config.reward_service.threads);
-            keep(&mut errors, RewardPlugin::build_from(&section, &ctx))
+            let built = RewardPlugin::build_from(&section, &ctx);
+            keep(&mut errors, built.map_err(|e| in_section("reward", e)))
         });
         let algorithm = keep(&mut errors, config.plugin("algorithm")).and_then(|section| {
-            keep(
-                &mut errors,
-                AlgorithmPlugin::build_from(
-                    &section,
-                    &ctx(5, 1).with_max_new_tokens(config.rollout.max_new_tokens),
-                ),
-            )
+            let ctx = ctx(5, 1).with_max_new_tokens(config.rollout.max_new_tokens);
+            let built = AlgorithmPlugin::build_from(&section, &ctx);
+            keep(&mut errors, built.map_err(|e| in_section("algorithm", e)))
         });
         // What the algorithm needs from the policy: a value head is part of the model from
         // the start; a reference copy is taken when RL starts, but checked now.
@@ -133,6 +131,16 @@ impl Plugins {
 /// The value, or `None` with the error recorded.
 fn keep<T>(errors: &mut Vec<PluginError>, result: Result<T, PluginError>) -> Option<T> {
     result.map_err(|e| errors.push(e)).ok()
+}
+
+/// A plugin's build error filed under its config section: a config error keeps its own key;
+/// any other failure (a missing interpreter, a model that cannot fit) is the section's
+/// (`reward`, `policy`), never an empty key.
+fn in_section(section: &str, error: PluginError) -> PluginError {
+    match error {
+        e @ (PluginError::Config { .. } | PluginError::UnknownPlugin { .. }) => e,
+        other => PluginError::config(section, other.to_string()),
+    }
 }
 
 /// Hooks to follow a run (progress bars, tests). Called from the controller and trainer
@@ -541,8 +549,8 @@ async fn group_task(shared: Arc<Shared>, spec: GroupSpec, index: u64) {
     shared.admission_changed.notify_waiters();
 }
 
-/// Generate and reward a group; `None` when it is rejected (every sample lost its reward, or
-/// the algorithm filtered it).
+/// Generate and reward a group; `None` when the algorithm filtered it. A group whose every
+/// sample lost its reward is an error (see [`Rollout::run_group`]).
 async fn rollout_group(
     shared: Arc<Shared>,
     spec: GroupSpec,
@@ -551,11 +559,11 @@ async fn rollout_group(
     let group_id = spec.group_id;
     let item = shared.task.item(Split::Train, index)?;
     let group = shared.rollout.run_group(spec, item).await?;
-    if group.samples.is_empty() {
-        tracing::warn!(target: "areal::rollout", group_id, "every sample of the group lost its reward; group rejected");
-        return Ok(None);
+    let kept = shared.algorithm.keep_group(&group);
+    if !kept {
+        tracing::debug!(target: "areal::rollout", group_id, "group filtered by the algorithm");
     }
-    Ok(shared.algorithm.keep_group(&group).then_some(group))
+    Ok(kept.then_some(group))
 }
 
 /// Stops the run when dropped.

@@ -170,7 +170,9 @@ impl Rollout {
     }
 
     /// Generate and reward `group_size` samples for `item`. Samples whose verifier failed are
-    /// left out of the group; generation errors fail the whole group.
+    /// left out of the group; generation errors fail the whole group, and so does a verifier
+    /// that failed on every sample (a group with nothing to train on is a failure, counted by
+    /// `rollout.max_consecutive_failures`, not a quiet rejection).
     pub async fn run_group(
         self: &Arc<Self>,
         spec: GroupSpec,
@@ -212,6 +214,30 @@ impl Rollout {
             done.push(result?);
         }
         done.sort_by_key(|(j, _)| *j);
+        let failed = done
+            .iter()
+            .filter(|(_, t)| t.reward.verdict.is_failure())
+            .count();
+        if failed > 0 && failed == done.len() {
+            let first = &done[0].1.reward;
+            let why = first
+                .provenance
+                .details
+                .get("error")
+                .or_else(|| first.provenance.details.get("message"))
+                .map_or_else(String::new, |m| match m.as_str() {
+                    Some(text) => format!(": {text}"),
+                    None => format!(": {m}"),
+                });
+            return Err(PluginError::failed(
+                first.provenance.verifier.clone(),
+                format!(
+                    "every one of the {failed} samples of item {} lost its reward (the first: {}{why})",
+                    item.id,
+                    first.verdict.as_str()
+                ),
+            ));
+        }
         Ok(TrajectoryGroup {
             group_id: spec.group_id,
             item_id: item.id.clone(),

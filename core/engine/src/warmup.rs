@@ -65,10 +65,11 @@ impl WarmupConfig {
         if !self.enabled {
             return out;
         }
-        if self.batch_size == 0 {
+        let max = crate::config::bounds::MAX_WARMUP_BATCH;
+        if !(1..=max).contains(&self.batch_size) {
             out.push((
                 "warmup.batch_size".into(),
-                "must be at least 1, found 0".into(),
+                format!("must be between 1 and {max}, found {}", self.batch_size),
             ));
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {

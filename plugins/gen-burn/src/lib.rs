@@ -177,8 +177,25 @@ impl Generator for BurnGenerator {
 
 fn build(config: &PluginConfig, _ctx: &BuildContext) -> Result<Arc<dyn Generator>, PluginError> {
     let options: BurnGeneratorOptions = config.parse()?;
-    if options.max_batch == 0 {
-        return Err(config.invalid("max_batch", "must be at least 1, found 0"));
+    const MAX_BATCH: usize = 1 << 16;
+    if !(1..=MAX_BATCH).contains(&options.max_batch) {
+        return Err(config.invalid(
+            "max_batch",
+            format!(
+                "must be between 1 and {MAX_BATCH}, found {}",
+                options.max_batch
+            ),
+        ));
+    }
+    let cores = areal_sdk::resources::available_threads();
+    if options.threads > cores {
+        return Err(config.invalid(
+            "threads",
+            format!(
+                "{} threads on a machine that runs {cores} at once: more only queue behind each other (0 shares the process-wide pool)",
+                options.threads
+            ),
+        ));
     }
     let device = areal_sdk_train::parse_device(&options.device)
         .map_err(|message| config.invalid("device", message))?;
