@@ -1029,8 +1029,10 @@ mod tests {
             .unwrap();
         assert_eq!(c.seed, i64::MAX as u64);
         assert!(c.to_toml().contains("seed = 9223372036854775807"));
-        let mut c = Config::default();
-        c.seed = u64::MAX;
+        let c = Config {
+            seed: u64::MAX,
+            ..Config::default()
+        };
         assert!(
             c.problems()
                 .iter()
