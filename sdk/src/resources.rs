@@ -46,7 +46,7 @@ mod tests {
     fn sizes_read_as_people_write_them() {
         assert_eq!(gib(3 << 29), "1.5 GiB");
         assert_eq!(gib(0), "0.0 GiB");
-        assert!(gib(u128::MAX).ends_with("e38 GiB"), "{}", gib(u128::MAX));
+        assert_eq!(gib(u128::MAX), "3.2e29 GiB");
         assert!(available_threads() >= 1);
     }
 

@@ -164,3 +164,49 @@ async fn the_default_pipeline_runs_end_to_end_and_reuses_its_warm_up() {
         "the same baseline"
     );
 }
+
+/// A cached warm-up cut short (a full disk, a kill) once failed every later run with those
+/// settings; a cache folder that cannot be written once failed the run after its warm-up.
+/// Now a damaged cache is warmed up again and replaced, and an unwritable one only costs
+/// the next run its warm-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_or_unwritable_warm_up_cache_costs_only_time() {
+    let cache = tempfile::tempdir().unwrap();
+    let runs = tempfile::tempdir().unwrap();
+    let mut config = tiny(cache.path());
+    config.train.steps = 1;
+    config.eval.enabled = false;
+    let first = run_into(&config, &runs.path().join("first")).await;
+    assert!(!first.warmup.unwrap().cached);
+    let cached: Vec<std::path::PathBuf> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(
+        cached.len(),
+        1,
+        "one cache folder, no partial one: {cached:?}"
+    );
+    let weights = cached[0].join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+
+    let second = run_into(&config, &runs.path().join("second")).await;
+    assert!(
+        !second.warmup.unwrap().cached,
+        "a truncated cache is not reused"
+    );
+    let third = run_into(&config, &runs.path().join("third")).await;
+    assert!(
+        third.warmup.unwrap().cached,
+        "the second run replaced the damaged cache"
+    );
+
+    // a cache folder that cannot be created: the run goes on without a cache
+    let blocker = cache.path().join("a-file");
+    std::fs::write(&blocker, b"not a folder").unwrap();
+    config.warmup.cache_dir = blocker.join("warmup").display().to_string();
+    let unwritable = run_into(&config, &runs.path().join("unwritable")).await;
+    assert_eq!(unwritable.steps, 1);
+    assert!(!unwritable.warmup.unwrap().cached);
+}

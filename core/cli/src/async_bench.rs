@@ -519,6 +519,7 @@ fn one_run(
             out_dir: Some(args.out.join("runs").join(&name)),
             observer: snapshots.clone(),
             started: Instant::now(),
+            ..RunOptions::default()
         },
     ))?;
     // evaluation after the run, on all cores: it costs the run nothing

@@ -142,6 +142,13 @@ where
     init_tracing(cli.verbose);
     match dispatch(cli, started) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.downcast_ref::<Interrupted>().is_some() => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("{error}");
+            }
+            ExitCode::from(130)
+        }
         Err(error) => {
             let bad_config = error.downcast_ref::<ConfigError>().is_some();
             #[allow(clippy::print_stderr)]
@@ -272,6 +279,8 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
         Arc::new(Progress::new(steps, warmup_steps))
     };
     let runtime = runtime()?;
+    let stop = areal_core::StopRequest::new();
+    runtime.spawn(stop_on_signals(stop.clone()));
     let summary = runtime.block_on(areal_core::run(
         config,
         plugins,
@@ -279,6 +288,7 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
             out_dir: Some(out.clone()),
             observer: observer.clone(),
             started,
+            stop,
         },
     ))?;
     drop(observer);
@@ -304,7 +314,62 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
         );
         println!("run folder: {}", out.display());
     }
+    if summary.interrupted {
+        return Err(Interrupted {
+            steps: summary.steps,
+        }
+        .into());
+    }
     Ok(())
+}
+
+/// A run stopped by a signal, its checkpoint and summary saved: exit status 130.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted after {steps} steps; the checkpoint and summary are saved")]
+struct Interrupted {
+    steps: u64,
+}
+
+/// SIGINT or SIGTERM stop the run cleanly (the step in progress finishes, the checkpoint and
+/// summary are written); a second one exits at once.
+#[cfg(unix)]
+async fn stop_on_signals(stop: areal_core::StopRequest) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return;
+    };
+    let mut received = 0;
+    loop {
+        let name = tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        };
+        received += 1;
+        #[allow(clippy::print_stderr)]
+        if received == 1 {
+            eprintln!(
+                "{name}: stopping after the step in progress, then saving the checkpoint and summary (again to quit at once)"
+            );
+            stop.request();
+        } else {
+            eprintln!("{name} again: quitting at once");
+            std::process::exit(130);
+        }
+    }
+}
+
+/// Ctrl-C stops the run cleanly; a second one exits at once.
+#[cfg(not(unix))]
+async fn stop_on_signals(stop: areal_core::StopRequest) {
+    if tokio::signal::ctrl_c().await.is_ok() {
+        stop.request();
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(130);
+        }
+    }
 }
 
 fn eval(args: EvalArgs) -> anyhow::Result<()> {

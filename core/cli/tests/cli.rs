@@ -633,3 +633,291 @@ fn bench_math_prints_a_row_per_kind_of_pair() {
     }
     assert!(table.contains("500 (100.0 % right)"), "{table}");
 }
+
+/// `areal train` in the background, its stderr read line by line as it comes.
+struct Background {
+    child: std::process::Child,
+    stderr: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Background {
+    /// `areal train -q --config testkit.toml --out RUN` plus `args`, through `sh -c` with
+    /// `prefix` (e.g. a `ulimit`).
+    fn train(dir: &std::path::Path, run: &std::path::Path, prefix: &str, args: &[&str]) -> Self {
+        let config = testkit_config(dir);
+        let mut command = format!(
+            "{prefix} exec '{}' train -q --config '{}' --out '{}'",
+            env!("CARGO_BIN_EXE_areal"),
+            config.display(),
+            run.display()
+        );
+        for a in args {
+            command.push_str(&format!(" '{a}'"));
+        }
+        let mut child = Command::new("sh")
+            .args(["-c", &command])
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start areal train");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stderr).lines() {
+                if tx.send(line.unwrap_or_default()).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            stderr: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Send `signal` (`INT`, `TERM`) to the run.
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
+    /// Wait (at most two minutes) until a stderr line contains `text`.
+    fn wait_for_stderr(&mut self, text: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !self.seen.iter().any(|l| l.contains(text)) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => panic!("no {text:?} on stderr; saw:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    /// Wait for the process; its exit code and whole stderr.
+    fn finish(mut self) -> (Option<i32>, String) {
+        let status = self.child.wait().unwrap();
+        self.seen.extend(self.stderr.iter());
+        (status.code(), self.seen.join("\n"))
+    }
+}
+
+/// Wait (at most two minutes) until `path` exists and holds a line with `text`.
+fn wait_for_line(path: &std::path::Path, text: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let found = std::fs::read_to_string(path).is_ok_and(|t| t.contains(text));
+        if found {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never held {text:?}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Files of a run folder whose names say they were never finished.
+fn leftovers(run: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".partial") || n.contains(".old-"))
+        .collect()
+}
+
+/// SIGINT and SIGTERM once ended a run at once, with no summary, no checkpoint and
+/// sometimes a 0-byte plot. Now the step in progress finishes, the checkpoint, the plot and
+/// the summary are written whole, and the exit status is 130.
+#[test]
+fn a_signal_stops_a_run_cleanly_with_everything_saved() {
+    for signal in ["INT", "TERM"] {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let slow = Background::train(
+            dir.path(),
+            &run,
+            "",
+            &[
+                "--set",
+                "train.steps=100000",
+                "--set",
+                "generator.token_delay_us=2000",
+                "--set",
+                "eval.every=2",
+            ],
+        );
+        wait_for_line(&run.join("metrics.jsonl"), "\"step\":3,");
+        slow.signal(signal);
+        let (code, stderr) = slow.finish();
+        assert_eq!(code, Some(130), "SIG{signal}: {stderr}");
+        assert!(
+            stderr.contains(&format!("SIG{signal}: stopping")),
+            "{stderr}"
+        );
+        assert!(stderr.contains("interrupted after"), "{stderr}");
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap())
+                .unwrap();
+        assert_eq!(summary["interrupted"], true);
+        assert_eq!(summary["checkpoint"], "checkpoint");
+        let steps = summary["steps"].as_u64().unwrap();
+        assert!((3..100_000).contains(&steps), "{steps}");
+        assert!(run.join("checkpoint/bigram.json").exists());
+        let png = std::fs::read(run.join("accuracy.png")).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 1000);
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+        let step_lines = metrics
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("whole lines"))
+            .filter(|v| v["event"] == "step")
+            .count();
+        assert_eq!(step_lines as u64, steps, "every step trained is recorded");
+        assert!(leftovers(&run).is_empty(), "{:?}", leftovers(&run));
+    }
+}
+
+/// A second signal quits at once, without waiting for what the first one asked for.
+#[test]
+fn a_second_signal_quits_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    // The baseline evaluation sleeps 8 tokens × 0.4 s per item: a clean stop waits for it.
+    let slow = Background::train(
+        dir.path(),
+        &run,
+        "",
+        &["--set", "generator.token_delay_us=400000"],
+    );
+    wait_for_line(&run.join("config.toml"), "seed");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    slow.signal("INT");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    slow.signal("INT");
+    let (code, stderr) = slow.finish();
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        stderr.contains("SIGINT again: quitting at once"),
+        "{stderr}"
+    );
+    assert!(
+        !run.join("summary.json").exists(),
+        "it did not wait for the clean stop"
+    );
+}
+
+/// Two runs given the same folder once both ran, interleaving their records.
+#[test]
+fn a_run_folder_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let first = Background::train(
+        dir.path(),
+        &run,
+        "",
+        &[
+            "--set",
+            "train.steps=100000",
+            "--set",
+            "generator.token_delay_us=2000",
+        ],
+    );
+    wait_for_line(&run.join("metrics.jsonl"), "\"event\":\"step\"");
+    let config = testkit_config(dir.path());
+    let second = areal(&[
+        "train",
+        "-q",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    let stderr = text(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is in use by another run") && stderr.contains("run.lock"),
+        "{stderr}"
+    );
+    first.signal("TERM");
+    let (code, stderr) = first.finish();
+    assert_eq!(code, Some(130), "{stderr}");
+    // the folder is free again, and what the first run wrote is its own
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["interrupted"], true);
+}
+
+/// A tiny transformer run whose checkpoint (~100 KB) is past the 32 KiB a file may grow to:
+/// the disk is "full" for the checkpoint only (a soft `ulimit -f`, which `prlimit` can lift
+/// from outside, with SIGXFSZ ignored so that the write fails instead of killing the process).
+const FULL_DISK: &str = "trap '' XFSZ; ulimit -S -f 32;";
+const TINY_TRANSFORMER: &[&str] = &[
+    "--set",
+    "policy={kind = \"transformer\", alphabet = \"abcdefghij\", hidden_size = 32, layers = 2, heads = 2, kv_heads = 1, max_positions = 32}",
+    "--set",
+    "generator.kind=burn",
+    "--set",
+    "train.steps=2",
+    "--set",
+    "eval.enabled=false",
+];
+
+/// A full disk at the final checkpoint once lost the trained model after all its steps.
+/// Now saving is retried (`checkpoint.retry_s`): freeing space saves the model; giving up
+/// leaves nothing half-written and says where and why.
+#[test]
+fn a_full_disk_at_the_checkpoint_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mut args = TINY_TRANSFORMER.to_vec();
+    args.extend(["--set", "checkpoint.retry_s=300"]);
+    let mut full = Background::train(dir.path(), &run, FULL_DISK, &args);
+    full.wait_for_stderr("cannot save the checkpoint");
+    assert!(!run.join("checkpoint").exists());
+    // space is freed: the file-size limit of the running process is lifted
+    let pid = full.child.id().to_string();
+    let lifted = Command::new("prlimit")
+        .args(["--pid", &pid, "--fsize=unlimited:unlimited"])
+        .output()
+        .expect("prlimit (util-linux)");
+    assert!(lifted.status.success(), "{}", text(&lifted.stderr));
+    let (code, stderr) = full.finish();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("trying again in 10 s"), "{stderr}");
+    let weights = std::fs::metadata(run.join("checkpoint/model.safetensors")).unwrap();
+    assert!(
+        weights.len() > 8 << 10,
+        "the whole model: {} bytes",
+        weights.len()
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["checkpoint"], "checkpoint");
+    assert!(leftovers(&run).is_empty(), "{:?}", leftovers(&run));
+
+    // No retry: the run fails naming the checkpoint, and leaves no part of it behind.
+    let run = dir.path().join("gave-up");
+    let mut args = TINY_TRANSFORMER.to_vec();
+    args.extend(["--set", "checkpoint.retry_s=0"]);
+    let (code, stderr) = Background::train(dir.path(), &run, FULL_DISK, &args).finish();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot save the checkpoint to") && stderr.contains("checkpoint.retry_s"),
+        "{stderr}"
+    );
+    assert!(!run.join("checkpoint").exists());
+    assert!(leftovers(&run).is_empty(), "{:?}", leftovers(&run));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 2);
+    assert!(summary["checkpoint"].is_null());
+}

@@ -46,6 +46,26 @@ pub struct Config {
     /// Supervised warm-up before RL.
     #[serde(default)]
     pub warmup: crate::warmup::WarmupConfig,
+    /// The checkpoint at the end of a run.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+}
+
+/// `[checkpoint]`: how the final checkpoint is saved (into `checkpoint/` of the run folder,
+/// atomically: a failed save leaves nothing half-written).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// When saving fails (a full disk, say), try again every 10 s for this many seconds
+    /// before giving up, so that freeing space saves the trained model; a stop signal gives
+    /// up at once. 0 tries once. By default 600.
+    pub retry_s: f64,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self { retry_s: 600.0 }
+    }
 }
 
 fn default_seed() -> u64 {
@@ -92,6 +112,7 @@ impl Default for Config {
                 enabled: true,
                 ..Default::default()
             },
+            checkpoint: CheckpointConfig::default(),
         }
     }
 }
@@ -407,6 +428,12 @@ impl Config {
         if let Err(message) = crate::device::parse_device(&t.device) {
             p.0.push(("train.device".into(), message));
         }
+        let retry = self.checkpoint.retry_s;
+        p.check(
+            (0.0..=MAX_DEADLINE_MS as f64 / 1e3).contains(&retry),
+            "checkpoint.retry_s",
+            || format!("must be between 0 and 86400 seconds, found {retry}"),
+        );
         p.0.extend(self.warmup.problems());
         p.0
     }

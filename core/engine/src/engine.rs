@@ -199,6 +199,8 @@ pub struct RunOptions {
     pub observer: Arc<dyn Observer>,
     /// When the run started, for `wall_seconds` (the process start, say). By default now.
     pub started: Instant,
+    /// Asks the run to stop cleanly (`areal train` requests it on SIGINT and SIGTERM).
+    pub stop: StopRequest,
 }
 
 impl Default for RunOptions {
@@ -207,7 +209,43 @@ impl Default for RunOptions {
             out_dir: None,
             observer: Arc::new(Quiet),
             started: Instant::now(),
+            stop: StopRequest::new(),
         }
+    }
+}
+
+/// A request to stop a run cleanly: the warm-up or training step in progress finishes (a
+/// step still waiting for its batch is dropped), no further evaluation runs, and the
+/// checkpoint and `summary.json` are written (`interrupted: true`). Clones share the request.
+#[derive(Clone, Debug)]
+pub struct StopRequest(Arc<watch::Sender<bool>>);
+
+impl StopRequest {
+    /// A request not yet made.
+    pub fn new() -> Self {
+        Self(Arc::new(watch::Sender::new(false)))
+    }
+
+    /// Ask the run to stop.
+    pub fn request(&self) {
+        self.0.send_replace(true);
+    }
+
+    /// Whether it was asked to stop.
+    pub fn is_requested(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Wait until it is asked to stop.
+    pub async fn requested(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+impl Default for StopRequest {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -224,6 +262,11 @@ pub struct RunSummary {
     pub steps: u64,
     /// The run stopped before `train.steps` because `train.max_seconds` had passed.
     pub stopped_early: bool,
+    /// The run was asked to stop (a signal) before it was done: what it had done is saved.
+    pub interrupted: bool,
+    /// The saved checkpoint, relative to the run folder (`checkpoint`); `None` when there is
+    /// no run folder, the policy cannot save, or saving failed (the run then fails too).
+    pub checkpoint: Option<PathBuf>,
     /// Final policy version.
     pub policy_version: PolicyVersion,
     /// η.
@@ -285,6 +328,8 @@ struct Shared {
     consecutive_failures: AtomicUsize,
     started: Instant,
     controller: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// A clean stop asked from outside (a signal).
+    interrupt: StopRequest,
 }
 
 impl Shared {
@@ -352,13 +397,13 @@ pub async fn run(
         consecutive_failures: AtomicUsize::new(0),
         started: options.started,
         controller: Mutex::new(None),
+        interrupt: options.stop.clone(),
     });
     // If this future is dropped (a caller's timeout, Ctrl-C), the trainer thread must not
     // wait for data forever.
     let _stop_on_drop = StopOnDrop(&shared.stop);
     shared.observer.on_start(config.train.steps);
     let handle = Handle::current();
-    let out_dir = options.out_dir.clone();
     let pool = match config.train.threads {
         0 => None,
         n => Some(
@@ -374,7 +419,7 @@ pub async fn run(
     let trainer = {
         let shared = shared.clone();
         tokio::task::spawn_blocking(move || {
-            let train = || trainer_loop(&shared, policy, &handle, log, out_dir.as_deref());
+            let train = || trainer_loop(&shared, policy, &handle, log);
             // the trainer computes on its own threads (burn's CPU backend uses the current
             // rayon pool)
             match pool {
@@ -394,13 +439,17 @@ pub async fn run(
     if let Some(controller) = controller {
         let _ = controller.await;
     }
-    let summary = result?;
+    let (summary, checkpoint_error) = result?;
     if let Some(dir) = &options.out_dir {
         let path = dir.join("summary.json");
         let json = serde_json::to_string_pretty(&summary).expect("the summary serialises");
-        std::fs::write(&path, json + "\n").map_err(|e| EngineError::io(path, e))?;
+        crate::atomic::write(&path, (json + "\n").as_bytes())
+            .map_err(|e| EngineError::io(path, e))?;
     }
-    Ok(summary)
+    match checkpoint_error {
+        Some(e) => Err(e),
+        None => Ok(summary),
+    }
 }
 
 fn check_task(task: &dyn Task, config: &Config) -> Result<(), EngineError> {
@@ -584,10 +633,12 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn next_batch(shared: &Shared) -> Result<Vec<TrajectoryGroup>, EngineError> {
+/// The next batch, or `None` when the run is asked to stop first.
+async fn next_batch(shared: &Shared) -> Result<Option<Vec<TrajectoryGroup>>, EngineError> {
     let mut stop = shared.stop.subscribe();
     tokio::select! {
-        groups = shared.buffer.take(shared.config.rollout.batch_size) => Ok(groups),
+        groups = shared.buffer.take(shared.config.rollout.batch_size) => Ok(Some(groups)),
+        () = shared.interrupt.requested() => Ok(None),
         _ = stop.wait_for(|s| *s) => Err(shared
             .fatal
             .lock()
@@ -666,8 +717,7 @@ fn trainer_loop(
     mut policy: Box<dyn Policy>,
     handle: &Handle,
     mut log: RunLog,
-    out_dir: Option<&Path>,
-) -> Result<RunSummary, EngineError> {
+) -> Result<(RunSummary, Option<EngineError>), EngineError> {
     let config = &shared.config;
     let t = &config.train;
     let warmup = if config.warmup.enabled {
@@ -723,7 +773,9 @@ fn trainer_loop(
         evals.push(m);
         Ok::<_, EngineError>(())
     };
-    if config.eval.enabled {
+    // Asked to stop during the warm-up: no evaluation, no RL; what there is gets saved.
+    let stop_before_rl = shared.interrupt.is_requested();
+    if config.eval.enabled && !stop_before_rl {
         eval(0, 0, &mut log)?;
     }
 
@@ -733,8 +785,10 @@ fn trainer_loop(
         .observer
         .on_weights(&weight_update(policy.as_ref(), 0));
     let mut rl = RlClock::start(shared.rollout.generator().as_ref());
-    *shared.controller.lock().expect("controller lock") =
-        Some(handle.spawn(controller(shared.clone())));
+    if !stop_before_rl {
+        *shared.controller.lock().expect("controller lock") =
+            Some(handle.spawn(controller(shared.clone())));
+    }
 
     let counters = &shared.rollout.counters;
     let mut version: PolicyVersion = 0;
@@ -744,8 +798,14 @@ fn trainer_loop(
         counters.generated_tokens.load(Ordering::Relaxed),
     );
     for step in 1..=t.steps {
+        if shared.interrupt.is_requested() {
+            break;
+        }
         let wait = Instant::now();
-        let groups = handle.block_on(next_batch(shared))?;
+        // A stop asked while waiting for the batch drops this step.
+        let Some(groups) = handle.block_on(next_batch(shared))? else {
+            break;
+        };
         let wait_ms = wait.elapsed().as_secs_f64() * 1e3;
 
         let compute = Instant::now();
@@ -805,21 +865,78 @@ fn trainer_loop(
             eval(step, version, &mut log)?;
         }
     }
-    if config.eval.enabled {
+    let interrupted = shared.interrupt.is_requested();
+    if interrupted {
+        tracing::warn!(target: "areal::train", steps = steps.len(), "stopped on request; saving the checkpoint and summary");
+    }
+    // The checkpoint first: the trained model is what a failure later must not cost.
+    let (checkpoint, checkpoint_error) = match log.dir() {
+        Some(dir) => match save_checkpoint(shared, policy.as_ref(), handle, dir) {
+            Ok(saved) => (saved, None),
+            Err(e) => (None, Some(e)),
+        },
+        None => (None, None),
+    };
+    if config.eval.enabled && !interrupted {
         eval(steps.len() as u64, version, &mut log)?;
     }
-    if let Some(dir) = out_dir {
-        let checkpoint = dir.join("checkpoint");
-        std::fs::create_dir_all(&checkpoint).map_err(|e| EngineError::io(&checkpoint, e))?;
-        match policy.save(&checkpoint) {
-            Ok(()) => {}
-            Err(e) if e.is_unsupported() => {
+    let mut summary = summarise(shared, &steps, evals, warmup, &rl);
+    summary.interrupted = interrupted;
+    summary.checkpoint = checkpoint;
+    Ok((summary, checkpoint_error))
+}
+
+/// How long to wait between attempts at saving the checkpoint.
+const CHECKPOINT_RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Save the policy into `checkpoint/` of the run folder, atomically. A failure (a full disk)
+/// is retried every 10 s for `checkpoint.retry_s`, so that freeing space saves the model;
+/// a stop request gives up at once. `Ok(None)` when the policy cannot save at all.
+fn save_checkpoint(
+    shared: &Shared,
+    policy: &dyn Policy,
+    handle: &Handle,
+    dir: &Path,
+) -> Result<Option<PathBuf>, EngineError> {
+    const NAME: &str = "checkpoint";
+    let target = dir.join(NAME);
+    let started = Instant::now();
+    let budget = std::time::Duration::from_secs_f64(shared.config.checkpoint.retry_s);
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let error = match crate::atomic::write_dir(&target, |tmp| policy.save(tmp)) {
+            Ok(()) => return Ok(Some(PathBuf::from(NAME))),
+            Err(crate::atomic::DirError::Fill(e)) if e.is_unsupported() => {
                 tracing::warn!(target: "areal::engine", policy = policy.name(), "the policy cannot save checkpoints");
+                return Ok(None);
             }
-            Err(e) => return Err(EngineError::plugin("saving the final checkpoint", e)),
+            Err(crate::atomic::DirError::Fill(e)) => e.to_string(),
+            Err(crate::atomic::DirError::Io(path, e)) => format!("{}: {e}", path.display()),
+        };
+        let left = budget.saturating_sub(started.elapsed());
+        if left.is_zero() || shared.interrupt.is_requested() {
+            return Err(EngineError::Checkpoint {
+                path: target,
+                attempts,
+                seconds: started.elapsed().as_secs_f64(),
+                message: error,
+            });
         }
+        tracing::warn!(
+            target: "areal::engine",
+            "cannot save the checkpoint to {}: {error}; trying again in {} s for up to {:.0} s more (checkpoint.retry_s): free some space, or stop the run",
+            target.display(),
+            CHECKPOINT_RETRY_EVERY.as_secs(),
+            left.as_secs_f64()
+        );
+        handle.block_on(async {
+            tokio::select! {
+                () = tokio::time::sleep(CHECKPOINT_RETRY_EVERY.min(left)) => {}
+                () = shared.interrupt.requested() => {}
+            }
+        });
     }
-    Ok(summarise(shared, &steps, evals, warmup, &rl))
 }
 
 /// Wall time and generator counters since RL started, and since the previous step.
@@ -947,6 +1064,8 @@ fn summarise(
         wall_seconds: shared.started.elapsed().as_secs_f64(),
         steps: steps.len() as u64,
         stopped_early: rl.stopped_early,
+        interrupted: false,
+        checkpoint: None,
         policy_version: steps.last().map_or(0, |m| m.policy_version),
         max_staleness: config.rollout.max_staleness,
         algorithm: shared.algorithm.name().to_owned(),
@@ -993,16 +1112,22 @@ fn warm_up(
     if let Some(dir) = &cache
         && let Some(mut report) = warmup::read_cached(dir)
     {
-        policy.load(dir).map_err(|e| {
-            EngineError::plugin(format!("loading the cached warm-up {}", dir.display()), e)
-        })?;
-        report.cached = true;
-        tracing::info!(target: "areal::warmup", dir = %dir.display(), seconds = report.seconds, "reusing a cached warm-up");
-        for m in &report.curve {
-            log.record("warmup", m)?;
-            shared.observer.on_warmup(m);
+        match policy.load(dir) {
+            Ok(()) => {
+                report.cached = true;
+                tracing::info!(target: "areal::warmup", dir = %dir.display(), seconds = report.seconds, "reusing a cached warm-up");
+                for m in &report.curve {
+                    log.record("warmup", m)?;
+                    shared.observer.on_warmup(m);
+                }
+                return Ok(report);
+            }
+            // Unloadable although its checksums hold (the policy is left as it was): warm
+            // up again, and the new warm-up replaces it.
+            Err(e) => {
+                tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %e, "the cached warm-up cannot be loaded; warming up again");
+            }
         }
-        return Ok(report);
     }
     let started = Instant::now();
     let mut optimizer = AdamWConfig::new()
@@ -1034,7 +1159,12 @@ fn warm_up(
     let (mut loss_sum, mut tokens, mut window) = (0.0, 0usize, Instant::now());
     let mut curve = Vec::new();
     let mut steps = 0;
+    let mut interrupted = false;
     while steps < w.max_steps {
+        if shared.interrupt.is_requested() {
+            interrupted = true;
+            break;
+        }
         steps += 1;
         let indices: Vec<u64> = (0..w.batch_size)
             .map(|_| first + order.next_index())
@@ -1135,8 +1265,12 @@ fn warm_up(
         curve,
         cached: false,
     };
-    if let Some(dir) = &cache {
-        warmup::write_cache(dir, policy, &report)?;
+    // A cache is only a saving: failing to write one costs the next run time, not this run.
+    if let Some(dir) = &cache
+        && !interrupted
+        && let Err(e) = warmup::write_cache(dir, policy, &report)
+    {
+        tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %e, "cannot cache the warm-up; the next run with these settings warms up again");
     }
     Ok(report)
 }

@@ -31,6 +31,27 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    /// The checkpoint could not be saved, even after retrying; nothing of it is left
+    /// half-written.
+    #[error("cannot save the checkpoint to {} ({attempts} attempts over {seconds:.0} s; checkpoint.retry_s): {message}", path.display())]
+    Checkpoint {
+        /// Where it was to be saved.
+        path: PathBuf,
+        /// Attempts made.
+        attempts: u32,
+        /// Seconds spent trying.
+        seconds: f64,
+        /// The last failure.
+        message: String,
+    },
+    /// Another run holds the run folder.
+    #[error("run folder {} is in use by another run (it holds {}); give this run its own --out", dir.display(), lock.display())]
+    RunFolderInUse {
+        /// The run folder.
+        dir: PathBuf,
+        /// Its lock file.
+        lock: PathBuf,
+    },
     /// Data handed between stages is inconsistent (a bug in a plugin or the engine).
     #[error("{0}")]
     Invalid(String),

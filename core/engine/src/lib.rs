@@ -23,6 +23,7 @@
 //! # }
 //! ```
 
+pub mod atomic;
 mod buffer;
 pub mod config;
 mod device;
@@ -43,7 +44,7 @@ pub mod warmup;
 pub use buffer::ReplayBuffer;
 pub use config::{Config, ConfigError, ConfigLoader, ConfigProblem, Origin};
 pub use device::parse_device;
-pub use engine::{Observer, Plugins, Quiet, RunOptions, RunSummary, run};
+pub use engine::{Observer, Plugins, Quiet, RunOptions, RunSummary, StopRequest, run};
 pub use error::EngineError;
 pub use metrics::{EvalMetrics, StalenessStats, StepMetrics};
 pub use reward_service::{RewardService, Verified};

@@ -259,14 +259,18 @@ pub fn accuracy_plot(
         c.text(w as i64 - right - 228, ly, &s.label, 2, ink);
         ly += 22;
     }
-    let file = std::fs::File::create(path)?;
-    let mut encoder = png::Encoder::new(std::io::BufWriter::new(file), w as u32, h as u32);
-    encoder.set_color(png::ColorType::Rgb);
-    encoder.set_depth(png::BitDepth::Eight);
-    let mut writer = encoder.write_header().map_err(std::io::Error::other)?;
-    writer
-        .write_image_data(&c.pixels)
-        .map_err(std::io::Error::other)
+    let mut png_bytes = Vec::new();
+    {
+        let mut encoder = png::Encoder::new(&mut png_bytes, w as u32, h as u32);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder.write_header().map_err(std::io::Error::other)?;
+        writer
+            .write_image_data(&c.pixels)
+            .map_err(std::io::Error::other)?;
+    }
+    // Whole or not at all: a run killed while plotting leaves the previous plot.
+    crate::atomic::write(path, &png_bytes)
 }
 
 #[cfg(test)]

@@ -14,10 +14,20 @@ use crate::tensorboard::EventWriter;
 /// Name of the plot in a run folder.
 pub(crate) const PLOT_FILE: &str = "accuracy.png";
 
+/// Name of the lock file of a run folder.
+pub(crate) const LOCK_FILE: &str = "run.lock";
+
 /// Everything a run writes as it goes; a no-op without a run folder.
+///
+/// The folder is locked (`run.lock`, an advisory lock the system drops when the process
+/// ends, however it ends) for as long as the log lives: a second run given the same folder
+/// refuses to start instead of interleaving its records with the first's. Whole files
+/// (`config.toml`, the plot) are written atomically; the append-only records
+/// (`metrics.jsonl`, TensorBoard events) one whole record per write.
 #[derive(Debug, Default)]
 pub(crate) struct RunLog {
     dir: Option<PathBuf>,
+    _lock: Option<std::fs::File>,
     jsonl: Option<MetricsWriter>,
     events: Option<EventWriter>,
     eval_points: Vec<(f64, f64)>,
@@ -32,17 +42,25 @@ impl RunLog {
             return Ok(Self::default());
         };
         std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
+        let lock = lock(dir)?;
         let path = dir.join("config.toml");
-        std::fs::write(&path, config.to_toml()).map_err(|e| EngineError::io(path, e))?;
+        crate::atomic::write(&path, config.to_toml().as_bytes())
+            .map_err(|e| EngineError::io(path, e))?;
         let path = dir.join("metrics.jsonl");
         let jsonl = MetricsWriter::create(&path).map_err(|e| EngineError::io(path, e))?;
         let events = EventWriter::create(dir).map_err(|e| EngineError::io(dir, e))?;
         Ok(Self {
             dir: Some(dir.to_owned()),
+            _lock: Some(lock),
             jsonl: Some(jsonl),
             events: Some(events),
             ..Self::default()
         })
+    }
+
+    /// The run folder, if there is one.
+    pub(crate) fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
     }
 
     /// Append a record of `kind` ("step", "eval", "warmup") to `metrics.jsonl` and its numeric
@@ -113,6 +131,25 @@ impl RunLog {
             self.rl_start.map(|t| (t, "rl")),
         )
         .map_err(|e| EngineError::io(path, e))
+    }
+}
+
+/// Take the run folder's lock, or say who holds it.
+fn lock(dir: &Path) -> Result<std::fs::File, EngineError> {
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| EngineError::io(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(EngineError::RunFolderInUse {
+            dir: dir.to_owned(),
+            lock: path,
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(EngineError::io(path, e)),
     }
 }
 

@@ -50,7 +50,7 @@ impl Number {
     /// Parses `123`, `0045`, `12.50`, `.5`: ASCII digits with at most one point, and at
     /// most [`MAX_LITERAL_DIGITS`] of them.
     pub fn parse(text: &str) -> Option<Self> {
-        if text.len() > MAX_LITERAL_DIGITS + 1 {
+        if text.bytes().filter(u8::is_ascii_digit).count() > MAX_LITERAL_DIGITS {
             return None;
         }
         let (int_part, frac_part) = match text.split_once('.') {

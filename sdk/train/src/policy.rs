@@ -151,7 +151,8 @@ pub trait Policy: Send + 'static {
     }
 
     /// Replace the weights with those of a checkpoint written by [`save`](Policy::save) for
-    /// the same architecture.
+    /// the same architecture. On failure the policy must be left as it was (the engine then
+    /// goes on with it, e.g. warms up again when a cached warm-up is damaged).
     fn load(&mut self, dir: &Path) -> Result<(), PluginError> {
         let _ = dir;
         Err(PluginError::unsupported(self.name(), "load"))
