@@ -803,4 +803,114 @@ mod tests {
         let b = py(&format!("{{{}}}", backward.join(", ")));
         assert!(a.py_eq(&b));
     }
+
+    /// A Python value of the closed set, and its two spellings: `json.loads` text (as an
+    /// expected output) and the harness's encoding (as a return value).
+    #[derive(Clone, Debug)]
+    enum Tree {
+        None,
+        Bool(bool),
+        Int(i128),
+        Float(f64),
+        Str(String),
+        List(Vec<Tree>),
+        Dict(Vec<(String, Tree)>),
+    }
+
+    impl Tree {
+        fn json(&self) -> String {
+            match self {
+                Tree::None => "null".into(),
+                Tree::Bool(b) => b.to_string(),
+                Tree::Int(i) => i.to_string(),
+                Tree::Float(f) => format!("{f:?}"),
+                Tree::Str(s) => serde_json::to_string(s).unwrap(),
+                Tree::List(xs) => format!(
+                    "[{}]",
+                    xs.iter().map(Tree::json).collect::<Vec<_>>().join(", ")
+                ),
+                Tree::Dict(kv) => format!(
+                    "{{{}}}",
+                    kv.iter()
+                        .map(|(k, v)| format!(
+                            "{}: {}",
+                            serde_json::to_string(k).unwrap(),
+                            v.json()
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        }
+
+        /// The harness's encoding, dict entries in reverse order (order must not matter).
+        fn guest(&self) -> String {
+            match self {
+                Tree::None | Tree::Bool(_) | Tree::Str(_) => self.json(),
+                Tree::Int(i) => format!("{{\"i\": \"{i}\"}}"),
+                Tree::Float(f) => format!("{{\"f\": \"{f:?}\"}}"),
+                Tree::List(xs) => format!(
+                    "[{}]",
+                    xs.iter().map(Tree::guest).collect::<Vec<_>>().join(", ")
+                ),
+                Tree::Dict(kv) => {
+                    let mut seen = std::collections::HashSet::new();
+                    let mut last: Vec<&(String, Tree)> = kv
+                        .iter()
+                        .rev()
+                        .filter(|(k, _)| seen.insert(k.clone()))
+                        .collect();
+                    last.reverse();
+                    let flat: Vec<String> = last
+                        .iter()
+                        .rev()
+                        .flat_map(|(k, v)| [serde_json::to_string(k).unwrap(), v.guest()])
+                        .collect();
+                    format!("{{\"d\": [{}]}}", flat.join(", "))
+                }
+            }
+        }
+    }
+
+    fn tree() -> impl proptest::strategy::Strategy<Value = Tree> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Tree::None),
+            any::<bool>().prop_map(Tree::Bool),
+            any::<i128>().prop_map(Tree::Int),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Tree::Float),
+            "\\PC{0,8}".prop_map(Tree::Str),
+        ];
+        leaf.prop_recursive(6, 64, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Tree::List),
+                proptest::collection::vec(("[a-c]{1,2}", inner), 0..6).prop_map(Tree::Dict),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// A value equals itself spelt either way; changing one leaf breaks the equality.
+        #[test]
+        fn a_value_equals_itself_in_both_spellings(t in tree()) {
+            let want = parse_python_json(&t.json()).unwrap();
+            let got = parse_guest_value(t.guest().as_bytes()).unwrap();
+            proptest::prop_assert!(got.py_eq(&want), "{} vs {}", t.json(), t.guest());
+            let other = parse_python_json(&format!("[{}]", t.json())).unwrap();
+            proptest::prop_assert!(!other.py_eq(&want));
+        }
+
+        /// Arbitrary text never panics a parser, and the line rule is symmetric.
+        #[test]
+        fn arbitrary_text_is_refused_or_read(a in "\\PC{0,40}", b in "[0-9eE._+\\- \\n]{0,40}") {
+            let _ = parse_python_json(&a);
+            let _ = parse_guest_value(a.as_bytes());
+            proptest::prop_assert_eq!(stdout_matches(&a, &b), stdout_matches(&b, &a));
+            proptest::prop_assert!(stdout_matches(&b, &b));
+        }
+    }
 }

@@ -311,4 +311,22 @@ mod tests {
         assert!(unpickle_string(b"\x80\x04\x8c\x01a\x8c\x01b.").is_err());
         assert!(unpickle_string(b"\x80\x04\x8c\x01a.junk").is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Arbitrary bytes are a pickle, a compressed field or a record, or refused: never a
+        /// panic, never more than the limit.
+        #[test]
+        fn the_decoder_refuses_what_it_cannot_read(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let _ = unpickle_string(&data);
+            let text = String::from_utf8_lossy(&data);
+            if let Ok(s) = decompress_within(&text, 1 << 16) {
+                proptest::prop_assert!(s.len() <= 1 << 16);
+            }
+            if let Ok(record) = serde_json::from_slice::<Value>(&data) {
+                let _ = Problem::from_record_within(&record, 1 << 16);
+            }
+        }
+    }
 }

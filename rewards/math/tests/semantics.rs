@@ -233,3 +233,20 @@ fn huge_numbers_are_decided_inside_the_deadline() {
         );
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Arbitrary text, and text made of the characters answers are made of, never panics the
+    /// verifier, and it always comes back (its deadline).
+    #[test]
+    fn arbitrary_answers_are_read_or_refused(
+        gold in "\\PC{0,60}",
+        pred in "[0-9x+\\-*/^(){}\\[\\]\\\\a-z$.,= ]{0,60}",
+    ) {
+        let dl = || Deadline::after(Duration::from_secs(2));
+        let _ = verify(&gold, &pred, &Options::default(), &dl());
+        let _ = verify(&pred, &gold, &Options::default(), &dl());
+        let _ = verify(&pred, &pred, &Options::default(), &dl());
+    }
+}
