@@ -8,7 +8,7 @@
 CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: setup train test lint cuda-check python-wasi bench-backends
+.PHONY: setup train test lint cuda-check python-wasi bench-backends fuzz
 
 # Everything `areal train` needs is built from the package registries by cargo itself. Code
 # rewards also need the WASI interpreter: `make python-wasi` (apt, Debian's source package).
@@ -43,3 +43,10 @@ python-wasi:
 # installs libopenblas-dev with apt; each backend builds burn again, ~5 min each).
 bench-backends:
 	plugins/gen-burn/scripts/bench-backends.sh
+
+# Coverage-guided fuzzing of what reads untrusted input (tests/fuzz: the record decoder, the
+# expected-output and return-value parsers, the maths verifier), FUZZ_SECONDS each (default
+# 600). Installs cargo-fuzz; CI runs the bounded property tests of the same code instead.
+FUZZ_SECONDS ?= 600
+fuzz:
+	for t in record expected_output math; do tests/fuzz/run.sh $$t $(FUZZ_SECONDS) || exit 1; done

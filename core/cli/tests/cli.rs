@@ -231,6 +231,24 @@ fn config_errors_name_the_key_the_origin_and_the_value() {
             "{set}: {err}"
         );
     }
+    // A checkpoint whose config.json claims 10^9 layers is refused before its weights are read.
+    let checkpoint = dir.path().join("huge");
+    std::fs::create_dir_all(&checkpoint).unwrap();
+    std::fs::write(
+        checkpoint.join("config.json"),
+        r#"{"vocab_size": 100, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 1000000000, "num_attention_heads": 4, "max_position_embeddings": 128}"#,
+    )
+    .unwrap();
+    let set = format!("policy.path={}", checkpoint.display());
+    let err = failure(&["train", "-q", "--set", &set]);
+    assert!(
+        err.contains("`policy`")
+            && err.contains("config.json")
+            && err.contains("1000000000 layers")
+            && err.contains("needs about"),
+        "{err}"
+    );
+
     let out = areal(&["train", "-q", "--seed", "9223372036854775808"]);
     assert_eq!(out.status.code(), Some(2), "clap's own usage error");
     assert!(text(&out.stderr).contains("--seed"));
