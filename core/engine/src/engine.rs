@@ -780,12 +780,12 @@ fn trainer_loop(
     }
 
     // RL starts now: generation may run ahead from here.
-    log.rl_started(shared.started.elapsed().as_secs_f64());
-    shared
-        .observer
-        .on_weights(&weight_update(policy.as_ref(), 0));
     let mut rl = RlClock::start(shared.rollout.generator().as_ref());
     if !stop_before_rl {
+        log.rl_started(shared.started.elapsed().as_secs_f64());
+        shared
+            .observer
+            .on_weights(&weight_update(policy.as_ref(), 0));
         *shared.controller.lock().expect("controller lock") =
             Some(handle.spawn(controller(shared.clone())));
     }
