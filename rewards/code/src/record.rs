@@ -156,21 +156,30 @@ pub fn decompress_within(text: &str, max_bytes: usize) -> Result<String, String>
     let raw = base64::engine::general_purpose::STANDARD
         .decode(text.as_bytes())
         .map_err(|e| format!("neither JSON nor base64: {e}"))?;
-    let mut pickled = Vec::new();
+    let not_zlib = |e: std::io::Error| format!("base64 but not zlib: {e}");
+    // Measure first, keeping nothing: a bomb is refused without its bytes ever being held,
+    // and a record is then inflated into a buffer of exactly its size (growing one by
+    // doubling would hold up to three times it, counting what the allocator keeps).
     let limit = u64::try_from(max_bytes)
         .unwrap_or(u64::MAX)
         .saturating_add(1);
-    flate2::read::ZlibDecoder::new(&raw[..])
-        .take(limit)
-        .read_to_end(&mut pickled)
-        .map_err(|e| format!("base64 but not zlib: {e}"))?;
-    drop(raw);
-    if pickled.len() > max_bytes {
+    let size = std::io::copy(
+        &mut flate2::read::ZlibDecoder::new(&raw[..]).take(limit),
+        &mut std::io::sink(),
+    )
+    .map_err(not_zlib)?;
+    if size >= limit {
         return Err(format!(
             "decompresses to more than {} MiB (the limit; LiveCodeBench's records are far smaller)",
             max_bytes >> 20
         ));
     }
+    let mut pickled = Vec::with_capacity(usize::try_from(size).unwrap_or(max_bytes));
+    flate2::read::ZlibDecoder::new(&raw[..])
+        .take(size)
+        .read_to_end(&mut pickled)
+        .map_err(not_zlib)?;
+    drop(raw);
     unpickle_string_owned(pickled)
 }
 
