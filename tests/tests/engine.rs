@@ -69,6 +69,16 @@ async fn run_recorded(
 }
 
 /// A run that deadlocks fails the test instead of hanging it.
+/// An error and its cause, as `areal` prints them.
+fn chain(err: &EngineError) -> String {
+    format!(
+        "{err}: {}",
+        std::error::Error::source(err)
+            .map(|s| s.to_string())
+            .unwrap_or_default()
+    )
+}
+
 async fn within_limit<T>(run: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(std::time::Duration::from_secs(600), run)
         .await
@@ -239,12 +249,7 @@ async fn a_failing_generator_stops_the_run_with_its_error() {
     let err = within_limit(run(config, plugins, RunOptions::default()))
         .await
         .unwrap_err();
-    let chain = format!(
-        "{err}: {}",
-        std::error::Error::source(&err)
-            .map(|s| s.to_string())
-            .unwrap_or_default()
-    );
+    let chain = chain(&err);
     assert!(
         chain.contains("rollout.max_consecutive_failures"),
         "{chain}"

@@ -7,7 +7,7 @@ use areal_core::RewardService;
 use areal_sdk::{FinishReason, RewardInput, Verdict};
 use areal_testkit::{FaultyOptions, FaultyVerifier};
 
-use super::{config, run_recorded};
+use super::{chain, config, run_recorded};
 
 fn input(sample_id: u64) -> RewardInput {
     RewardInput {
@@ -164,13 +164,7 @@ async fn a_verifier_that_fails_on_every_sample_stops_the_run() {
         "eval.enabled=false",
     ]);
     let (result, recorder) = run_recorded(config, None).await;
-    let err = result.unwrap_err();
-    let chain = format!(
-        "{err}: {}",
-        std::error::Error::source(&err)
-            .map(|s| s.to_string())
-            .unwrap_or_default()
-    );
+    let chain = chain(&result.unwrap_err());
     assert!(
         chain.contains("rollout.max_consecutive_failures"),
         "{chain}"

@@ -121,22 +121,7 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
         fuel: args.fuel,
         max_tests_mb: args.max_tests_mb,
     };
-    let flag = |key: &str| match key {
-        "timeout_s" => "--timeout".to_owned(),
-        other => format!("--{}", other.replace('_', "-")),
-    };
-    let mut problems: Vec<String> = options
-        .check()
-        .into_iter()
-        .map(|(key, message)| format!("{}: {message}", flag(key)))
-        .collect();
-    if !(1..=MAX_THREADS).contains(&args.threads) {
-        problems.push(format!(
-            "--threads {}: between 1 and {MAX_THREADS} sandboxes may run at once",
-            args.threads
-        ));
-    }
-    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    check_flags(options.check(), args.threads)?;
     let max_tests_bytes = options.max_tests_mb << 20;
     let input = open_input(&args.file)?;
     let sandbox = areal_reward_code::shared_sandbox(options.mode)?;
@@ -205,6 +190,30 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
 
 /// The most threads a grade command runs on (and the sandbox's pool of instance slots).
 pub(crate) const MAX_THREADS: usize = areal_sandbox::MAX_CONCURRENT_RUNS as usize;
+
+/// Refuse a grade command's flags before anything runs: each problem of the options' own
+/// check (`(option, message)`, named here as its flag: `timeout_s` is `--timeout`) and a
+/// thread count out of range, all at once.
+pub(crate) fn check_flags(
+    problems: Vec<(&'static str, String)>,
+    threads: usize,
+) -> anyhow::Result<()> {
+    let flag = |key: &str| match key {
+        "timeout_s" => "--timeout".to_owned(),
+        other => format!("--{}", other.replace('_', "-")),
+    };
+    let mut problems: Vec<String> = problems
+        .into_iter()
+        .map(|(key, message)| format!("{}: {message}", flag(key)))
+        .collect();
+    if !(1..=MAX_THREADS).contains(&threads) {
+        problems.push(format!(
+            "--threads {threads}: between 1 and {MAX_THREADS} may run at once"
+        ));
+    }
+    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
 
 /// The lines of an input, numbered from 1. A line that is not UTF-8 is that line's problem
 /// (`Err` with where it breaks), never the end of the input; only a failure to read ends it.

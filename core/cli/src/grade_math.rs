@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use areal_reward_math::{Deadline, Extracted, Options, canonical_text, verify};
 
-use crate::grade::{Lines, MAX_THREADS, line_progress, open_input};
+use crate::grade::{Lines, check_flags, line_progress, open_input};
 use areal_sdk::Verdict;
 use clap::Args;
 use serde_json::{Value, json};
@@ -43,21 +43,7 @@ pub(crate) fn run(args: GradeMathArgs) -> anyhow::Result<()> {
         timeout_s: args.timeout,
         ..Options::default()
     };
-    let mut problems: Vec<String> = options
-        .check()
-        .into_iter()
-        .map(|(key, message)| match key {
-            "timeout_s" => format!("--timeout: {message}"),
-            other => format!("--{}: {message}", other.replace('_', "-")),
-        })
-        .collect();
-    if !(1..=MAX_THREADS).contains(&args.threads) {
-        problems.push(format!(
-            "--threads {}: between 1 and {MAX_THREADS} threads",
-            args.threads
-        ));
-    }
-    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    check_flags(options.check(), args.threads)?;
     let input = open_input(&args.file)?;
     let threads = args.threads;
     let bar = line_progress(args.quiet);

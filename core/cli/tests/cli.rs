@@ -22,6 +22,22 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// A grade command's output: one JSON value per line.
+fn json_lines(stdout: &[u8]) -> Vec<serde_json::Value> {
+    text(stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The `verdict` of each graded line.
+fn verdicts(results: &[serde_json::Value]) -> Vec<&str> {
+    results
+        .iter()
+        .map(|r| r["verdict"].as_str().unwrap())
+        .collect()
+}
+
 /// A plugin that silently fails to register is a known inventory pitfall: the binary must
 /// list exactly these.
 #[test]
@@ -306,14 +322,8 @@ fn grade_code_answers_every_line_in_order() {
         "2",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let results: Vec<serde_json::Value> = text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let verdicts: Vec<&str> = results
-        .iter()
-        .map(|r| r["verdict"].as_str().unwrap())
-        .collect();
+    let results = json_lines(&out.stdout);
+    let verdicts = verdicts(&results);
     assert_eq!(
         verdicts,
         [
@@ -403,14 +413,8 @@ fn grade_code_survives_bad_lines_deep_values_and_bombs() {
         "1",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let results: Vec<serde_json::Value> = text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let verdicts: Vec<&str> = results
-        .iter()
-        .map(|r| r["verdict"].as_str().unwrap())
-        .collect();
+    let results = json_lines(&out.stdout);
+    let verdicts = verdicts(&results);
     assert_eq!(
         verdicts,
         [
@@ -533,18 +537,12 @@ fn grade_math_answers_every_line_in_order_on_any_thread_count() {
     let run = |threads: &str| {
         let out = areal(&["grade", "math", input.to_str().unwrap(), "-j", threads]);
         assert!(out.status.success(), "{}", text(&out.stderr));
-        let results: Vec<serde_json::Value> = text(&out.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let results = json_lines(&out.stdout);
         (results, text(&out.stderr))
     };
     let (results, stderr) = run("1");
     assert_eq!(results.len(), 607);
-    let verdicts: Vec<&str> = results[..7]
-        .iter()
-        .map(|r| r["verdict"].as_str().unwrap())
-        .collect();
+    let verdicts = verdicts(&results[..7]);
     assert_eq!(
         verdicts,
         [
@@ -609,14 +607,8 @@ fn grade_math_answers_the_lines_after_one_that_is_not_utf8() {
     std::fs::write(&input, bytes).unwrap();
     let out = areal(&["grade", "math", input.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let results: Vec<serde_json::Value> = text(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let verdicts: Vec<&str> = results
-        .iter()
-        .map(|r| r["verdict"].as_str().unwrap())
-        .collect();
+    let results = json_lines(&out.stdout);
+    let verdicts = verdicts(&results);
     assert_eq!(verdicts, ["accepted", "error", "accepted"]);
     let error = results[1]["error"].as_str().unwrap();
     assert!(error.starts_with("line 2: not UTF-8"), "{error}");
