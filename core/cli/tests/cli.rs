@@ -689,14 +689,11 @@ impl Background {
         }
     }
 
-    /// Send `signal` (`INT`, `TERM`) to the run.
+    /// Send `signal` (`INT`, `TERM`) to the run (with the shell's own `kill`).
     fn signal(&self, signal: &str) {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill")
-            .args([&format!("-{signal}"), &pid])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{signal} {pid}");
+        let kill = format!("kill -{signal} {}", self.child.id());
+        let status = Command::new("sh").args(["-c", &kill]).status().unwrap();
+        assert!(status.success(), "{kill}");
     }
 
     /// Wait (at most two minutes) until a stderr line contains `text`.
