@@ -175,8 +175,10 @@ impl GradeOptions {
         let cpu = self.cpu_limit();
         Limits {
             cpu,
-            // Room for start-up and a busy machine; a sleeping guest is stopped here.
-            wall: cpu + cpu / 2 + Duration::from_secs(1),
+            // The last resort: the CPU limit counts the guest's own time (CPU and sleep), so
+            // wall time only has to bound what escapes it, with room for a machine so busy
+            // that the guest gets a quarter of a core.
+            wall: cpu * 4 + Duration::from_secs(5),
             memory_bytes: self.memory_mb.saturating_mul(1 << 20),
             stdout_bytes: self.output_bytes,
             stderr_bytes: 64 << 10,

@@ -79,10 +79,13 @@ pub struct Settings {
 /// Limits of one run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
-    /// CPU time, enforced by epoch interruption (in deterministic mode the fuel budget
-    /// replaces it).
+    /// Time the guest itself spends: the CPU time of the thread running it plus the time it
+    /// sleeps (not the time it waits for a core, so a verdict does not depend on how busy the
+    /// machine is), enforced by epoch interruption and in the guest's sleeps. In
+    /// deterministic mode the fuel budget replaces it.
     pub cpu: Duration,
-    /// Wall time, enforced by a timeout around the whole run (stops sleeping guests too).
+    /// Wall time, enforced by a timeout around the whole run: the last resort, for a guest
+    /// stuck where no other limit reaches (and for sleeping guests in deterministic mode).
     pub wall: Duration,
     /// Linear memory, in bytes.
     pub memory_bytes: usize,
@@ -190,6 +193,34 @@ struct Guest {
     wasi: WasiP1Ctx,
     clock: GuestClock,
     memory: MemoryCap,
+    time: TimeBudget,
+}
+
+/// A run's time limit, counted in time the guest itself spends: the CPU time of the thread
+/// running it plus the time it sleeps. Time spent waiting for a core while other work runs
+/// counts for neither, so a verdict does not depend on how busy the machine is.
+struct TimeBudget {
+    /// The limit; `None` in deterministic mode, where fuel bounds the CPU and the wall limit
+    /// a sleeping guest.
+    limit: Option<Duration>,
+    meter: CpuMeter,
+    slept: Duration,
+}
+
+impl TimeBudget {
+    fn new(limit: Option<Duration>) -> Self {
+        Self {
+            limit,
+            meter: CpuMeter::default(),
+            slept: Duration::ZERO,
+        }
+    }
+
+    /// What is left of the limit (`None`: no limit).
+    fn left(&mut self) -> Option<Duration> {
+        let used = self.meter.used() + self.slept;
+        self.limit.map(|limit| limit.saturating_sub(used))
+    }
 }
 
 struct MemoryCap {
@@ -376,6 +407,7 @@ impl Sandbox {
                 seed: run.seed,
             },
             limits.memory_bytes,
+            (self.mode == Mode::Fast).then_some(limits.cpu),
         )?;
         let mut store = Store::new(&self.engine, guest);
         store.limiter(|g| &mut g.memory);
@@ -383,14 +415,17 @@ impl Sandbox {
             store.set_fuel(limits.fuel)?;
         }
         // Every tick the guest yields to tokio (so the wall-time timeout can fire), and past
-        // its CPU limit it is interrupted. In deterministic mode fuel is the only CPU bound.
-        let cpu = limits.cpu;
+        // its time limit (its own CPU time plus its sleeps, see `TimeBudget`) it is
+        // interrupted. In deterministic mode fuel is the only CPU bound.
         let deterministic = self.mode == Mode::Deterministic;
-        let mut cpu_started: Option<Instant> = None;
         store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(move |_| {
-            let t0 = *cpu_started.get_or_insert_with(Instant::now);
-            if !deterministic && t0.elapsed() > cpu {
+        store.epoch_deadline_callback(|mut ctx| {
+            if ctx
+                .data_mut()
+                .time
+                .left()
+                .is_some_and(|left| left.is_zero())
+            {
                 return Ok(wasmtime::UpdateDeadline::Interrupt);
             }
             Ok(wasmtime::UpdateDeadline::Yield(1))
@@ -448,12 +483,13 @@ struct GuestIo<'a> {
 }
 
 /// A fresh guest: WASI context (stdio, args, environment, the read-only stdlib mount, clocks
-/// and random source of the mode) and memory cap.
+/// and random source of the mode), memory cap and time limit.
 fn guest_state(
     interpreter: &Interpreter,
     mode: Mode,
     io: GuestIo<'_>,
     memory_bytes: usize,
+    time_limit: Option<Duration>,
 ) -> Result<Guest, SandboxError> {
     let clock = GuestClock::new(mode);
     let mut wasi = WasiCtxBuilder::new();
@@ -485,6 +521,7 @@ fn guest_state(
             peak: 0,
             exceeded: false,
         },
+        time: TimeBudget::new(time_limit),
     })
 }
 
@@ -517,6 +554,7 @@ fn preinitialize(
             seed: 0,
         },
         4 << 30,
+        None,
     )?;
     let mut store = Store::new(engine, guest);
     store.limiter(|g| &mut g.memory);
@@ -647,7 +685,15 @@ fn guest_linker(engine: &Engine) -> wasmtime::Result<Linker<Guest>> {
                 let Some(timer) = single_timer(&mut caller, subs, nsubs)? else {
                     return Ok(ENOTSUP);
                 };
-                tokio::time::sleep(timer.sleep).await;
+                // A sleep is spent from the run's time limit: one past what is left sleeps
+                // out the rest and ends the run (`time_limit`).
+                let left = caller.data_mut().time.left();
+                let sleep = left.map_or(timer.sleep, |left| timer.sleep.min(left));
+                tokio::time::sleep(sleep).await;
+                caller.data_mut().time.slept += sleep;
+                if left.is_some_and(|left| timer.sleep >= left) {
+                    return Err(Trap::Interrupt.into());
+                }
                 // event: userdata u64, error u16 = 0, type u8 = clock (0), then zeros.
                 let mut event = [0u8; 32];
                 event[..8].copy_from_slice(&timer.userdata);
@@ -775,6 +821,47 @@ fn spawn_epoch_ticker(engine: Engine, alive: Weak<()>) {
             }
         })
         .expect("spawning the epoch thread");
+}
+
+/// CPU time a guest has used: the CPU time of the thread running it, summed over the epoch
+/// ticks at which it was seen running. Unlike wall time it does not grow while other work
+/// has the cores, so a verdict does not depend on how busy the machine is. A guest that moves
+/// to another thread (a multi-threaded runtime) is re-based there; at most one tick is lost.
+#[derive(Default)]
+struct CpuMeter {
+    last: Option<(std::thread::ThreadId, Duration)>,
+    used: Duration,
+}
+
+impl CpuMeter {
+    fn used(&mut self) -> Duration {
+        let now = thread_cpu_time();
+        let thread = std::thread::current().id();
+        if let Some((last_thread, last)) = self.last
+            && last_thread == thread
+        {
+            self.used += now.saturating_sub(last);
+        }
+        self.last = Some((thread, now));
+        self.used
+    }
+}
+
+/// The calling thread's CPU time.
+#[cfg(unix)]
+fn thread_cpu_time() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// Without a thread CPU clock, wall time since the first call stands in for it.
+#[cfg(not(unix))]
+fn thread_cpu_time() -> Duration {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed()
 }
 
 /// The guest's clocks. Fast mode: real time, monotonic from the run's start. Deterministic

@@ -478,3 +478,60 @@ fn hostile_programs_get_their_verdicts_and_the_host_is_unharmed() {
         AC
     );
 }
+
+/// Verdicts do not depend on how busy the machine is: the time limit counts the guest's own
+/// CPU time and sleeps, not the wall time it spends waiting for a core. (A fresh clone's test
+/// run once failed here while other work ran: unbounded recursion got `time_limit`.)
+#[test]
+fn verdicts_do_not_depend_on_load() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sb = sandbox();
+    let options = areal_reward_code::GradeOptions {
+        timeout_s: 2.0,
+        time_scale: 1.5,
+        ..quick()
+    };
+    // ~1 s of CPU in the guest: well inside its 3 s, far from it in wall time on a busy machine
+    let counting = "n = 0\nfor i in range(4_000_000):\n    n += i & 1\na, b = map(int, input().split())\nprint(a + b if n else 0)";
+    let cases: [(&str, &str, Verdict); 3] = [
+        (
+            "unbounded recursion",
+            "def f(n):\n    return f(n + 1)\nf(0)",
+            RE,
+        ),
+        ("a second of counting", counting, AC),
+        ("sleep", "import time\ntime.sleep(1000)", TLE),
+    ];
+    let busy = Arc::new(AtomicBool::new(true));
+    let hogs: Vec<_> = (0..6)
+        .map(|_| {
+            let busy = busy.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while busy.load(Ordering::Relaxed) {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    std::hint::black_box(x);
+                }
+            })
+        })
+        .collect();
+    let problem = stdin_problem(&[("1 2\n", "3\n")]);
+    let verdicts: Vec<(&str, Verdict, Verdict)> = cases
+        .iter()
+        .map(|(name, code, want)| {
+            (
+                *name,
+                grade_code(&sb, &problem, code, &options).verdict,
+                *want,
+            )
+        })
+        .collect();
+    busy.store(false, Ordering::Relaxed);
+    for hog in hogs {
+        hog.join().unwrap();
+    }
+    for (name, got, want) in verdicts {
+        assert_eq!(got, want, "{name} on a busy machine");
+    }
+}
