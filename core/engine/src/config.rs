@@ -286,21 +286,25 @@ pub mod bounds {
 }
 
 impl Config {
-    /// The most rollout data a run holds at once, in bytes: groups waiting in the buffer (at
-    /// most `(min(η, steps) + 1) · B` accepted ahead of training), groups generating (at most
-    /// `max_concurrent`) and the batch being trained, each of `group_size` samples of up to
-    /// `max_new_tokens` tokens. Saturates instead of wrapping.
+    /// The most rollout data a run holds at once, in bytes: [`Config::rollout_groups_held`]
+    /// groups of `group_size` samples of up to `max_new_tokens` tokens, at
+    /// [`bounds::BYTES_PER_TOKEN`] each. Saturates instead of wrapping.
     pub fn rollout_memory_estimate(&self) -> u128 {
         let r = &self.rollout;
-        let ahead = u128::from(r.max_staleness.min(self.train.steps)).saturating_add(1);
-        let groups = ahead
-            .saturating_add(1)
-            .saturating_mul(r.batch_size as u128)
-            .saturating_add(r.max_concurrent as u128);
-        groups
+        self.rollout_groups_held()
             .saturating_mul(r.group_size as u128)
             .saturating_mul(r.max_new_tokens as u128)
             .saturating_mul(bounds::BYTES_PER_TOKEN)
+    }
+
+    /// The most groups a run holds at once: `(min(η, steps) + 2) · B + max_concurrent` (up to
+    /// `min(η, steps) + 1` batches accepted ahead of training, the batch being trained, and
+    /// the groups generating).
+    pub fn rollout_groups_held(&self) -> u128 {
+        let r = &self.rollout;
+        (u128::from(r.max_staleness.min(self.train.steps)) + 2)
+            .saturating_mul(r.batch_size as u128)
+            .saturating_add(r.max_concurrent as u128)
     }
 
     /// The plugin section `name` (one of [`PLUGIN_SECTIONS`]).
@@ -351,9 +355,7 @@ impl Config {
             areal_sdk::resources::check_memory(
                 &format!(
                     "rollout data (up to {} groups of {} samples of up to {} tokens held at once: (min(rollout.max_staleness, train.steps) + 2) × rollout.batch_size + rollout.max_concurrent)",
-                    (u128::from(r.max_staleness.min(self.train.steps)) + 2)
-                        .saturating_mul(r.batch_size as u128)
-                        .saturating_add(r.max_concurrent as u128),
+                    self.rollout_groups_held(),
                     r.group_size,
                     r.max_new_tokens
                 ),

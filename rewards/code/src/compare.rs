@@ -104,16 +104,6 @@ fn container(tag: u8, members: &[Canon]) -> Canon {
     Some(h.finalize().into())
 }
 
-/// A set: members in digest order, each once (`{1, True}` is `{1}`).
-fn set(mut members: Vec<Canon>) -> Canon {
-    if members.iter().any(Option::is_none) {
-        return None;
-    }
-    members.sort_unstable();
-    members.dedup();
-    container(tag::SET, &members)
-}
-
 /// A dict from (key, value) pairs in insertion order; a repeated key keeps its last value.
 fn dict(entries: Vec<(Canon, Canon)>) -> Canon {
     let mut last: HashMap<[u8; 32], usize> = HashMap::with_capacity(entries.len());
@@ -126,14 +116,17 @@ fn dict(entries: Vec<(Canon, Canon)>) -> Canon {
             members.push(container(tag::ENTRY, &[*k, *v]));
         }
     }
-    set_like(tag::DICT, members)
+    unordered(tag::DICT, members)
 }
 
-fn set_like(tag: u8, mut members: Vec<Canon>) -> Canon {
+/// A container whose members have no order (a set, a dict's entries): members in digest
+/// order, each once (`{1, True}` is `{1}`); `None` if any member is.
+fn unordered(tag: u8, mut members: Vec<Canon>) -> Canon {
     if members.iter().any(Option::is_none) {
         return None;
     }
     members.sort_unstable();
+    members.dedup();
     container(tag, &members)
 }
 
@@ -372,7 +365,7 @@ impl<'a> Parser<'a> {
                     }
                     ("f", Item::Str(s)) => float(parse_float_repr(&text_of(&s))?),
                     ("t", Item::Array(members)) => container(tag::TUPLE, &members),
-                    ("e", Item::Array(members)) => set(members),
+                    ("e", Item::Array(members)) => unordered(tag::SET, members),
                     ("d", Item::Array(flat)) => {
                         if flat.len() % 2 != 0 {
                             return Err("a dict's encoding has an odd number of members".into());
