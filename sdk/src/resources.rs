@@ -14,6 +14,19 @@ pub fn available_threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
+/// `Ok` when a pool of `threads` threads (0: the process-wide pool) fits this machine;
+/// otherwise why not, with both numbers. More threads than cores only queue behind each other.
+pub fn check_threads(threads: usize) -> Result<(), String> {
+    let cores = available_threads();
+    if threads <= cores {
+        Ok(())
+    } else {
+        Err(format!(
+            "{threads} threads on a machine that runs {cores} at once: more only queue behind each other (0 shares the process-wide pool)"
+        ))
+    }
+}
+
 /// `bytes` in GiB with one decimal, for messages (`1.5 GiB`; exact for huge values too).
 pub fn gib(bytes: u128) -> String {
     let tenths = bytes.saturating_mul(10) / (1 << 30);
@@ -48,6 +61,12 @@ mod tests {
         assert_eq!(gib(0), "0.0 GiB");
         assert_eq!(gib(u128::MAX), "3.2e29 GiB");
         assert!(available_threads() >= 1);
+        assert!(check_threads(0).is_ok() && check_threads(available_threads()).is_ok());
+        let err = check_threads(100_000).unwrap_err();
+        assert!(
+            err.starts_with("100000 threads on a machine that runs"),
+            "{err}"
+        );
     }
 
     #[test]

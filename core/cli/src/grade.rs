@@ -122,7 +122,7 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
         max_tests_mb: args.max_tests_mb,
     };
     check_flags(options.check(), args.threads)?;
-    let max_tests_bytes = options.max_tests_mb << 20;
+    let max_tests_bytes = options.max_tests_bytes();
     let input = open_input(&args.file)?;
     let sandbox = areal_reward_code::shared_sandbox(options.mode)?;
     let threads = args.threads;

@@ -350,7 +350,6 @@ impl Config {
                 )
             },
         );
-        let memory = self.rollout_memory_estimate();
         let fits = || {
             areal_sdk::resources::check_memory(
                 &format!(
@@ -359,7 +358,7 @@ impl Config {
                     r.group_size,
                     r.max_new_tokens
                 ),
-                memory,
+                self.rollout_memory_estimate(),
             )
         };
         if sizes_ok && let Err(message) = fits() {
@@ -419,13 +418,9 @@ impl Config {
             },
         );
         p.in_range("train.token_budget", t.token_budget, MAX_TOKEN_BUDGET);
-        let cores = areal_sdk::resources::available_threads();
-        p.check(t.threads <= cores, "train.threads", || {
-            format!(
-                "{} threads on a machine that runs {cores} at once: more only queue behind each other (0 shares the process-wide pool)",
-                t.threads
-            )
-        });
+        if let Err(message) = areal_sdk::resources::check_threads(t.threads) {
+            p.0.push(("train.threads".into(), message));
+        }
         p.at_least_one("train.min_microbatches", t.min_microbatches as u64);
         if let Err(message) = crate::device::parse_device(&t.device) {
             p.0.push(("train.device".into(), message));

@@ -187,16 +187,8 @@ fn build(config: &PluginConfig, _ctx: &BuildContext) -> Result<Arc<dyn Generator
             ),
         ));
     }
-    let cores = areal_sdk::resources::available_threads();
-    if options.threads > cores {
-        return Err(config.invalid(
-            "threads",
-            format!(
-                "{} threads on a machine that runs {cores} at once: more only queue behind each other (0 shares the process-wide pool)",
-                options.threads
-            ),
-        ));
-    }
+    areal_sdk::resources::check_threads(options.threads)
+        .map_err(|message| config.invalid("threads", message))?;
     let device = areal_sdk_train::parse_device(&options.device)
         .map_err(|message| config.invalid("device", message))?;
     Ok(Arc::new(BurnGenerator::new(&options, device)?))

@@ -189,6 +189,15 @@ fn string(points: &[u32]) -> Canon {
     leaf(tag::STR, &bytes)
 }
 
+/// An item as a value in a list, set, tuple or dict, or at the top.
+fn reduce(item: Item) -> Canon {
+    match item {
+        Item::Str(points) => string(&points),
+        Item::Value(v) => v,
+        Item::Array(members) => container(tag::LIST, &members),
+    }
+}
+
 fn text_of(points: &[u32]) -> String {
     points.iter().filter_map(|&c| char::from_u32(c)).collect()
 }
@@ -210,16 +219,7 @@ impl<'a> Parser<'a> {
         if self.i != self.s.len() {
             return Err(format!("extra data at byte {}", self.i));
         }
-        Ok(PyValue(self.reduce(item)?))
-    }
-
-    /// An item as a value in a list, set, tuple or dict, or at the top.
-    fn reduce(&self, item: Item) -> Result<Canon, String> {
-        Ok(match item {
-            Item::Str(points) => string(&points),
-            Item::Value(v) => v,
-            Item::Array(members) => container(tag::LIST, &members),
-        })
+        Ok(PyValue(reduce(item)))
     }
 
     fn ws(&mut self) {
@@ -282,7 +282,7 @@ impl<'a> Parser<'a> {
                 };
                 match frame {
                     Frame::Array(members) => {
-                        members.push(self.reduce(item)?);
+                        members.push(reduce(item));
                         match self.expect("',' or ']'")? {
                             b',' => self.i += 1,
                             b']' => {
@@ -348,7 +348,7 @@ impl<'a> Parser<'a> {
             Dialect::Json => {
                 let mut pairs = Vec::with_capacity(entries.len());
                 for (k, v) in entries {
-                    pairs.push((string(&k), self.reduce(v)?));
+                    pairs.push((string(&k), reduce(v)));
                 }
                 Ok(Item::Value(dict(pairs)))
             }

@@ -105,24 +105,22 @@ impl GradeOptions {
                 problems.push((key, message));
             }
         };
-        let positive = |x: f64| x > 0.0 && x.is_finite();
+        let timeout_ok = self.timeout_s > 0.0 && self.timeout_s.is_finite();
+        let scale_ok = self.time_scale > 0.0 && self.time_scale <= MAX_TIME_SCALE;
         check(
-            positive(self.timeout_s),
+            timeout_ok,
             "timeout_s",
             format!("{:?} is not a positive number of seconds", self.timeout_s),
         );
         check(
-            positive(self.time_scale) && self.time_scale <= MAX_TIME_SCALE,
+            scale_ok,
             "time_scale",
             format!(
                 "{:?} is not a factor in (0, {MAX_TIME_SCALE}]",
                 self.time_scale
             ),
         );
-        if positive(self.timeout_s)
-            && positive(self.time_scale)
-            && self.time_scale <= MAX_TIME_SCALE
-        {
+        if timeout_ok && scale_ok {
             let cpu = self.timeout_s * self.time_scale;
             check(
                 cpu <= MAX_CPU_S,
@@ -163,6 +161,11 @@ impl GradeOptions {
             format!("{} MiB is outside 1..={MAX_TESTS_MB}", self.max_tests_mb),
         );
         problems
+    }
+
+    /// [`GradeOptions::max_tests_mb`] in bytes.
+    pub fn max_tests_bytes(&self) -> usize {
+        self.max_tests_mb.saturating_mul(1 << 20)
     }
 
     /// The CPU limit of one test in the sandbox.

@@ -117,7 +117,7 @@ impl RewardVerifier for LcbVerifier {
     }
 
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError> {
-        let max_tests = self.options.max_tests_mb.saturating_mul(1 << 20);
+        let max_tests = self.options.max_tests_bytes();
         let problem = Problem::from_record_within(&input.reference, max_tests).map_err(|e| {
             PluginError::failed(
                 "lcb",
