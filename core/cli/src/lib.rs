@@ -280,7 +280,11 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
     };
     let runtime = runtime()?;
     let stop = areal_core::StopRequest::new();
-    runtime.spawn(stop_on_signals(stop.clone()));
+    let watch_signals = {
+        let _in_runtime = runtime.enter();
+        stop_on_signals(stop.clone())
+    };
+    runtime.spawn(watch_signals);
     let summary = runtime.block_on(areal_core::run(
         config,
         plugins,
@@ -331,43 +335,54 @@ struct Interrupted {
 }
 
 /// SIGINT or SIGTERM stop the run cleanly (the step in progress finishes, the checkpoint and
-/// summary are written); a second one exits at once.
+/// summary are written); a second one exits at once. The handlers are installed when this is
+/// called (inside the runtime), not when the returned future first runs, so a signal sent as
+/// soon as the run starts is already caught.
 #[cfg(unix)]
-async fn stop_on_signals(stop: areal_core::StopRequest) {
+fn stop_on_signals(
+    stop: areal_core::StopRequest,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
+    let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) else {
-        return;
-    };
-    let mut received = 0;
-    loop {
-        let name = tokio::select! {
-            _ = interrupt.recv() => "SIGINT",
-            _ = terminate.recv() => "SIGTERM",
+    );
+    async move {
+        let (Ok(mut interrupt), Ok(mut terminate)) = handlers else {
+            return;
         };
-        received += 1;
-        #[allow(clippy::print_stderr)]
-        if received == 1 {
-            eprintln!(
-                "{name}: stopping after the step in progress, then saving the checkpoint and summary (again to quit at once)"
-            );
-            stop.request();
-        } else {
-            eprintln!("{name} again: quitting at once");
-            std::process::exit(130);
+        let mut received = 0;
+        loop {
+            let name = tokio::select! {
+                _ = interrupt.recv() => "SIGINT",
+                _ = terminate.recv() => "SIGTERM",
+            };
+            received += 1;
+            #[allow(clippy::print_stderr)]
+            if received == 1 {
+                eprintln!(
+                    "{name}: stopping after the step in progress, then saving the checkpoint and summary (again to quit at once)"
+                );
+                stop.request();
+            } else {
+                eprintln!("{name} again: quitting at once");
+                std::process::exit(130);
+            }
         }
     }
 }
 
 /// Ctrl-C stops the run cleanly; a second one exits at once.
 #[cfg(not(unix))]
-async fn stop_on_signals(stop: areal_core::StopRequest) {
-    if tokio::signal::ctrl_c().await.is_ok() {
-        stop.request();
+fn stop_on_signals(
+    stop: areal_core::StopRequest,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(130);
+            stop.request();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(130);
+            }
         }
     }
 }
