@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use crate::error::PluginError;
-use crate::rollout::{Completion, GenerateRequest, WeightUpdate};
+use crate::trajectory::{Completion, GenerateRequest, WeightUpdate};
 
 /// Generates completions; a plugin wraps an in-process model or a remote inference server.
 ///

@@ -50,20 +50,20 @@ mod generator;
 pub mod registry;
 pub mod resources;
 mod reward;
-mod rollout;
 pub mod sampling;
 mod task;
+mod trajectory;
 
 pub use config::{BuildContext, PluginConfig};
 pub use error::{BoxError, PluginError};
 pub use generator::{Generator, GeneratorStats};
 pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin};
 pub use reward::{Provenance, Reward, RewardInput, RewardVerifier, Verdict, VerifyContext};
-pub use rollout::{
+pub use task::{Split, Task, TaskItem, Tokenizer};
+pub use trajectory::{
     Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,
     SamplingParams, Trajectory, TrajectoryGroup, WeightUpdate,
 };
-pub use task::{Split, Task, TaskItem, Tokenizer};
 
 /// A hash of `text` that never changes between builds, platforms or runs (64-bit FNV-1a), for
 /// what must stay put: a prompt's split, a cache key. Not for hash tables of untrusted keys.

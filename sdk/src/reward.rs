@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::PluginError;
-use crate::rollout::FinishReason;
+use crate::trajectory::FinishReason;
 
 /// The outcome of verifying one sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

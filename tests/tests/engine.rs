@@ -108,7 +108,7 @@ async fn testkit_run_learns_through_every_stage() {
     assert_eq!(steps.len(), 60);
     for (i, m) in steps.iter().enumerate() {
         assert_eq!(m.step, i as u64 + 1);
-        assert_eq!(m.policy_version, i as i64 + 1);
+        assert_eq!(m.policy_version, i as u64 + 1);
         assert_eq!(m.groups, 8);
         assert_eq!(m.samples, 32);
         assert!(m.trained_tokens > 0 && m.train_tokens_per_s > 0.0);
@@ -432,7 +432,7 @@ async fn a_time_limit_ends_the_run_after_the_step_that_passes_it() {
         summary.rl_seconds
     );
     let seen = versions.0.lock().unwrap().clone();
-    assert_eq!(seen, (0..=summary.steps as i64).collect::<Vec<_>>());
+    assert_eq!(seen, (0..=summary.steps).collect::<Vec<_>>());
     assert_eq!(summary.evals.len(), 2, "before and after");
     assert_eq!(summary.evals[1].step, summary.steps);
     // the testkit generator does not measure its busy time; the trainer's is always known

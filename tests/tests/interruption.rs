@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use areal_core::{RewardService, Rollout};
+use areal_core::{GroupRunner, RewardService};
 use areal_sdk::{
     Completion, GenerateRequest, Generator, NamedTensor, PluginError, SamplingParams, Tokenizer,
     WeightUpdate,
@@ -109,7 +109,7 @@ fn table(seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn update(version: i64, values: &[f32]) -> WeightUpdate {
+fn update(version: u64, values: &[f32]) -> WeightUpdate {
     WeightUpdate::new(
         version,
         vec![NamedTensor {
@@ -152,7 +152,7 @@ async fn interrupted_samples_keep_each_tokens_version_and_logprob() {
         .unwrap();
     let tokenizer: Arc<dyn Tokenizer> = Arc::new(LetterTokenizer::new(8));
     let rewards = RewardService::new(Arc::new(SuccessorVerifier), 1, Duration::from_secs(10));
-    let rollout = Arc::new(Rollout::new(generator.clone(), tokenizer, rewards));
+    let rollout = Arc::new(GroupRunner::new(generator.clone(), tokenizer, rewards));
 
     let sampling = SamplingParams {
         temperature: 1.0,
@@ -168,7 +168,7 @@ async fn interrupted_samples_keep_each_tokens_version_and_logprob() {
         // what the engine does after every optimizer step
         generator.pause().await.unwrap();
         generator
-            .update_weights(update(version as i64, values))
+            .update_weights(update(version as u64, values))
             .await
             .unwrap();
         generator.resume().await.unwrap();

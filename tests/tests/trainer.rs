@@ -27,7 +27,7 @@ fn policy() -> BigramPolicy {
 /// `version` when `versions` says so), mixed lengths and rewards.
 fn groups(
     policy: &dyn Policy,
-    token_version: impl Fn(usize, usize) -> i64,
+    token_version: impl Fn(usize, usize) -> u64,
 ) -> Vec<TrajectoryGroup> {
     let mut out = Vec::new();
     for g in 0..3u64 {
@@ -85,7 +85,7 @@ fn step(
     algorithm: &str,
     options: &[(&str, &str)],
     settings: &TrainerSettings,
-    version: i64,
+    version: u64,
     on_policy: bool,
 ) -> (Vec<f32>, StepReport) {
     let mut policy = policy();
@@ -93,7 +93,7 @@ fn step(
         if on_policy {
             version
         } else {
-            version - ((j + t) % 3) as i64
+            version - ((j + t) % 3) as u64
         }
     });
     let mut cfg = PluginConfig::new("algorithm", algorithm);
@@ -201,7 +201,7 @@ fn the_reference_policy_stays_frozen() {
     let grpo = build("grpo", &[("kl_coef", 0.5.into())]);
     let mut optimizer = AdamWConfig::new().init();
     let s = settings(10_000, 1);
-    let mut run = |version: i64, reference: Option<&dyn Policy>| {
+    let mut run = |version: u64, reference: Option<&dyn Policy>| {
         train_step(
             &mut policy,
             reference,

@@ -21,17 +21,12 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use areal_core::{
-    ConfigError, ConfigLoader, EngineError, EvalMetrics, Observer, Plugins, RunOptions, StepMetrics,
-};
+use areal_core::{ConfigError, ConfigLoader, EvalMetrics, Observer, RunOptions, StepMetrics};
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-mod async_bench;
 mod bench;
-mod bench_math;
 mod grade;
-mod grade_math;
 
 // The built-in plugins: naming the crates links their registrations.
 use areal_algo_ppo as _;
@@ -234,27 +229,6 @@ fn loader(args: &ConfigArgs) -> Result<ConfigLoader, ConfigError> {
     Ok(loader)
 }
 
-/// Load the config and build its plugins, reporting engine and plugin problems together.
-fn config_and_plugins(loader: &ConfigLoader) -> anyhow::Result<(areal_core::Config, Plugins)> {
-    let config = loader.load_unchecked()?;
-    let mut problems = loader.problems(&config);
-    let plugins = match Plugins::build(&config) {
-        Ok(plugins) if problems.is_empty() => plugins,
-        Ok(_) => return Err(ConfigError::Invalid { problems }.into()),
-        Err(EngineError::Build { errors }) => {
-            for error in &errors {
-                let problem = loader.problem_from_plugin_error(error);
-                if !problems.contains(&problem) {
-                    problems.push(problem);
-                }
-            }
-            return Err(ConfigError::Invalid { problems }.into());
-        }
-        Err(e) => return Err(e.into()),
-    };
-    Ok((config, plugins))
-}
-
 /// The async runtime of every command: two worker threads (the engine's own threads for
 /// rewards, training and decoding come on top).
 pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -267,7 +241,7 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
-    let (config, plugins) = config_and_plugins(&loader(&args.config)?)?;
+    let (config, plugins) = areal_core::resolve(&loader(&args.config)?)?;
     let out = args
         .out
         .unwrap_or_else(|| Path::new("runs").join(utc_timestamp()));
@@ -394,7 +368,7 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
         let beside = args.checkpoint.parent().map(|p| p.join("config.toml"));
         config_args.config = beside.filter(|p| p.exists());
     }
-    let (config, plugins) = config_and_plugins(&loader(&config_args)?)?;
+    let (config, plugins) = areal_core::resolve(&loader(&config_args)?)?;
     let split = if args.split == "validation" {
         areal_sdk::Split::Validation
     } else {
@@ -410,14 +384,10 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
             seed: config.seed,
         }
     };
-    let r = &config.rollout;
     let spec = areal_core::eval::EvalSpec {
-        split,
-        max_items: args.max_items,
         samples: k,
         sampling,
-        max_new_tokens: r.max_new_tokens,
-        concurrency: r.max_concurrent * r.group_size,
+        ..areal_core::eval::EvalSpec::greedy(&config, split, args.max_items)
     };
     let runtime = runtime()?;
     let outcome = runtime.block_on(areal_core::eval::evaluate_checkpoint(

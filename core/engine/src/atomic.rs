@@ -18,37 +18,66 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     sync_dir(dir)
 }
 
-/// Fill the folder `target` atomically: `fill` writes into an empty temporary folder beside
-/// it; every file is synced, then the folder replaces `target` (a previous `target` is kept
-/// until the new one is complete, then removed). On any failure the temporary folder is
-/// removed and `target` is as it was.
-pub fn write_dir<E>(
-    target: &Path,
-    fill: impl FnOnce(&Path) -> Result<(), E>,
-) -> Result<(), DirError<E>> {
-    let dir = parent(target);
-    std::fs::create_dir_all(dir).map_err(|e| DirError::Io(dir.to_owned(), e))?;
-    let prefix = format!(".{}.", file_name(target));
-    let tmp = builder(&prefix, 0o777)
-        .tempdir_in(dir)
-        .map_err(|e| DirError::Io(dir.to_owned(), e))?;
-    fill(tmp.path()).map_err(DirError::Fill)?;
-    sync_tree(tmp.path()).map_err(|e| DirError::Io(tmp.path().to_owned(), e))?;
-    let staged = tmp.keep();
-    let result = replace_dir(&staged, target);
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&staged);
-    }
-    result.map_err(|e| DirError::Io(target.to_owned(), e))
+/// A folder being written beside its `target`: fill [`StagedDir::path`], then
+/// [`StagedDir::commit`] syncs every file and puts the folder at `target` (a previous `target`
+/// is kept until the new one is complete, then removed). Dropped without a commit, the
+/// temporary folder is removed and `target` is as it was.
+#[derive(Debug)]
+pub struct StagedDir {
+    tmp: tempfile::TempDir,
+    target: PathBuf,
 }
 
-/// Why [`write_dir`] failed: the filling, or the file system around it.
-#[derive(Debug)]
-pub enum DirError<E> {
-    /// `fill` failed.
-    Fill(E),
-    /// Creating, syncing or renaming failed on this path.
-    Io(PathBuf, std::io::Error),
+impl StagedDir {
+    /// An empty temporary folder beside `target` (its parent is created if needed).
+    pub fn new(target: &Path) -> Result<Self, DirError> {
+        let dir = parent(target);
+        std::fs::create_dir_all(dir).map_err(|e| DirError::new(dir, e))?;
+        let prefix = format!(".{}.", file_name(target));
+        let tmp = builder(&prefix, 0o777)
+            .tempdir_in(dir)
+            .map_err(|e| DirError::new(dir, e))?;
+        Ok(Self {
+            tmp,
+            target: target.to_owned(),
+        })
+    }
+
+    /// The temporary folder to fill.
+    pub fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    /// Sync the folder and put it at `target`.
+    pub fn commit(self) -> Result<(), DirError> {
+        sync_tree(self.tmp.path()).map_err(|e| DirError::new(self.tmp.path(), e))?;
+        let staged = self.tmp.keep();
+        let result = replace_dir(&staged, &self.target);
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&staged);
+        }
+        result.map_err(|e| DirError::new(&self.target, e))
+    }
+}
+
+/// Creating, syncing or renaming a staged folder failed on this path.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", path.display())]
+pub struct DirError {
+    /// Where it failed.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl DirError {
+    fn new(path: &Path, source: std::io::Error) -> Self {
+        Self {
+            path: path.to_owned(),
+            source,
+        }
+    }
 }
 
 /// Put the complete folder `staged` at `target`, keeping a previous `target` until then.
@@ -153,14 +182,19 @@ mod tests {
     fn a_failed_fill_leaves_the_previous_folder() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("checkpoint");
-        write_dir(&target, |d| std::fs::write(d.join("model"), b"v1")).unwrap();
-        let failed = write_dir(&target, |d| {
-            std::fs::write(d.join("model"), b"v2 half")?;
-            Err::<(), _>(std::io::Error::other("disk full"))
-        });
-        assert!(matches!(failed, Err(DirError::Fill(_))));
+        let write = |bytes: &[u8]| {
+            let staged = StagedDir::new(&target).unwrap();
+            std::fs::write(staged.path().join("model"), bytes).unwrap();
+            staged.commit().unwrap();
+        };
+        write(b"v1");
+        {
+            // filled halfway, then dropped (the fill failed): nothing changes
+            let staged = StagedDir::new(&target).unwrap();
+            std::fs::write(staged.path().join("model"), b"v2 half").unwrap();
+        }
         assert_eq!(std::fs::read(target.join("model")).unwrap(), b"v1");
-        write_dir(&target, |d| std::fs::write(d.join("model"), b"v2")).unwrap();
+        write(b"v2");
         assert_eq!(std::fs::read(target.join("model")).unwrap(), b"v2");
         let names: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()

@@ -2,10 +2,13 @@
 
 use std::path::PathBuf;
 
-use areal_sdk::PluginError;
+use areal_sdk::{BoxError, PluginError};
 
-/// Why a run failed.
+/// Why a run failed. [`EngineError::Setup`], [`EngineError::Build`] and
+/// [`EngineError::RunFolderInUse`] are the user's to fix; [`EngineError::Internal`] is a
+/// bug (in a plugin or the engine); the others carry the failure that caused them.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
     /// A plugin failed in a way that stops the run.
     #[error("{context}")]
@@ -33,7 +36,7 @@ pub enum EngineError {
     },
     /// The checkpoint could not be saved, even after retrying; nothing of it is left
     /// half-written.
-    #[error("cannot save the checkpoint to {} ({attempts} attempts over {seconds:.0} s; checkpoint.retry_s): {message}", path.display())]
+    #[error("cannot save the checkpoint to {} ({attempts} attempts over {seconds:.0} s; checkpoint.retry_s)", path.display())]
     Checkpoint {
         /// Where it was to be saved.
         path: PathBuf,
@@ -42,7 +45,8 @@ pub enum EngineError {
         /// Seconds spent trying.
         seconds: f64,
         /// The last failure.
-        message: String,
+        #[source]
+        source: BoxError,
     },
     /// Another run holds the run folder.
     #[error("run folder {} is in use by another run (it holds {}); give this run its own --out", dir.display(), lock.display())]
@@ -52,9 +56,20 @@ pub enum EngineError {
         /// Its lock file.
         lock: PathBuf,
     },
-    /// Data handed between stages is inconsistent (a bug in a plugin or the engine).
-    #[error("{0}")]
-    Invalid(String),
+    /// The config and its plugins cannot make a run (a task with an empty train split, no
+    /// demonstrations to warm up on): the message says what to change.
+    #[error("{message}")]
+    Setup {
+        /// What is wrong and what to change.
+        message: String,
+    },
+    /// Data handed between parts of the run is inconsistent: a bug in a plugin (the message
+    /// names it) or in the engine.
+    #[error("{message}")]
+    Internal {
+        /// What was inconsistent.
+        message: String,
+    },
 }
 
 impl EngineError {
@@ -71,6 +86,20 @@ impl EngineError {
         Self::Io {
             path: path.into(),
             source,
+        }
+    }
+
+    /// A problem of the user's setup.
+    pub fn setup(message: impl Into<String>) -> Self {
+        Self::Setup {
+            message: message.into(),
+        }
+    }
+
+    /// A broken contract between parts of the run.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::Internal {
+            message: message.into(),
         }
     }
 }

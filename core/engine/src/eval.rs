@@ -8,8 +8,12 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::config::Config;
 use crate::error::EngineError;
-use crate::rollout::Rollout;
+use crate::group_runner::GroupRunner;
+use crate::plugins::Plugins;
+use crate::reward_service::RewardService;
+use crate::worker::weight_update;
 
 /// What to evaluate.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +30,22 @@ pub struct EvalSpec {
     pub max_new_tokens: usize,
     /// Completions generated at once.
     pub concurrency: usize,
+}
+
+impl EvalSpec {
+    /// Greedy pass@1 over at most `max_items` items (0: all) of `split`, with the token
+    /// budget and concurrency of `config`'s `[rollout]` section.
+    pub fn greedy(config: &Config, split: Split, max_items: usize) -> Self {
+        let r = &config.rollout;
+        Self {
+            split,
+            max_items,
+            samples: 1,
+            sampling: SamplingParams::greedy(),
+            max_new_tokens: r.max_new_tokens,
+            concurrency: r.max_concurrent * r.group_size,
+        }
+    }
 }
 
 /// One completion of one item.
@@ -74,11 +94,11 @@ pub struct EvalOutcome {
 /// Generate and grade `spec.samples` completions for each item of `spec.split`.
 pub async fn evaluate(
     task: &Arc<dyn Task>,
-    rollout: &Arc<Rollout>,
+    runner: &Arc<GroupRunner>,
     spec: &EvalSpec,
 ) -> Result<EvalOutcome, EngineError> {
     let total = task.len(spec.split).ok_or_else(|| {
-        EngineError::Invalid(format!(
+        EngineError::setup(format!(
             "task {} has no finite {} split",
             task.name(),
             spec.split.as_str()
@@ -97,17 +117,17 @@ pub async fn evaluate(
         })?;
         let item = Arc::new(item);
         for j in 0..samples {
-            let (rollout, permits, item) = (rollout.clone(), permits.clone(), item.clone());
+            let (runner, permits, item) = (runner.clone(), permits.clone(), item.clone());
             let (sampling, max_new_tokens) = (spec.sampling.clone(), spec.max_new_tokens);
             jobs.spawn(async move {
                 let _permit = permits.acquire().await.expect("semaphore is never closed");
                 let sample_id = u64::MAX / 2 + (index * samples + j) as u64;
-                let prompt = rollout.tokenizer().encode(&item.prompt)?;
-                let completion = rollout
+                let prompt = runner.tokenizer().encode(&item.prompt)?;
+                let completion = runner
                     .generate(sample_id, &prompt, max_new_tokens, &sampling)
                     .await?;
-                let verified = rollout.reward(sample_id, &item, &completion).await?;
-                let text = rollout.tokenizer().decode(&completion.token_ids)?;
+                let verified = runner.reward(sample_id, &item, &completion).await?;
+                let text = runner.tokenizer().decode(&completion.token_ids)?;
                 Ok::<_, areal_sdk::PluginError>((index, j, text, verified.reward))
             });
         }
@@ -115,7 +135,7 @@ pub async fn evaluate(
     let mut graded = vec![vec![None; samples]; items];
     while let Some(joined) = jobs.join_next().await {
         let (index, j, text, reward) = joined
-            .map_err(|e| EngineError::Invalid(format!("evaluation task failed: {e}")))?
+            .map_err(|e| EngineError::internal(format!("evaluation task failed: {e}")))?
             .map_err(|e| EngineError::plugin("evaluating", e))?;
         graded[index][j] = Some(Graded {
             completion: text,
@@ -168,25 +188,25 @@ pub async fn evaluate(
 /// in turn and the task's split is generated and graded.
 pub struct Evaluator {
     task: Arc<dyn Task>,
-    rollout: Arc<Rollout>,
+    runner: Arc<GroupRunner>,
 }
 
 impl Evaluator {
     /// An evaluator on `plugins` (their policy gives the tokenizer; its weights are not used).
-    pub fn new(config: &crate::Config, plugins: crate::Plugins) -> Self {
-        let rewards = crate::RewardService::new(
+    pub fn new(config: &Config, plugins: Plugins) -> Self {
+        let rewards = RewardService::new(
             plugins.verifier,
             config.reward_service.threads,
             std::time::Duration::from_millis(config.reward_service.deadline_ms),
         );
-        let rollout = Arc::new(Rollout::new(
+        let runner = Arc::new(GroupRunner::new(
             plugins.generator,
             plugins.policy.tokenizer(),
             rewards,
         ));
         Self {
             task: plugins.task,
-            rollout,
+            runner,
         }
     }
 
@@ -197,7 +217,7 @@ impl Evaluator {
         spec: &EvalSpec,
     ) -> Result<EvalOutcome, EngineError> {
         let version = weights.version;
-        self.rollout
+        self.runner
             .generator()
             .update_weights(weights)
             .await
@@ -207,14 +227,14 @@ impl Evaluator {
                     e,
                 )
             })?;
-        evaluate(&self.task, &self.rollout, spec).await
+        evaluate(&self.task, &self.runner, spec).await
     }
 }
 
 /// Evaluate the checkpoint in `dir` with the plugins of `config`.
 pub async fn evaluate_checkpoint(
-    config: &crate::Config,
-    mut plugins: crate::Plugins,
+    config: &Config,
+    mut plugins: Plugins,
     dir: &Path,
     spec: &EvalSpec,
 ) -> Result<EvalOutcome, EngineError> {
@@ -222,7 +242,7 @@ pub async fn evaluate_checkpoint(
         .policy
         .load(dir)
         .map_err(|e| EngineError::plugin(format!("loading checkpoint {}", dir.display()), e))?;
-    let weights = crate::engine::weight_update(plugins.policy.as_ref(), 0);
+    let weights = weight_update(plugins.policy.as_ref(), 0);
     Evaluator::new(config, plugins)
         .evaluate(weights, spec)
         .await

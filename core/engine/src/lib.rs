@@ -10,13 +10,12 @@
 //! weights to the generators through the interruption protocol.
 //!
 //! ```no_run
-//! use areal_core::{ConfigLoader, Plugins, RunOptions, run};
+//! use areal_core::{ConfigLoader, RunOptions, resolve, run};
 //! # use areal_testkit as _;
 //! # use areal_algo_ppo as _;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let config = ConfigLoader::new().set("train.steps=5")?.load()?;
-//! let plugins = Plugins::build(&config)?;
+//! let (config, plugins) = resolve(&ConfigLoader::new().set("train.steps=5")?)?;
 //! let summary = run(config, plugins, RunOptions::default()).await?;
 //! println!("final accuracy {:?}", summary.final_accuracy);
 //! # Ok(())
@@ -25,32 +24,41 @@
 
 pub mod atomic;
 mod buffer;
+mod checkpoint;
 pub mod config;
-mod device;
-mod engine;
+mod context;
+mod controller;
 mod error;
 pub mod eval;
+mod group_runner;
 pub mod metrics;
+mod observer;
+mod order;
 pub mod packing;
 pub mod plot;
+mod plugins;
 mod reward_service;
-mod rollout;
+mod rl;
+mod run;
 mod runlog;
 mod staleness;
+mod summary;
 pub mod tensorboard;
 pub mod trainer;
-pub mod warmup;
+mod warmup;
+mod worker;
 
 pub use buffer::ReplayBuffer;
-pub use config::{Config, ConfigError, ConfigLoader, ConfigProblem, Origin};
-pub use device::parse_device;
-pub use engine::{Observer, Plugins, Quiet, RunOptions, RunSummary, StopRequest, run};
+pub use config::{Config, ConfigError, ConfigLoader, ConfigProblem, Origin, WarmupConfig};
 pub use error::EngineError;
-pub use metrics::{EvalMetrics, StalenessStats, StepMetrics};
+pub use group_runner::{GroupCounters, GroupRunner, GroupSpec};
+pub use metrics::{EvalMetrics, StalenessStats, StepMetrics, WarmupMetrics, WarmupReport};
+pub use observer::{Observer, Quiet, RunOptions, StopRequest};
+pub use plugins::{Plugins, resolve};
 pub use reward_service::{RewardService, Verified};
-pub use rollout::{GroupSpec, Rollout, RolloutCounters};
+pub use run::run;
 pub use staleness::{AdmissionCounts, StalenessManager};
-pub use warmup::{WarmupConfig, WarmupMetrics, WarmupReport};
+pub use summary::RunSummary;
 
 use areal_sdk::PluginInfo;
 

@@ -1,4 +1,4 @@
-//! Per-step metrics, staleness statistics and the `metrics.jsonl` writer.
+//! Per-step, evaluation and warm-up metrics, staleness statistics and the `metrics.jsonl` writer.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -6,7 +6,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use areal_sdk::{PolicyVersion, TrajectoryGroup};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How stale the trained data was, relative to the trainer's version k.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -14,26 +14,27 @@ pub struct StalenessStats {
     /// Mean over trajectories of k − (version of the first generated token).
     pub head_lag_mean: f64,
     /// Largest head lag.
-    pub head_lag_max: i64,
+    pub head_lag_max: u64,
     /// Mean over generated tokens of k − (version that sampled the token).
     pub token_lag_mean: f64,
     /// Largest token lag.
-    pub token_lag_max: i64,
+    pub token_lag_max: u64,
 }
 
 /// Staleness of `groups` trained by a step on version `trainer_version`.
 pub fn staleness(groups: &[TrajectoryGroup], trainer_version: PolicyVersion) -> StalenessStats {
-    let (mut heads, mut head_sum, mut head_max) = (0usize, 0i64, 0i64);
-    let (mut tokens, mut token_sum, mut token_max) = (0usize, 0i64, 0i64);
+    // A token from a version newer than the trainer's would be a generator's bug: lag 0.
+    let (mut heads, mut head_sum, mut head_max) = (0usize, 0u64, 0u64);
+    let (mut tokens, mut token_sum, mut token_max) = (0usize, 0u64, 0u64);
     for sample in groups.iter().flat_map(|g| &g.samples) {
         if let Some(head) = sample.head_version() {
-            let lag = trainer_version - head;
+            let lag = trainer_version.saturating_sub(head);
             heads += 1;
             head_sum += lag;
             head_max = head_max.max(lag);
         }
         for &v in &sample.completion.versions {
-            let lag = trainer_version - v;
+            let lag = trainer_version.saturating_sub(v);
             tokens += 1;
             token_sum += lag;
             token_max = token_max.max(lag);
@@ -193,12 +194,53 @@ impl MetricsWriter {
     }
 }
 
+/// One line of `metrics.jsonl` (`"event": "warmup"`) per evaluation of the warm-up.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WarmupMetrics {
+    /// Warm-up steps done.
+    pub step: u64,
+    /// Mean loss (negative logprob per demonstration token) since the previous evaluation.
+    pub loss: f64,
+    /// Greedy accuracy on the validation split.
+    pub validation_accuracy: f64,
+    /// Mean negative logprob per token of the validation split's demonstrations.
+    pub validation_loss: f64,
+    /// Seconds since the warm-up started.
+    pub seconds: f64,
+    /// Demonstration tokens trained per second since the previous evaluation.
+    pub tokens_per_s: f64,
+}
+
+/// What the warm-up did (or what the cached one it reused did).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WarmupReport {
+    /// Steps trained.
+    pub steps: u64,
+    /// Wall time of the warm-up when it ran (also when it is reused from the cache).
+    pub seconds: f64,
+    /// The step whose weights the warm-up ends with: the evaluation with the best validation
+    /// accuracy (the first of equals), or the last step when the policy cannot save.
+    #[serde(default)]
+    pub best_step: u64,
+    /// Validation accuracy at the last evaluation.
+    pub validation_accuracy: f64,
+    /// Best validation accuracy seen: that of the weights the warm-up ends with.
+    pub best_validation_accuracy: f64,
+    /// Whether it stopped at a plateau (rather than at `max_steps`).
+    pub plateau: bool,
+    /// Every evaluation.
+    pub curve: Vec<WarmupMetrics>,
+    /// Whether this run reused a cached warm-up.
+    #[serde(default)]
+    pub cached: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use areal_sdk::{Completion, FinishReason, Reward, Trajectory, Verdict};
 
-    fn sample(versions: &[i64]) -> Trajectory {
+    fn sample(versions: &[u64]) -> Trajectory {
         Trajectory {
             sample_id: 0,
             completion: Completion {

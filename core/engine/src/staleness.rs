@@ -99,7 +99,7 @@ impl StalenessManager {
 
     /// The generators now run `version`.
     pub fn set_version(&mut self, version: PolicyVersion) {
-        self.version = version.max(0) as u64;
+        self.version = version;
     }
 
     /// The counters.
@@ -132,7 +132,7 @@ mod tests {
             let mut s = StalenessManager::new(8, eta, 16);
             assert_eq!(s.capacity(), 16, "η = {eta}");
             assert_eq!((0..100).filter(|_| s.try_admit()).count(), 16);
-            s.set_version(i64::MAX);
+            s.set_version(u64::MAX);
             assert!(s.holds());
             s.resume_at(u64::MAX);
             assert_eq!(s.counts().accepted, u64::MAX);
@@ -239,7 +239,7 @@ mod tests {
                         );
                     }
                 }
-                s.set_version(version as i64 + 1);
+                s.set_version(version + 1);
             }
         }
         Ok(())

@@ -35,7 +35,7 @@ fn input(current: &[f32], proximal: &[f32], behaviour: &[f32], device: &Device) 
         behaviour: BehaviourLogprobs(t(behaviour, device)),
         advantages: t(&[0.0, 1.0, -1.0, 1.0], device),
         loss_mask: t(&[0.0, 1.0, 1.0, 1.0], device),
-        versions: vec![-1, 0, 0, 0],
+        versions: vec![areal_sdk::PROMPT_VERSION, 0, 0, 0],
         completions: vec![1..4],
         minibatch_tokens: 3,
         minibatch_sequences: 1,
@@ -545,12 +545,16 @@ fn losses_and_advantages_match_the_numpy_reference() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|v| v.as_i64().unwrap())
+                // the fixture writes prompt tokens' version as -1
+                .map(|v| match v.as_i64().unwrap() {
+                    -1 => areal_sdk::PROMPT_VERSION,
+                    v => v as u64,
+                })
                 .collect(),
             completions: completions.clone(),
             minibatch_tokens: tokens,
             minibatch_sequences: completions.len(),
-            trainer_version: fixture["trainer_version"].as_i64().unwrap(),
+            trainer_version: fixture["trainer_version"].as_u64().unwrap(),
             reference: needs
                 .reference
                 .then(|| ReferenceLogprobs(t(&floats("reference"), &d))),

@@ -23,7 +23,7 @@ fn policy(seed: u64) -> TransformerPolicy {
     TransformerPolicy::fresh(&options, ALPHABET, seed, &Device::flex()).unwrap()
 }
 
-fn update(policy: &TransformerPolicy, version: i64) -> WeightUpdate {
+fn update(policy: &TransformerPolicy, version: u64) -> WeightUpdate {
     WeightUpdate::new(version, policy.weights()).with_architecture(policy.architecture())
 }
 
@@ -290,7 +290,7 @@ async fn stats_count_busy_time_weight_loads_and_the_cost_of_resuming() {
             }
             g.pause().await.unwrap();
             loads += 1;
-            g.update_weights(update(&p, loads as i64 - 1))
+            g.update_weights(update(&p, loads as u64 - 1))
                 .await
                 .unwrap();
             g.resume().await.unwrap();

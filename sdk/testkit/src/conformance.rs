@@ -31,7 +31,13 @@ fn request(
     }
 }
 
-fn check_completion(name: &str, c: &Completion, max: usize, stop: &[u32], version: i64) {
+fn check_completion(
+    name: &str,
+    c: &Completion,
+    max: usize,
+    stop: &[u32],
+    version: areal_sdk::PolicyVersion,
+) {
     if let Err(e) = c.check() {
         panic!("{name}: malformed completion: {e}");
     }

@@ -111,7 +111,7 @@ fn the_gradient_is_the_clipped_weight_times_the_advantage() {
         behaviour: BehaviourLogprobs(t(&old)),
         advantages: t(&adv),
         loss_mask: t(&[0.0, 1.0, 1.0, 1.0]),
-        versions: vec![-1, 0, 0, 0],
+        versions: vec![areal_sdk::PROMPT_VERSION, 0, 0, 0],
         completions: vec![1..4],
         minibatch_tokens: 3,
         minibatch_sequences: 1,

@@ -1,4 +1,4 @@
-//! Rollout workflows: generate a sample (resubmitting after interruptions), reward it, and
+//! The group runner: generate a sample (resubmitting after interruptions), reward it, and
 //! assemble a group of samples for one prompt.
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use crate::reward_service::{RewardService, Verified};
 
 /// Counters the workflows update and each training step drains.
 #[derive(Debug, Default)]
-pub struct RolloutCounters {
+pub struct GroupCounters {
     /// Tokens generated (all samples, whatever became of them).
     pub generated_tokens: AtomicU64,
     /// Generate calls that returned `interrupted`.
@@ -27,7 +27,7 @@ pub struct RolloutCounters {
     pub reward_latencies_ms: Mutex<Vec<f64>>,
 }
 
-impl RolloutCounters {
+impl GroupCounters {
     /// Take the latencies recorded since the last call.
     pub fn drain_latencies(&self) -> Vec<f64> {
         std::mem::take(
@@ -40,16 +40,16 @@ impl RolloutCounters {
 }
 
 /// Everything a workflow needs: generator, tokenizer, reward service.
-pub struct Rollout {
+pub struct GroupRunner {
     generator: Arc<dyn Generator>,
     tokenizer: Arc<dyn Tokenizer>,
     rewards: RewardService,
     stop_token_ids: Vec<u32>,
     /// Counters for metrics.
-    pub counters: RolloutCounters,
+    pub counters: GroupCounters,
 }
 
-impl Rollout {
+impl GroupRunner {
     /// A workflow runner.
     pub fn new(
         generator: Arc<dyn Generator>,
@@ -62,7 +62,7 @@ impl Rollout {
             tokenizer,
             rewards,
             stop_token_ids,
-            counters: RolloutCounters::default(),
+            counters: GroupCounters::default(),
         }
     }
 

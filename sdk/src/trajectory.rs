@@ -6,11 +6,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::reward::Reward;
 
-/// A policy version: 0 for the initial weights, +1 for every optimizer step.
-pub type PolicyVersion = i64;
+/// A policy version: 0 for the initial weights, +1 for every optimizer step. One type end to
+/// end: tokens, weight updates, admission counters and metrics.
+pub type PolicyVersion = u64;
 
-/// The version recorded for prompt tokens, which no policy sampled.
-pub const PROMPT_VERSION: PolicyVersion = -1;
+/// The version recorded for prompt tokens, which no policy sampled (no real version reaches
+/// it: a run would need 2⁶⁴ − 1 optimizer steps).
+pub const PROMPT_VERSION: PolicyVersion = PolicyVersion::MAX;
 
 /// How to sample the next token.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -140,8 +142,10 @@ impl Completion {
         {
             return Err(format!("token {i} has behaviour logprob {lp}"));
         }
-        if let Some((i, v)) = self.versions.iter().enumerate().find(|(_, v)| **v < 0) {
-            return Err(format!("token {i} has policy version {v}"));
+        if let Some(i) = self.versions.iter().position(|&v| v == PROMPT_VERSION) {
+            return Err(format!(
+                "token {i} has the prompt's policy version (PROMPT_VERSION), but it was generated"
+            ));
         }
         Ok(())
     }

@@ -152,7 +152,7 @@ fn measure_reference(
 }
 
 #[allow(clippy::print_stderr, clippy::print_stdout)]
-pub(crate) fn run(args: BenchMathArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: BenchMathArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.answers)
         .with_context(|| format!("cannot read {}", args.answers.display()))?;
     let answers: Vec<String> = text

@@ -16,10 +16,12 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use areal_core::eval::{EvalSpec, Evaluator};
 use areal_core::plot::{Series, accuracy_plot};
-use areal_core::{ConfigLoader, Observer, Plugins, RunOptions, RunSummary};
-use areal_sdk::{SamplingParams, Split, WeightUpdate};
+use areal_core::{ConfigLoader, Observer, RunOptions, RunSummary};
+use areal_sdk::{Split, WeightUpdate};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
+
+use super::stats::{mean, sd};
 
 /// A workload: the default job, or the default job with heavy-tailed response lengths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
@@ -160,7 +162,7 @@ struct RunRecord {
     gen_threads: usize,
     train_threads: usize,
     token_lag_mean: f64,
-    token_lag_max: i64,
+    token_lag_max: u64,
     /// Mean milliseconds of the weight-update protocol.
     weight_sync_ms: f64,
     /// Mean milliseconds from an interruption to decoding running again.
@@ -243,19 +245,6 @@ impl Results {
     }
 }
 
-fn mean(xs: &[f64]) -> f64 {
-    xs.iter().sum::<f64>() / xs.len().max(1) as f64
-}
-
-/// Sample standard deviation (0 for fewer than two values).
-fn sd(xs: &[f64]) -> f64 {
-    if xs.len() < 2 {
-        return 0.0;
-    }
-    let m = mean(xs);
-    (xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (xs.len() - 1) as f64).sqrt()
-}
-
 /// Keeps the weights RL starts from and every `every`-th step's, with the RL time each was
 /// ready at.
 struct Snapshots {
@@ -296,7 +285,7 @@ impl Observer for Snapshots {
             .lock()
             .expect("snapshot lock")
             .get_or_insert(now);
-        let step = update.version.max(0) as u64;
+        let step = update.version;
         let point = (step, (now - started).as_secs_f64(), update.clone());
         if step.is_multiple_of(self.every) {
             self.taken
@@ -509,12 +498,11 @@ fn one_run(
     ]);
     sets.extend(algorithm_sets(&key.algorithm));
     sets.extend(args.set.iter().cloned());
-    let loader = ConfigLoader::new().set_all(&sets)?;
-    let config = loader.load()?;
+    let (config, plugins) = areal_core::resolve(&ConfigLoader::new().set_all(&sets)?)?;
     let snapshots = Arc::new(Snapshots::new(args.eval_every));
     let summary: RunSummary = runtime.block_on(areal_core::run(
-        config.clone(),
-        Plugins::build(&config)?,
+        config,
+        plugins,
         RunOptions {
             out_dir: Some(args.out.join("runs").join(&name)),
             observer: snapshots.clone(),
@@ -523,20 +511,13 @@ fn one_run(
         },
     ))?;
     // evaluation after the run, on all cores: it costs the run nothing
-    let eval_config = ConfigLoader::new()
-        .set_all(&sets)?
-        .set("generator.threads=0")?
-        .load()?;
-    let r = &eval_config.rollout;
-    let spec = EvalSpec {
-        split: Split::Eval,
-        max_items: 0,
-        samples: 1,
-        sampling: SamplingParams::greedy(),
-        max_new_tokens: r.max_new_tokens,
-        concurrency: r.max_concurrent * r.group_size,
-    };
-    let evaluator = Evaluator::new(&eval_config, Plugins::build(&eval_config)?);
+    let (eval_config, eval_plugins) = areal_core::resolve(
+        &ConfigLoader::new()
+            .set_all(&sets)?
+            .set("generator.threads=0")?,
+    )?;
+    let spec = EvalSpec::greedy(&eval_config, Split::Eval, 0);
+    let evaluator = Evaluator::new(&eval_config, eval_plugins);
     let mut curve = Vec::new();
     for (step, wall_s, weights) in snapshots.take() {
         let outcome = runtime.block_on(evaluator.evaluate(weights, &spec))?;

@@ -1,18 +1,24 @@
 //! One training step: pack, recompute proximal logprobs, advantages, loss, optimizer steps.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
 
 use areal_sdk::{PROMPT_VERSION, PolicyVersion, TrajectoryGroup};
 use areal_sdk_train::burn::optim::ModuleOptimizer;
-use areal_sdk_train::burn::tensor::{Device, Tensor, TensorData};
 use areal_sdk_train::{
     AdvantageInput, Algorithm, BehaviourLogprobs, CriticInput, CurrentLogprobs, LossInput,
-    LossStats, PackedBatch, Policy, ProximalLogprobs, ProximalMode, ReferenceLogprobs,
+    LossStats, Policy, ProximalLogprobs, ProximalMode, ReferenceLogprobs,
 };
 
 use crate::error::EngineError;
 use crate::packing::pack;
+
+use batch::{
+    Micro, Sequence, check_lengths, checked, chunks, completion_slices, micro, sequences, tensor,
+    to_vec,
+};
+
+mod batch;
+pub(crate) mod sft;
 
 /// Trainer settings taken from the config.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,160 +58,6 @@ pub struct StepReport {
     pub stats: BTreeMap<String, f64>,
 }
 
-/// One sequence as the trainer sees it: prompt + completion, with per-token data.
-#[derive(Clone, Debug)]
-struct Sequence {
-    tokens: Vec<u32>,
-    prompt_len: usize,
-    behaviour: Vec<f32>,
-    versions: Vec<PolicyVersion>,
-    /// Filled in once the algorithm has computed advantages (0 on prompt tokens).
-    advantages: Vec<f32>,
-    /// Value targets, when the algorithm trains a critic (0 on prompt tokens).
-    returns: Vec<f32>,
-}
-
-impl Sequence {
-    fn completion(&self) -> Range<usize> {
-        self.prompt_len..self.tokens.len()
-    }
-}
-
-/// The sequences to train on (samples with a non-empty completion), and for every sample in
-/// flat order the index of its sequence.
-fn sequences(groups: &[TrajectoryGroup]) -> (Vec<Sequence>, Vec<Option<usize>>) {
-    let mut out = Vec::new();
-    let mut index = Vec::new();
-    for group in groups {
-        for sample in &group.samples {
-            let c = &sample.completion;
-            if c.is_empty() {
-                index.push(None);
-                continue;
-            }
-            let p = group.prompt_ids.len();
-            let mut tokens = group.prompt_ids.clone();
-            tokens.extend(&c.token_ids);
-            let mut behaviour = vec![0.0; p];
-            behaviour.extend(&c.behaviour_logprobs);
-            let mut versions = vec![PROMPT_VERSION; p];
-            versions.extend(&c.versions);
-            index.push(Some(out.len()));
-            out.push(Sequence {
-                tokens,
-                prompt_len: p,
-                behaviour,
-                versions,
-                advantages: Vec::new(),
-                returns: Vec::new(),
-            });
-        }
-    }
-    (out, index)
-}
-
-/// Check the algorithm's per-token vectors against the samples' completion lengths.
-fn check_lengths(
-    what: &str,
-    values: &[Vec<f32>],
-    groups: &[TrajectoryGroup],
-) -> Result<(), EngineError> {
-    let samples: Vec<_> = groups.iter().flat_map(|g| &g.samples).collect();
-    if values.len() != samples.len() {
-        return Err(EngineError::Invalid(format!(
-            "algorithm returned {what} for {} samples, the batch has {}",
-            values.len(),
-            samples.len()
-        )));
-    }
-    for (v, sample) in values.iter().zip(samples) {
-        if v.len() != sample.completion.len() {
-            return Err(EngineError::Invalid(format!(
-                "algorithm returned {} {what} for sample {} with {} tokens",
-                v.len(),
-                sample.sample_id,
-                sample.completion.len()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Per-sample completion slices of per-token values, `per_sequence(i)` being sequence `i`'s
-/// (empty for samples without a completion).
-fn completion_slices<'a>(
-    seqs: &[Sequence],
-    index: &[Option<usize>],
-    per_sequence: impl Fn(usize) -> &'a [f32],
-) -> Vec<Vec<f32>> {
-    index
-        .iter()
-        .map(|i| match i {
-            Some(i) => per_sequence(*i)[seqs[*i].completion()].to_vec(),
-            None => Vec::new(),
-        })
-        .collect()
-}
-
-/// Split `n` items into `parts` contiguous chunks whose sizes differ by at most one.
-fn chunks(n: usize, parts: usize) -> Vec<Range<usize>> {
-    let parts = parts.clamp(1, n.max(1));
-    let (base, extra) = (n / parts, n % parts);
-    let mut start = 0;
-    (0..parts)
-        .map(|i| {
-            let len = base + usize::from(i < extra);
-            let r = start..start + len;
-            start += len;
-            r
-        })
-        .filter(|r| !r.is_empty())
-        .collect()
-}
-
-fn tensor(values: Vec<f32>, device: &Device) -> Tensor<1> {
-    let n = values.len();
-    Tensor::<1>::from_data(TensorData::new(values, [n]), device)
-}
-
-fn to_vec(t: Tensor<1>) -> Vec<f32> {
-    t.into_data()
-        .convert::<f32>()
-        .try_to_vec::<f32>()
-        .expect("converted to f32")
-}
-
-/// A micro-batch: sequence indices and their packed layout.
-struct Micro {
-    members: Vec<usize>,
-    batch: PackedBatch,
-}
-
-fn micro(seqs: &[Sequence], members: Vec<usize>, temperature: f32) -> Micro {
-    let mut batch = PackedBatch::new(temperature);
-    for &i in &members {
-        batch.push(&seqs[i].tokens);
-    }
-    Micro { members, batch }
-}
-
-/// Check a policy's logprob tensor against its batch.
-fn checked(
-    values: Tensor<1>,
-    batch: &PackedBatch,
-    policy: &dyn Policy,
-) -> Result<Tensor<1>, EngineError> {
-    if values.dims() != [batch.num_tokens()] {
-        return Err(EngineError::Invalid(format!(
-            "policy {} returned {:?} logprobs for {} tokens",
-            policy.name(),
-            values.dims(),
-            batch.num_tokens()
-        )));
-    }
-    Ok(values)
-}
-
 /// Train on `groups` with the weights at version `version` (the step produces version + 1).
 /// `reference` is the frozen reference policy, required when the algorithm asks for one.
 pub fn train_step(
@@ -229,7 +81,7 @@ pub fn train_step(
         (false, _) => None,
         (true, Some(r)) => Some(r),
         (true, None) => {
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::internal(format!(
                 "algorithm {} asks for reference logprobs but the trainer has no reference policy",
                 algorithm.name()
             )));
@@ -339,7 +191,7 @@ pub fn train_step(
             Some(r)
         }
         (None, true) => {
-            return Err(EngineError::Invalid(format!(
+            return Err(EngineError::internal(format!(
                 "algorithm {} asks for values but returned no value targets (returns)",
                 algorithm.name()
             )));
@@ -402,7 +254,9 @@ pub fn train_step(
                             if v == PROMPT_VERSION {
                                 0.0
                             } else {
-                                ((version - v) as f32 / (version + 1 - v) as f32).clamp(0.0, 1.0)
+                                // a token from a version newer than the trainer's: lag 0
+                                let lag = version.saturating_sub(v);
+                                (lag as f32 / (lag + 1) as f32).clamp(0.0, 1.0)
                             }
                         })
                         .collect();
@@ -443,7 +297,7 @@ pub fn train_step(
                 .loss(&input)
                 .map_err(|e| EngineError::plugin("computing the loss", e))?;
             if out.loss.dims() != [1] {
-                return Err(EngineError::Invalid(format!(
+                return Err(EngineError::internal(format!(
                     "algorithm {} returned a loss of shape {:?}, expected [1]",
                     algorithm.name(),
                     out.loss.dims()
@@ -465,17 +319,4 @@ pub fn train_step(
     }
     report.stats = stats.means();
     Ok(report)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::chunks;
-
-    #[test]
-    fn chunks_are_contiguous_and_balanced() {
-        assert_eq!(chunks(10, 3), vec![0..4, 4..7, 7..10]);
-        assert_eq!(chunks(2, 4), vec![0..1, 1..2]);
-        assert_eq!(chunks(5, 1), vec![0..5]);
-        assert_eq!(chunks(0, 2), Vec::<std::ops::Range<usize>>::new());
-    }
 }

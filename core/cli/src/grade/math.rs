@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use areal_reward_math::{Deadline, Extracted, Options, canonical_text, verify};
 
-use crate::grade::{Lines, check_flags, line_progress, open_input};
 use areal_sdk::Verdict;
 use clap::Args;
 use serde_json::{Value, json};
+
+use super::input::{Lines, check_flags, line_progress, open_input};
 
 #[derive(Debug, Args)]
 pub(crate) struct GradeMathArgs {
@@ -37,7 +38,7 @@ pub(crate) struct GradeMathArgs {
 const BATCH: usize = 512;
 
 #[allow(clippy::print_stderr)]
-pub(crate) fn run(args: GradeMathArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: GradeMathArgs) -> anyhow::Result<()> {
     let options = Options {
         float_rounding: args.float_rounding,
         timeout_s: args.timeout,

@@ -1,5 +1,4 @@
-//! `areal bench`: `sandbox` (the wasm sandbox against native, unsandboxed Python) and
-//! `controller` (the engine alone); `async-vs-sync` lives in `async_bench`.
+//! `areal bench sandbox`: the wasm sandbox against native, unsandboxed Python.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -13,48 +12,12 @@ use areal_reward_code::compare::{parse_python_json, stdout_matches};
 use areal_reward_code::{GradeOptions, PRELUDE, Problem, TestKind, grade_code};
 use areal_sandbox::{Mode, Pool};
 use areal_sdk::Verdict;
-use clap::{Args, Subcommand};
+use clap::Args;
+
+use super::stats::median;
 use serde_json::{Value, json};
 
 const NATIVE_RUNNER: &str = include_str!("native_runner.py");
-
-#[derive(Debug, Subcommand)]
-pub(crate) enum BenchCommand {
-    /// Grade reference solutions in the wasm sandbox and with native Python (a fresh process
-    /// per problem, and per test) at each thread count; print latency, throughput, start-up
-    /// and execution time, and the ratios.
-    Sandbox(BenchSandboxArgs),
-    /// The engine alone: the controller, rollout workflows, reward service, buffer and trainer
-    /// loop on the testkit's near-zero-cost plugins (a bigram model, one generated token per
-    /// rollout), with thousands of rollouts in flight; prints rollouts per second.
-    Controller(BenchControllerArgs),
-    /// Asynchronous against synchronous RL on real workloads: time to a target accuracy,
-    /// final accuracy, how busy each side is, for η = 0 (synchronous) and η > 0 over seeds,
-    /// plus the naive-PPO staleness ablation; writes results.json, plots and a table.
-    AsyncVsSync(crate::async_bench::AsyncVsSyncArgs),
-    /// The maths verifier on MATH-500 answers: verifications per second at each thread count
-    /// on pairs that are equal but written differently and on perturbed (unequal) pairs, with
-    /// Math-Verify (Python) on the same pairs when it is installed.
-    Math(crate::bench_math::BenchMathArgs),
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct BenchControllerArgs {
-    /// Rollouts allowed in flight at once (`rollout.max_concurrent`); η is set so that the
-    /// staleness rule admits this many.
-    #[arg(long, value_delimiter = ',', default_value = "10000")]
-    in_flight: Vec<usize>,
-    /// Groups per training step (`rollout.batch_size`); one sample per group.
-    #[arg(long, default_value_t = 2500)]
-    batch: usize,
-    /// Training steps per run, at least 4 (the first two are not timed: they fill the
-    /// pipeline).
-    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(4..))]
-    steps: u64,
-    /// Runs per setting; the table shows the median.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-}
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchSandboxArgs {
@@ -79,15 +42,6 @@ pub(crate) struct BenchSandboxArgs {
     markdown: Option<PathBuf>,
 }
 
-pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
-    match command {
-        BenchCommand::Sandbox(args) => bench_sandbox(args),
-        BenchCommand::Controller(args) => bench_controller(args),
-        BenchCommand::AsyncVsSync(args) => crate::async_bench::run(args),
-        BenchCommand::Math(args) => crate::bench_math::run(args),
-    }
-}
-
 struct Item {
     id: String,
     problem: Problem,
@@ -108,10 +62,6 @@ impl Samples {
     fn tests_per_second(&self) -> f64 {
         self.tests as f64 / self.seconds
     }
-}
-
-fn median(xs: &[f64]) -> f64 {
-    areal_core::metrics::percentile(xs, 50.0)
 }
 
 fn load(path: &PathBuf) -> anyhow::Result<Vec<Item>> {
@@ -151,7 +101,7 @@ fn load(path: &PathBuf) -> anyhow::Result<Vec<Item>> {
 }
 
 #[allow(clippy::print_stderr, clippy::print_stdout)]
-fn bench_sandbox(args: BenchSandboxArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
     let items = Arc::new(load(&args.problems)?);
     let n_tests: usize = items.iter().map(|i| i.problem.tests.len()).sum();
     let functional = items
@@ -480,92 +430,4 @@ fn run_native(python: &str, item: &Item, job: &NativeJob) -> anyhow::Result<Nati
             .map(|v| v.as_f64().unwrap_or(0.0) * 1e3)
             .collect(),
     })
-}
-
-/// What the controller bench records of a run.
-#[derive(Default)]
-struct ControllerTrace {
-    /// (wall seconds since the run started, rollouts accepted so far) after each step.
-    steps: std::sync::Mutex<Vec<(f64, u64, f64)>>,
-    /// Largest number of rollouts running at once.
-    max_running: std::sync::atomic::AtomicU64,
-    started: std::sync::OnceLock<Instant>,
-}
-
-impl areal_core::Observer for ControllerTrace {
-    fn on_admission(&self, counts: &areal_core::AdmissionCounts) {
-        self.max_running
-            .fetch_max(counts.running, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn on_step(&self, metrics: &areal_core::StepMetrics) {
-        let t = self
-            .started
-            .get_or_init(Instant::now)
-            .elapsed()
-            .as_secs_f64();
-        self.steps
-            .lock()
-            .expect("trace lock")
-            .push((t, metrics.accepted_total, metrics.train_ms));
-    }
-}
-
-#[allow(clippy::print_stderr, clippy::print_stdout)]
-fn bench_controller(args: BenchControllerArgs) -> anyhow::Result<()> {
-    let runtime = crate::runtime()?;
-    eprintln!(
-        "testkit plugins (bigram model, successor task and reward), 1 sample of 1 token per \
-         rollout, {} rollouts per step, {} steps, {} runs per setting, 2 runtime threads",
-        args.batch, args.steps, args.rounds
-    );
-    println!(
-        "| in flight (max_concurrent) | η | rollouts/s (median) | min – max | peak running | trainer share |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for &in_flight in &args.in_flight {
-        let eta = in_flight.div_ceil(args.batch);
-        let mut rates = Vec::new();
-        let (mut peak, mut trainer_share) = (0u64, Vec::new());
-        for _ in 0..args.rounds {
-            let config = areal_core::ConfigLoader::new()
-                .toml(
-                    areal_testkit::CONFIG,
-                    std::path::Path::new("sdk/testkit/testkit.toml"),
-                )?
-                .set_all([
-                    &format!("rollout.batch_size={}", args.batch),
-                    "rollout.group_size=1",
-                    "rollout.max_new_tokens=1",
-                    &format!("rollout.max_concurrent={in_flight}"),
-                    &format!("rollout.max_staleness={eta}"),
-                    &format!("train.steps={}", args.steps),
-                    "eval.enabled=false",
-                ])?
-                .load()?;
-            let trace = Arc::new(ControllerTrace::default());
-            let plugins = areal_core::Plugins::build(&config)?;
-            let options = areal_core::RunOptions {
-                observer: trace.clone(),
-                ..areal_core::RunOptions::default()
-            };
-            runtime.block_on(areal_core::run(config, plugins, options))?;
-            let steps = trace.steps.lock().expect("trace lock");
-            let (t0, a0, _) = steps[1];
-            let (t1, a1, _) = steps[steps.len() - 1];
-            rates.push((a1 - a0) as f64 / (t1 - t0));
-            let train_s: f64 = steps[2..].iter().map(|s| s.2).sum::<f64>() / 1e3;
-            trainer_share.push(train_s / (t1 - t0));
-            peak = peak.max(trace.max_running.load(Ordering::Relaxed));
-        }
-        rates.sort_by(f64::total_cmp);
-        println!(
-            "| {in_flight} | {eta} | {:.0} | {:.0} – {:.0} | {peak} | {:.0}% |",
-            median(&rates),
-            rates[0],
-            rates[rates.len() - 1],
-            100.0 * median(&trainer_share),
-        );
-    }
-    Ok(())
 }

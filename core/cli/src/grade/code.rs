@@ -1,31 +1,19 @@
 //! `areal grade code`: grade LiveCodeBench records with the wasm sandbox, one JSON line out
-//! per line in, in order. (`areal grade math` is in `grade_math.rs`.)
+//! per line in, in order.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{BufRead, BufWriter, IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context;
 use areal_reward_code::{GradeOptions, Problem, grade_code, grade_completion, reward_of};
 use areal_sandbox::{Mode, Pool, Sandbox};
 use areal_sdk::{Provenance, Verdict};
-use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
+use clap::Args;
 use serde_json::{Value, json};
 
-#[derive(Debug, Subcommand)]
-pub(crate) enum GradeCommand {
-    /// Grade programs on LiveCodeBench records in the wasm sandbox. Each input line is a
-    /// record plus `completion` (the model's whole response; its last fenced block is the
-    /// code) or `code`. Prints one JSON line per input line, in order.
-    Code(GradeCodeArgs),
-    /// Grade maths answers against references (Math-Verify's rules). Each input line is
-    /// `{"gold": ..., "pred": ...}`; prints one JSON line per input line, in order, with the
-    /// reward, the verdict and the parsed form of both sides.
-    Math(crate::grade_math::GradeMathArgs),
-}
+use super::input::{Lines, check_flags, line_progress, open_input};
 
 #[derive(Debug, Args)]
 pub(crate) struct GradeCodeArgs {
@@ -65,13 +53,6 @@ pub(crate) struct GradeCodeArgs {
     quiet: bool,
 }
 
-pub(crate) fn run(command: GradeCommand) -> anyhow::Result<()> {
-    match command {
-        GradeCommand::Code(args) => grade_code_file(args),
-        GradeCommand::Math(args) => crate::grade_math::run(args),
-    }
-}
-
 /// What one input line asks for.
 struct Job {
     id: Option<String>,
@@ -106,7 +87,7 @@ fn parse_line(line: &str, max_tests_bytes: usize) -> Result<Job, String> {
 }
 
 #[allow(clippy::print_stderr)]
-fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: GradeCodeArgs) -> anyhow::Result<()> {
     let options = GradeOptions {
         mode: if args.deterministic {
             Mode::Deterministic
@@ -186,98 +167,6 @@ fn grade_code_file(args: GradeCodeArgs) -> anyhow::Result<()> {
         }
     );
     Ok(())
-}
-
-/// The most threads a grade command runs on (and the sandbox's pool of instance slots).
-pub(crate) const MAX_THREADS: usize = areal_sandbox::MAX_CONCURRENT_RUNS as usize;
-
-/// Refuse a grade command's flags before anything runs: each problem of the options' own
-/// check (`(option, message)`, named here as its flag: `timeout_s` is `--timeout`) and a
-/// thread count out of range, all at once.
-pub(crate) fn check_flags(
-    problems: Vec<(&'static str, String)>,
-    threads: usize,
-) -> anyhow::Result<()> {
-    let flag = |key: &str| match key {
-        "timeout_s" => "--timeout".to_owned(),
-        other => format!("--{}", other.replace('_', "-")),
-    };
-    let mut problems: Vec<String> = problems
-        .into_iter()
-        .map(|(key, message)| format!("{}: {message}", flag(key)))
-        .collect();
-    if !(1..=MAX_THREADS).contains(&threads) {
-        problems.push(format!(
-            "--threads {threads}: between 1 and {MAX_THREADS} may run at once"
-        ));
-    }
-    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
-    Ok(())
-}
-
-/// The lines of an input, numbered from 1. A line that is not UTF-8 is that line's problem
-/// (`Err` with where it breaks), never the end of the input; only a failure to read ends it.
-pub(crate) struct Lines {
-    input: Box<dyn BufRead>,
-    number: usize,
-}
-
-impl Lines {
-    pub(crate) fn new(input: Box<dyn BufRead>) -> Self {
-        Self { input, number: 0 }
-    }
-}
-
-impl Iterator for Lines {
-    type Item = anyhow::Result<(usize, Result<String, String>)>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let mut bytes = Vec::new();
-        self.number += 1;
-        let number = self.number;
-        match self.input.read_until(b'\n', &mut bytes) {
-            Ok(0) => None,
-            Ok(_) => {
-                if bytes.ends_with(b"\n") {
-                    bytes.pop();
-                    if bytes.ends_with(b"\r") {
-                        bytes.pop();
-                    }
-                }
-                let text = String::from_utf8(bytes).map_err(|e| {
-                    format!(
-                        "not UTF-8 (invalid byte at column {})",
-                        e.utf8_error().valid_up_to() + 1
-                    )
-                });
-                Some(Ok((number, text)))
-            }
-            Err(e) => Some(Err(
-                anyhow::Error::new(e).context(format!("reading line {number}"))
-            )),
-        }
-    }
-}
-
-/// The lines of `file`, or of stdin for `-`.
-pub(crate) fn open_input(file: &Path) -> anyhow::Result<Box<dyn BufRead>> {
-    if file.as_os_str() == "-" {
-        return Ok(Box::new(std::io::stdin().lock()));
-    }
-    let opened =
-        std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
-    Ok(Box::new(std::io::BufReader::new(opened)))
-}
-
-/// A spinner counting graded lines on a terminal; hidden when `quiet` or stderr is a file.
-pub(crate) fn line_progress(quiet: bool) -> ProgressBar {
-    if quiet || !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    ProgressBar::new_spinner().with_style(
-        ProgressStyle::with_template("{spinner} graded {pos} lines [{elapsed_precise}] {msg}")
-            .expect("a valid template"),
-    )
 }
 
 fn receive(rx: crossbeam_channel::Receiver<Value>, sandbox: &Sandbox) -> Value {

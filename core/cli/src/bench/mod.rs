@@ -1,0 +1,41 @@
+//! `areal bench`: measured tables, never pass/fail. `sandbox` (the wasm sandbox against
+//! native, unsandboxed Python), `controller` (the engine alone), `async-vs-sync` (the paper's
+//! claims) and `math` (the maths verifier). Every bench that trains builds its runs through
+//! [`areal_core::resolve`], as `areal train` does; their statistics come from [`stats`].
+
+use clap::Subcommand;
+
+mod async_vs_sync;
+mod controller;
+mod math;
+mod sandbox;
+mod stats;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// Grade reference solutions in the wasm sandbox and with native Python (a fresh process
+    /// per problem, and per test) at each thread count; print latency, throughput, start-up
+    /// and execution time, and the ratios.
+    Sandbox(sandbox::BenchSandboxArgs),
+    /// The engine alone: the controller, rollout workflows, reward service, buffer and trainer
+    /// loop on the testkit's near-zero-cost plugins (a bigram model, one generated token per
+    /// rollout), with thousands of rollouts in flight; prints rollouts per second.
+    Controller(controller::BenchControllerArgs),
+    /// Asynchronous against synchronous RL on real workloads: time to a target accuracy,
+    /// final accuracy, how busy each side is, for η = 0 (synchronous) and η > 0 over seeds,
+    /// plus the naive-PPO staleness ablation; writes results.json, plots and a table.
+    AsyncVsSync(async_vs_sync::AsyncVsSyncArgs),
+    /// The maths verifier on MATH-500 answers: verifications per second at each thread count
+    /// on pairs that are equal but written differently and on perturbed (unequal) pairs, with
+    /// Math-Verify (Python) on the same pairs when it is installed.
+    Math(math::BenchMathArgs),
+}
+
+pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Sandbox(args) => sandbox::run(args),
+        BenchCommand::Controller(args) => controller::run(args),
+        BenchCommand::AsyncVsSync(args) => async_vs_sync::run(args),
+        BenchCommand::Math(args) => math::run(args),
+    }
+}

@@ -1,0 +1,325 @@
+//! The run configuration: one serde tree, built-in defaults, a TOML file on top, then
+//! `--set key=value` overrides; every error names the key, where it came from and the value.
+
+use areal_sdk::PluginConfig;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub mod bounds;
+mod loader;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+pub use loader::{ConfigError, ConfigLoader, ConfigProblem, Origin};
+
+/// The plugin sections of the config, in the order they are built.
+pub const PLUGIN_SECTIONS: [&str; 5] = ["policy", "generator", "task", "reward", "algorithm"];
+
+/// The whole run configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Seed of everything random in the run. By default 1.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// The trainable model (`kind` = a policy plugin). By default a fresh 2-layer
+    /// `transformer` with a character tokenizer.
+    pub policy: Value,
+    /// Sample generation (`kind` = a generator plugin). By default `burn`.
+    pub generator: Value,
+    /// The prompts (`kind` = a task plugin). By default `chain-sum`.
+    pub task: Value,
+    /// The reward verifier (`kind` = a reward plugin). By default `chain-sum`.
+    pub reward: Value,
+    /// The policy-gradient algorithm (`kind` = an algorithm plugin). By default
+    /// `decoupled-ppo`.
+    pub algorithm: Value,
+    /// Sample generation and admission control (the `[rollout]` section).
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+    /// The reward service.
+    #[serde(default)]
+    pub reward_service: RewardServiceConfig,
+    /// The trainer.
+    #[serde(default)]
+    pub train: TrainConfig,
+    /// Held-out evaluation.
+    #[serde(default)]
+    pub eval: EvalConfig,
+    /// Supervised warm-up before RL.
+    #[serde(default)]
+    pub warmup: WarmupConfig,
+    /// The checkpoint at the end of a run.
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+}
+
+/// `[checkpoint]`: how the final checkpoint is saved (into `checkpoint/` of the run folder,
+/// atomically: a failed save leaves nothing half-written).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// When saving fails (a full disk, say), try again every 10 s for this many seconds
+    /// before giving up, so that freeing space saves the trained model; a stop signal gives
+    /// up at once. 0 tries once. By default 600.
+    pub retry_s: f64,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self { retry_s: 600.0 }
+    }
+}
+
+fn default_seed() -> u64 {
+    1
+}
+
+fn plugin(kind: &str) -> Value {
+    serde_json::json!({ "kind": kind })
+}
+
+/// Characters of the built-in task (`chain-sum`), for the default model's tokenizer.
+const CHAIN_SUM_ALPHABET: &str = "0123456789=,>abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN";
+
+/// The built-in job: a small transformer learns to add chains of digits step by step —
+/// supervised warm-up on imperfect demonstrations to its plateau, then asynchronous RL.
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            seed: default_seed(),
+            policy: serde_json::json!({
+                "kind": "transformer",
+                "alphabet": CHAIN_SUM_ALPHABET,
+                "hidden_size": 64,
+                "layers": 2,
+                "heads": 4,
+                "kv_heads": 2,
+                "max_positions": 128,
+            }),
+            // One thread per side: generation and training overlap on the 2 cores of a small
+            // machine without queueing behind each other, and this model gains nothing from a
+            // second thread (docs/benchmarks.md).
+            generator: serde_json::json!({ "kind": "burn", "max_batch": 64, "threads": 1 }),
+            task: plugin("chain-sum"),
+            reward: plugin("chain-sum"),
+            algorithm: plugin("decoupled-ppo"),
+            rollout: RolloutConfig::default(),
+            reward_service: RewardServiceConfig::default(),
+            train: TrainConfig {
+                threads: 1,
+                ..TrainConfig::default()
+            },
+            eval: EvalConfig::default(),
+            warmup: WarmupConfig {
+                enabled: true,
+                ..Default::default()
+            },
+            checkpoint: CheckpointConfig::default(),
+        }
+    }
+}
+
+/// `[rollout]`: what is generated and how far generation may run ahead of training.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    /// B: prompts (groups) per training step. By default 8.
+    pub batch_size: usize,
+    /// n: samples generated per prompt. By default 8.
+    pub group_size: usize,
+    /// η: how many policy versions generation may run ahead of training; 0 is synchronous RL.
+    /// A rollout starts only while `accepted + running + 1 ≤ (η + version + 1) · B`. By
+    /// default 4.
+    pub max_staleness: u64,
+    /// Most groups generating at once. By default 16.
+    pub max_concurrent: usize,
+    /// Most tokens generated per sample. By default 80.
+    pub max_new_tokens: usize,
+    /// Sampling temperature (must be positive: the loss needs the sampling distribution). By
+    /// default 1.
+    pub temperature: f32,
+    /// Nucleus sampling threshold in (0, 1]. By default 1.
+    pub top_p: f32,
+    /// Abort the run after this many groups in a row fail to generate. By default 32.
+    pub max_consecutive_failures: usize,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 8,
+            group_size: 8,
+            max_staleness: 4,
+            max_concurrent: 16,
+            max_new_tokens: 80,
+            temperature: 1.0,
+            top_p: 1.0,
+            max_consecutive_failures: 32,
+        }
+    }
+}
+
+/// `[reward_service]`: the threads verifiers run on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RewardServiceConfig {
+    /// Verifier threads. By default 2.
+    pub threads: usize,
+    /// Per-sample deadline in milliseconds; a verifier that has not answered by then costs
+    /// that sample (verdict `verifier_timeout`). By default 10000.
+    pub deadline_ms: u64,
+}
+
+impl Default for RewardServiceConfig {
+    fn default() -> Self {
+        Self {
+            threads: 2,
+            deadline_ms: 10_000,
+        }
+    }
+}
+
+/// `[train]`: the trainer loop and optimizer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Training steps; each consumes `rollout.batch_size` groups and produces one policy
+    /// version. By default 300.
+    pub steps: u64,
+    /// Stop after the step that ends past this many seconds of RL (warm-up and the baseline
+    /// evaluation not counted), with the final evaluation and checkpoint as usual; 0 means no
+    /// limit. By default 0.
+    pub max_seconds: f64,
+    /// AdamW learning rate. By default 0.0002.
+    pub lr: f64,
+    /// AdamW weight decay. By default 0.
+    pub weight_decay: f64,
+    /// AdamW β1. By default 0.9.
+    pub beta1: f64,
+    /// AdamW β2. By default 0.999.
+    pub beta2: f64,
+    /// Clip the gradient to this global L2 norm; 0 disables clipping. By default 1.
+    pub max_grad_norm: f64,
+    /// Optimizer steps per training batch (PPO mini-batches); the policy version advances
+    /// once per batch, after all of them, and π_prox is the weights before the first. By
+    /// default 1.
+    pub minibatches: usize,
+    /// Token budget of one packed micro-batch (forward/backward pass). By default 4096.
+    pub token_budget: usize,
+    /// At least this many micro-batches per mini-batch. By default 1.
+    pub min_microbatches: usize,
+    /// Device: `cpu`, or `cuda:N` when built with the `cuda` feature. By default `cpu`.
+    pub device: String,
+    /// Threads the trainer computes on (CPU), in a pool of its own, so that training and
+    /// generation do not fight over the same cores; 0 shares the process-wide pool (as many
+    /// threads as cores). 0 by default; 1 in the built-in job.
+    pub threads: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 300,
+            max_seconds: 0.0,
+            lr: 2e-4,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            max_grad_norm: 1.0,
+            minibatches: 1,
+            token_budget: 4096,
+            min_microbatches: 1,
+            device: "cpu".into(),
+            threads: 0,
+        }
+    }
+}
+
+/// `[eval]`: greedy evaluation on the task's held-out split.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Evaluate before training, every `every` steps and after the last; 0 evaluates only
+    /// before and after. By default 50.
+    pub every: u64,
+    /// Evaluate at most this many held-out items; 0 means all. By default 0.
+    pub max_items: usize,
+    /// Whether to evaluate at all. By default true.
+    pub enabled: bool,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        Self {
+            every: 50,
+            max_items: 0,
+            enabled: true,
+        }
+    }
+}
+
+/// `[warmup]`: supervised training on the task's demonstrations before RL.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmupConfig {
+    /// Whether to warm up. By default false (the task must provide demonstrations).
+    pub enabled: bool,
+    /// Demonstrations per step. By default 32.
+    pub batch_size: usize,
+    /// AdamW learning rate. By default 0.003.
+    pub lr: f64,
+    /// Evaluate greedy accuracy on the validation split every this many steps. By default 100.
+    pub eval_every: u64,
+    /// Stop after this many evaluations in a row that improve neither the validation accuracy
+    /// by `min_delta` nor the validation loss by `min_loss_improvement` over the best so far:
+    /// the plateau. (Accuracy alone stays flat at 0 while a small model is still learning to
+    /// read its prompt; the loss shows that learning goes on.) By default 3.
+    pub patience: u32,
+    /// Smallest accuracy improvement that counts. By default 0.01.
+    pub min_delta: f64,
+    /// Smallest relative decrease of the validation loss that counts. By default 0.02.
+    pub min_loss_improvement: f64,
+    /// Stop here even without a plateau. By default 5000.
+    pub max_steps: u64,
+    /// Folder of cached warm-ups (one sub-folder per settings hash); empty disables caching.
+    /// By default `.cache/warmup`.
+    pub cache_dir: String,
+}
+
+impl Default for WarmupConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            batch_size: 32,
+            lr: 3e-3,
+            eval_every: 100,
+            patience: 3,
+            min_delta: 0.01,
+            min_loss_improvement: 0.02,
+            max_steps: 5000,
+            cache_dir: ".cache/warmup".into(),
+        }
+    }
+}
+
+impl Config {
+    /// The plugin section `name` (one of [`PLUGIN_SECTIONS`]).
+    pub fn plugin(&self, name: &str) -> Result<PluginConfig, areal_sdk::PluginError> {
+        let value = match name {
+            "policy" => &self.policy,
+            "generator" => &self.generator,
+            "task" => &self.task,
+            "reward" => &self.reward,
+            "algorithm" => &self.algorithm,
+            other => panic!("{other} is not a plugin section"),
+        };
+        PluginConfig::from_value(name, value.clone())
+    }
+
+    /// The config as TOML, as written to a run folder.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a config always serialises to TOML")
+    }
+}

@@ -1,0 +1,150 @@
+//! Building a run's plugins from its config, and the one path from a config loader to a
+//! checked config with its plugins built (`areal train`, `areal eval`, every bench).
+
+use std::sync::Arc;
+
+use areal_sdk::{
+    BuildContext, GeneratorPlugin, PluginError, RewardPlugin, Task, TaskPlugin, mix_seed,
+};
+use areal_sdk_train::burn::tensor::Device;
+use areal_sdk_train::{Algorithm, AlgorithmPlugin, Policy, PolicyContext, PolicyPlugin};
+
+use crate::config::{Config, ConfigError, ConfigLoader};
+use crate::error::EngineError;
+
+/// Load the config of `loader`, check it and build its plugins: the engine's problems and
+/// every plugin's are reported together, each naming its key, where the value came from and
+/// the value.
+pub fn resolve(loader: &ConfigLoader) -> Result<(Config, Plugins), ConfigError> {
+    let config = loader.load_unchecked()?;
+    let mut problems = loader.problems(&config);
+    match Plugins::build_all(&config) {
+        Ok(plugins) if problems.is_empty() => Ok((config, plugins)),
+        Ok(_) => Err(ConfigError::Invalid { problems }),
+        Err(errors) => {
+            for error in &errors {
+                let problem = loader.problem_from_plugin_error(error);
+                if !problems.contains(&problem) {
+                    problems.push(problem);
+                }
+            }
+            Err(ConfigError::Invalid { problems })
+        }
+    }
+}
+
+/// The plugins of a run.
+pub struct Plugins {
+    /// The trainable model.
+    pub policy: Box<dyn Policy>,
+    /// GroupRunner generation.
+    pub generator: Arc<dyn areal_sdk::Generator>,
+    /// Prompt source.
+    pub task: Arc<dyn Task>,
+    /// Reward verifier.
+    pub verifier: Arc<dyn areal_sdk::RewardVerifier>,
+    /// Loss and advantages.
+    pub algorithm: Arc<dyn Algorithm>,
+}
+
+impl Plugins {
+    /// Build every plugin section of `config`; all failures are reported together.
+    pub fn build(config: &Config) -> Result<Self, EngineError> {
+        Self::build_all(config).map_err(|errors| EngineError::Build { errors })
+    }
+
+    fn build_all(config: &Config) -> Result<Self, Vec<PluginError>> {
+        let mut errors: Vec<PluginError> = Vec::new();
+        let ctx =
+            |stream: u64, threads: usize| BuildContext::new(mix_seed(config.seed, stream), threads);
+        let device = keep(
+            &mut errors,
+            areal_sdk_train::parse_device(&config.train.device)
+                .map(Device::autodiff)
+                .map_err(|m| PluginError::config("train.device", m)),
+        );
+        let policy = keep(&mut errors, config.plugin("policy"))
+            .zip(device)
+            .and_then(|(section, device)| {
+                let ctx = PolicyContext::new(ctx(1, 1), device);
+                let built = PolicyPlugin::build_from(&section, &ctx);
+                keep(&mut errors, built.map_err(|e| in_section("policy", e)))
+            });
+        let generator = keep(&mut errors, config.plugin("generator")).and_then(|section| {
+            let built = GeneratorPlugin::build_from(&section, &ctx(2, 1));
+            keep(&mut errors, built.map_err(|e| in_section("generator", e)))
+        });
+        let task = keep(&mut errors, config.plugin("task")).and_then(|section| {
+            let built = TaskPlugin::build_from(&section, &ctx(3, 1));
+            keep(&mut errors, built.map_err(|e| in_section("task", e)))
+        });
+        let verifier = keep(&mut errors, config.plugin("reward")).and_then(|section| {
+            let ctx = ctx(4, config.reward_service.threads);
+            let built = RewardPlugin::build_from(&section, &ctx);
+            keep(&mut errors, built.map_err(|e| in_section("reward", e)))
+        });
+        let algorithm = keep(&mut errors, config.plugin("algorithm")).and_then(|section| {
+            let ctx = ctx(5, 1).with_max_new_tokens(config.rollout.max_new_tokens);
+            let built = AlgorithmPlugin::build_from(&section, &ctx);
+            keep(&mut errors, built.map_err(|e| in_section("algorithm", e)))
+        });
+        // What the algorithm needs from the policy: a value head is part of the model from
+        // the start; a reference copy is taken when RL starts, but checked now.
+        let policy = match (policy, &algorithm) {
+            (Some(mut policy), Some(algorithm)) => {
+                let needs = algorithm.requirements();
+                let name = policy.name().to_owned();
+                let mut check = |what: &str, result: Result<(), PluginError>| {
+                    result.map_err(|e| {
+                        errors.push(PluginError::config(
+                            "algorithm.kind",
+                            format!(
+                                "{} needs {what}, but policy {name} cannot give it: {e}",
+                                algorithm.name(),
+                            ),
+                        ))
+                    })
+                };
+                let values = if needs.values {
+                    check("a critic (values)", policy.enable_values())
+                } else {
+                    Ok(())
+                };
+                let reference = if needs.reference {
+                    check("a reference policy", policy.snapshot().map(drop))
+                } else {
+                    Ok(())
+                };
+                (values.is_ok() && reference.is_ok()).then_some(policy)
+            }
+            (policy, _) => policy,
+        };
+        match (policy, generator, task, verifier, algorithm) {
+            (Some(policy), Some(generator), Some(task), Some(verifier), Some(algorithm)) => {
+                Ok(Self {
+                    policy,
+                    generator,
+                    task,
+                    verifier,
+                    algorithm,
+                })
+            }
+            _ => Err(errors),
+        }
+    }
+}
+
+/// The value, or `None` with the error recorded.
+fn keep<T>(errors: &mut Vec<PluginError>, result: Result<T, PluginError>) -> Option<T> {
+    result.map_err(|e| errors.push(e)).ok()
+}
+
+/// A plugin's build error filed under its config section: a config error keeps its own key;
+/// any other failure (a missing interpreter, a model that cannot fit) is the section's
+/// (`reward`, `policy`), never an empty key.
+fn in_section(section: &str, error: PluginError) -> PluginError {
+    match error {
+        e @ (PluginError::Config { .. } | PluginError::UnknownPlugin { .. }) => e,
+        other => PluginError::config(section, other.to_string()),
+    }
+}

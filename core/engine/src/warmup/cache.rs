@@ -1,0 +1,121 @@
+//! The warm-up cache: one folder per settings hash, holding the warmed-up policy, its report
+//! and a manifest of checksums; written atomically, verified before it is reused.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::error::EngineError;
+
+use crate::atomic::StagedDir;
+use crate::metrics::WarmupReport;
+use crate::worker::ComputeWorker;
+
+/// Where a warm-up with these settings is cached, if caching is on.
+pub(super) fn path(config: &Config) -> Option<PathBuf> {
+    if config.warmup.cache_dir.is_empty() {
+        return None;
+    }
+    let mut warmup = config.warmup.clone();
+    warmup.cache_dir.clear();
+    // everything that decides the warmed-up weights and the plateau
+    let key = serde_json::json!({
+        "policy": config.policy,
+        "task": config.task,
+        "reward": config.reward,
+        "warmup": warmup,
+        "seed": config.seed,
+        "max_new_tokens": config.rollout.max_new_tokens,
+        "token_budget": config.train.token_budget,
+        "max_grad_norm": config.train.max_grad_norm,
+        "version": env!("CARGO_PKG_VERSION"),
+        // what a cached warm-up means: 2 = it ends with the best-validation-accuracy weights;
+        // 3 = it carries a manifest of checksums
+        "format": 3,
+    });
+    let hash = areal_sdk::stable_hash(&key.to_string());
+    Some(Path::new(&config.warmup.cache_dir).join(format!("{hash:016x}")))
+}
+
+/// File of a cached warm-up's report.
+const REPORT_FILE: &str = "warmup.json";
+/// File of a cached warm-up's checksums: `{"file": "sha256", ...}` of every other file.
+const MANIFEST_FILE: &str = "manifest.json";
+
+/// Read a cached warm-up's report, if the folder holds a complete one: every file its
+/// manifest lists is there with its checksum. A damaged cache (truncated, edited, half
+/// deleted) is reported and ignored, so the warm-up runs again and replaces it.
+pub(super) fn read(dir: &Path) -> Option<WarmupReport> {
+    if !dir.exists() {
+        return None;
+    }
+    match verify_cache(dir) {
+        Ok(report) => Some(report),
+        Err(why) => {
+            tracing::warn!(target: "areal::warmup", dir = %dir.display(), "the cached warm-up is damaged ({why}); warming up again");
+            None
+        }
+    }
+}
+
+fn verify_cache(dir: &Path) -> Result<WarmupReport, String> {
+    let manifest = std::fs::read_to_string(dir.join(MANIFEST_FILE))
+        .map_err(|e| format!("no {MANIFEST_FILE}: {e}"))?;
+    let manifest: std::collections::BTreeMap<String, String> =
+        serde_json::from_str(&manifest).map_err(|e| format!("{MANIFEST_FILE}: {e}"))?;
+    if !manifest.contains_key(REPORT_FILE) {
+        return Err(format!("{MANIFEST_FILE} does not list {REPORT_FILE}"));
+    }
+    for (file, sum) in &manifest {
+        let bytes = std::fs::read(dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
+        if sha256(&bytes) != *sum {
+            return Err(format!("{file} does not match its checksum"));
+        }
+    }
+    let text = std::fs::read_to_string(dir.join(REPORT_FILE)).map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| format!("{REPORT_FILE}: {e}"))
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Save the policy, the report and their manifest into `dir`, atomically: a warm-up cache is
+/// whole or absent, whatever happens while it is written.
+pub(super) async fn write(
+    dir: &Path,
+    worker: &ComputeWorker,
+    report: &WarmupReport,
+) -> Result<(), EngineError> {
+    let staged = StagedDir::new(dir).map_err(|e| EngineError::io(e.path, e.source))?;
+    let tmp = staged.path().to_owned();
+    worker
+        .save(tmp.clone())
+        .await?
+        .map_err(|e| EngineError::plugin("saving the warmed-up policy", e))?;
+    let json = serde_json::to_string_pretty(report).expect("the report serialises");
+    let path = tmp.join(REPORT_FILE);
+    std::fs::write(&path, json).map_err(|e| EngineError::io(&path, e))?;
+    let mut manifest = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(&tmp).map_err(|e| EngineError::io(&tmp, e))? {
+        let path = entry.map_err(|e| EngineError::io(&tmp, e))?.path();
+        if path.is_file() {
+            let bytes = std::fs::read(&path).map_err(|e| EngineError::io(&path, e))?;
+            let name = path
+                .file_name()
+                .expect("a file in the folder")
+                .to_string_lossy()
+                .into_owned();
+            manifest.insert(name, sha256(&bytes));
+        }
+    }
+    let json = serde_json::to_string_pretty(&manifest).expect("the manifest serialises");
+    let path = tmp.join(MANIFEST_FILE);
+    std::fs::write(&path, json).map_err(|e| EngineError::io(&path, e))?;
+    staged
+        .commit()
+        .map_err(|e| EngineError::io(e.path, e.source))
+}

@@ -1,0 +1,206 @@
+//! The warm-up stage: supervised training on the task's demonstrations until held-out
+//! accuracy and loss stop improving, then back to the weights with the best validation
+//! accuracy; RL starts from them. The result is cached by everything that determines it, so a
+//! later run with the same settings reuses it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use areal_sdk::{PluginError, Split, Task, Tokenizer, mix_seed};
+
+use crate::context::RunContext;
+use crate::error::EngineError;
+use crate::metrics::{WarmupMetrics, WarmupReport};
+use crate::order::DataOrder;
+use crate::trainer::sft::Example;
+
+mod cache;
+
+/// Reuse a cached warm-up, or train on demonstrations until validation accuracy stops
+/// improving (and cache the result). The generator is left holding the warmed-up weights
+/// (version 0).
+pub(crate) async fn warm_up(ctx: &mut RunContext) -> Result<WarmupReport, EngineError> {
+    let report = match reuse(ctx).await? {
+        Some(report) => report,
+        None => train(ctx).await?,
+    };
+    ctx.load_generator(0, "the warmed-up weights").await?;
+    Ok(report)
+}
+
+/// The cached warm-up for these settings, loaded into the policy, if there is a sound one.
+async fn reuse(ctx: &mut RunContext) -> Result<Option<WarmupReport>, EngineError> {
+    let Some(dir) = cache::path(&ctx.config) else {
+        return Ok(None);
+    };
+    let Some(mut report) = cache::read(&dir) else {
+        return Ok(None);
+    };
+    match ctx.worker.load(dir.clone()).await? {
+        Ok(()) => {
+            report.cached = true;
+            tracing::info!(target: "areal::warmup", dir = %dir.display(), seconds = report.seconds, "reusing a cached warm-up");
+            for m in &report.curve {
+                ctx.log.record("warmup", m)?;
+                ctx.observer.on_warmup(m);
+            }
+            Ok(Some(report))
+        }
+        // Unloadable although its checksums hold (the policy is left as it was): warm up
+        // again, and the new warm-up replaces it.
+        Err(e) => {
+            tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %e, "the cached warm-up cannot be loaded; warming up again");
+            Ok(None)
+        }
+    }
+}
+
+/// Warm up from scratch.
+async fn train(ctx: &mut RunContext) -> Result<WarmupReport, EngineError> {
+    let w = ctx.config.warmup.clone();
+    let started = Instant::now();
+    let tokenizer = ctx.controller.runner().tokenizer().clone();
+    let task = ctx.task.clone();
+    // The warm-up draws from a part of an unbounded train split that RL does not start from;
+    // a finite one (a dataset) it goes through like RL does, shuffled afresh each epoch.
+    let train_len = task.len(Split::Train);
+    let first = if train_len.is_none() { 1u64 << 40 } else { 0 };
+    let mut order = DataOrder::new(train_len, mix_seed(ctx.config.seed, 7));
+    let validation_items = task.len(Split::Validation).unwrap_or(0) as u64;
+    let validation = Arc::new(examples(
+        task.as_ref(),
+        tokenizer.as_ref(),
+        Split::Validation,
+        0..validation_items,
+    )?);
+    let (mut best, mut best_loss, mut since_best, mut plateau) =
+        (f64::NEG_INFINITY, f64::INFINITY, 0u32, false);
+    // The weights with the best validation accuracy so far: the warm-up ends with them, so the
+    // baseline is the best the demonstrations gave, not wherever the last step happened to be.
+    let snapshots = tempfile::tempdir().map_err(|e| EngineError::io("(temp dir)", e))?;
+    let best_dir = snapshots.path().join("best");
+    let (mut best_step, mut can_snapshot) = (0u64, true);
+    let (mut loss_sum, mut tokens, mut window) = (0.0, 0usize, Instant::now());
+    let mut curve = Vec::new();
+    let mut steps = 0;
+    let mut interrupted = false;
+    while steps < w.max_steps {
+        if ctx.interrupt.is_requested() {
+            interrupted = true;
+            break;
+        }
+        steps += 1;
+        let indices: Vec<u64> = (0..w.batch_size)
+            .map(|_| first + order.next_index())
+            .collect();
+        let batch = examples(
+            task.as_ref(),
+            tokenizer.as_ref(),
+            Split::Train,
+            indices.into_iter(),
+        )?;
+        let (loss, n) = ctx.worker.sft_step(batch).await?;
+        loss_sum += loss * n as f64;
+        tokens += n;
+        if steps % w.eval_every != 0 && steps != w.max_steps {
+            continue;
+        }
+        ctx.load_generator(0, "warm-up weights").await?;
+        let eval = ctx.evaluate(Split::Validation, steps, 0).await?;
+        let validation_loss = ctx.worker.validation_loss(validation.clone()).await?;
+        let m = WarmupMetrics {
+            step: steps,
+            loss: loss_sum / tokens.max(1) as f64,
+            validation_accuracy: eval.accuracy,
+            validation_loss,
+            seconds: started.elapsed().as_secs_f64(),
+            tokens_per_s: tokens as f64 / window.elapsed().as_secs_f64().max(1e-9),
+        };
+        tracing::info!(
+            target: "areal::warmup",
+            step = steps,
+            loss = m.loss,
+            validation_loss,
+            validation_accuracy = m.validation_accuracy,
+            "warm-up"
+        );
+        ctx.log.record("warmup", &m)?;
+        ctx.log.warmup_point(ctx.wall_s(), m.validation_accuracy);
+        ctx.observer.on_warmup(&m);
+        curve.push(m);
+        (loss_sum, tokens, window) = (0.0, 0, Instant::now());
+        let accuracy_improved = eval.accuracy >= best + w.min_delta;
+        let loss_improved = validation_loss <= best_loss * (1.0 - w.min_loss_improvement);
+        if eval.accuracy > best && can_snapshot {
+            match ctx.worker.save(best_dir.clone()).await? {
+                Ok(()) => best_step = steps,
+                Err(e) if e.is_unsupported() => can_snapshot = false,
+                Err(e) => return Err(EngineError::plugin("saving the best warm-up weights", e)),
+            }
+        }
+        best = best.max(eval.accuracy);
+        best_loss = best_loss.min(validation_loss);
+        if accuracy_improved || loss_improved {
+            since_best = 0;
+        } else {
+            since_best += 1;
+            if since_best >= w.patience {
+                plateau = true;
+                break;
+            }
+        }
+    }
+    let last_step = curve.last().map_or(0, |m| m.step);
+    if can_snapshot && best_step > 0 && best_step != last_step {
+        ctx.worker
+            .load(best_dir)
+            .await?
+            .map_err(|e| EngineError::plugin("restoring the best warm-up weights", e))?;
+    } else {
+        best_step = last_step;
+    }
+    let report = WarmupReport {
+        steps,
+        seconds: started.elapsed().as_secs_f64(),
+        best_step,
+        validation_accuracy: curve.last().map_or(0.0, |m| m.validation_accuracy),
+        best_validation_accuracy: best.max(0.0),
+        plateau,
+        curve,
+        cached: false,
+    };
+    // A cache is only a saving: failing to write one costs the next run time, not this run.
+    if let Some(dir) = cache::path(&ctx.config)
+        && !interrupted
+        && let Err(e) = cache::write(&dir, &ctx.worker, &report).await
+    {
+        tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %e, "cannot cache the warm-up; the next run with these settings warms up again");
+    }
+    Ok(report)
+}
+
+/// The examples of one step.
+pub(crate) fn examples(
+    task: &dyn Task,
+    tokenizer: &dyn Tokenizer,
+    split: Split,
+    indices: impl Iterator<Item = u64>,
+) -> Result<Vec<Example>, EngineError> {
+    let stop = tokenizer.stop_token_ids().first().copied();
+    let plugin = |e: PluginError| EngineError::plugin("preparing warm-up demonstrations", e);
+    indices
+        .map(|i| {
+            let item = task.item(split, i).map_err(plugin)?;
+            let demo = task.demonstration(&item).map_err(plugin)?.ok_or_else(|| {
+                EngineError::setup(format!(
+                    "task {} has no demonstrations to warm up on",
+                    task.name()
+                ))
+            })?;
+            let prompt = tokenizer.encode(&item.prompt).map_err(plugin)?;
+            let mut completion = tokenizer.encode(&demo).map_err(plugin)?;
+            completion.extend(stop);
+            Ok((prompt, completion))
+        })
+        .collect()
+}

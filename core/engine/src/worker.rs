@@ -1,0 +1,321 @@
+//! The compute worker: the one owner of the policy, its optimizer and the reference copy.
+//!
+//! It runs on a thread of its own, inside the trainer's thread pool (`train.threads`; burn's
+//! CPU backend computes on the current rayon pool), takes one [`Command`] at a time from a
+//! channel and answers each on a one-shot channel of its own. It never waits on async work:
+//! the run awaits its answers. What goes in and out is plain data (demonstrations, batches
+//! of groups, weight updates, folders), the boundary a separate trainer process will keep.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use areal_sdk::{PluginError, PolicyVersion, TrajectoryGroup, WeightUpdate};
+use areal_sdk_train::burn::optim::{AdamWConfig, ModuleOptimizer};
+use areal_sdk_train::{Algorithm, Policy};
+use tokio::sync::oneshot;
+
+use crate::config::{Config, TrainConfig};
+use crate::error::EngineError;
+use crate::trainer::sft::{self, Example};
+use crate::trainer::{StepReport, TrainerSettings, train_step};
+
+/// A step the worker trained.
+pub(crate) struct Trained {
+    /// The batch, handed back for the step's metrics.
+    pub(crate) groups: Vec<TrajectoryGroup>,
+    /// What the step did.
+    pub(crate) report: StepReport,
+    /// The new weights (version + 1).
+    pub(crate) weights: WeightUpdate,
+    /// Milliseconds of compute.
+    pub(crate) train_ms: f64,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+/// What the worker is asked to do.
+enum Command {
+    /// One supervised step on demonstrations: (loss sum, demonstration tokens).
+    Sft {
+        examples: Vec<Example>,
+        reply: Reply<(f64, usize)>,
+    },
+    /// Mean negative logprob per demonstration token, without gradient.
+    ValidationLoss {
+        examples: Arc<Vec<Example>>,
+        reply: Reply<f64>,
+    },
+    /// RL starts: copy the reference policy if the algorithm needs one, fresh optimizer.
+    StartRl { reply: Reply<()> },
+    /// One RL step on a batch trained with the weights at `version`.
+    Train {
+        groups: Vec<TrajectoryGroup>,
+        version: PolicyVersion,
+        reply: Reply<Trained>,
+    },
+    /// The current weights as `version`.
+    Weights {
+        version: PolicyVersion,
+        reply: Reply<WeightUpdate>,
+    },
+    /// Save the policy into a folder.
+    Save {
+        dir: PathBuf,
+        reply: oneshot::Sender<Result<(), PluginError>>,
+    },
+    /// Load the policy from a folder (on failure it is unchanged).
+    Load {
+        dir: PathBuf,
+        reply: oneshot::Sender<Result<(), PluginError>>,
+    },
+}
+
+/// The handle the run holds; dropping it ends the worker once its current command is done.
+pub(crate) struct ComputeWorker {
+    commands: crossbeam_channel::Sender<Command>,
+}
+
+/// What the worker owns and how it trains.
+struct State {
+    policy: Box<dyn Policy>,
+    algorithm: Arc<dyn Algorithm>,
+    reference: Option<Box<dyn Policy>>,
+    optimizer: Option<ModuleOptimizer>,
+    train: TrainConfig,
+    warmup_lr: f64,
+    settings: TrainerSettings,
+}
+
+impl ComputeWorker {
+    /// Start the worker on `train.threads` threads of its own (0: the global pool).
+    pub(crate) fn start(
+        config: &Config,
+        policy: Box<dyn Policy>,
+        algorithm: Arc<dyn Algorithm>,
+    ) -> Result<Self, EngineError> {
+        let t = &config.train;
+        let pool = match t.threads {
+            0 => None,
+            n => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("areal-train-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        EngineError::setup(format!("cannot start {n} trainer threads: {e}"))
+                    })?,
+            ),
+        };
+        let mut state = State {
+            policy,
+            algorithm,
+            reference: None,
+            optimizer: None,
+            train: t.clone(),
+            warmup_lr: config.warmup.lr,
+            settings: TrainerSettings {
+                lr: t.lr,
+                max_grad_norm: max_grad_norm(t),
+                minibatches: t.minibatches,
+                token_budget: t.token_budget,
+                min_microbatches: t.min_microbatches,
+                temperature: config.rollout.temperature,
+            },
+        };
+        let (commands, inbox) = crossbeam_channel::unbounded::<Command>();
+        std::thread::Builder::new()
+            .name("areal-compute".into())
+            .spawn(move || {
+                let mut serve = || {
+                    while let Ok(command) = inbox.recv() {
+                        state.handle(command);
+                    }
+                };
+                match pool {
+                    Some(pool) => pool.install(serve),
+                    None => serve(),
+                }
+            })
+            .map_err(|e| EngineError::setup(format!("cannot start the compute thread: {e}")))?;
+        Ok(Self { commands })
+    }
+
+    /// One supervised step: (loss summed over demonstration tokens, their number).
+    pub(crate) async fn sft_step(
+        &self,
+        examples: Vec<Example>,
+    ) -> Result<(f64, usize), EngineError> {
+        self.ask(|reply| Command::Sft { examples, reply }).await?
+    }
+
+    /// The validation loss of `examples`.
+    pub(crate) async fn validation_loss(
+        &self,
+        examples: Arc<Vec<Example>>,
+    ) -> Result<f64, EngineError> {
+        self.ask(|reply| Command::ValidationLoss { examples, reply })
+            .await?
+    }
+
+    /// Prepare for RL: the reference copy (if the algorithm asks for one), a fresh optimizer.
+    pub(crate) async fn start_rl(&self) -> Result<(), EngineError> {
+        self.ask(|reply| Command::StartRl { reply }).await?
+    }
+
+    /// Train on a batch generated by weights up to `version`.
+    pub(crate) async fn train(
+        &self,
+        groups: Vec<TrajectoryGroup>,
+        version: PolicyVersion,
+    ) -> Result<Trained, EngineError> {
+        self.ask(|reply| Command::Train {
+            groups,
+            version,
+            reply,
+        })
+        .await?
+    }
+
+    /// The current weights, labelled `version`.
+    pub(crate) async fn weights(
+        &self,
+        version: PolicyVersion,
+    ) -> Result<WeightUpdate, EngineError> {
+        self.ask(|reply| Command::Weights { version, reply })
+            .await?
+    }
+
+    /// Save the policy into `dir`.
+    pub(crate) async fn save(&self, dir: PathBuf) -> Result<Result<(), PluginError>, EngineError> {
+        self.ask(|reply| Command::Save { dir, reply }).await
+    }
+
+    /// Load the policy from `dir`; on failure it is left as it was.
+    pub(crate) async fn load(&self, dir: PathBuf) -> Result<Result<(), PluginError>, EngineError> {
+        self.ask(|reply| Command::Load { dir, reply }).await
+    }
+
+    async fn ask<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, EngineError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands.send(command(reply)).map_err(|_| gone())?;
+        answer.await.map_err(|_| gone())
+    }
+}
+
+fn gone() -> EngineError {
+    EngineError::internal(
+        "the compute worker stopped (a plugin panicked while training; its message is above)",
+    )
+}
+
+fn max_grad_norm(t: &TrainConfig) -> Option<f64> {
+    (t.max_grad_norm > 0.0).then_some(t.max_grad_norm)
+}
+
+/// AdamW with the `[train]` section's betas and weight decay (the warm-up's and RL's).
+fn adamw(t: &TrainConfig) -> ModuleOptimizer {
+    AdamWConfig::new()
+        .with_beta_1(t.beta1 as f32)
+        .with_beta_2(t.beta2 as f32)
+        .with_weight_decay(t.weight_decay as f32)
+        .init()
+}
+
+/// The policy's current weights as version `version`, with its architecture.
+pub(crate) fn weight_update(policy: &dyn Policy, version: PolicyVersion) -> WeightUpdate {
+    WeightUpdate::new(version, policy.weights()).with_architecture(policy.architecture())
+}
+
+impl State {
+    /// Do one command and answer it (an answer nobody waits for any more is dropped).
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Sft { examples, reply } => {
+                let t = &self.train;
+                let optimizer = self.optimizer.get_or_insert_with(|| adamw(t));
+                let result = sft::sft_step(
+                    self.policy.as_mut(),
+                    optimizer,
+                    &examples,
+                    self.warmup_lr,
+                    max_grad_norm(t),
+                    t.token_budget,
+                );
+                let _ = reply.send(result);
+            }
+            Command::ValidationLoss { examples, reply } => {
+                let result =
+                    sft::validation_loss(self.policy.as_ref(), &examples, self.train.token_budget);
+                let _ = reply.send(result);
+            }
+            Command::StartRl { reply } => {
+                let _ = reply.send(self.start_rl());
+            }
+            Command::Train {
+                groups,
+                version,
+                reply,
+            } => {
+                let _ = reply.send(self.train(groups, version));
+            }
+            Command::Weights { version, reply } => {
+                let _ = reply.send(Ok(weight_update(self.policy.as_ref(), version)));
+            }
+            Command::Save { dir, reply } => {
+                let _ = reply.send(self.policy.save(&dir));
+            }
+            Command::Load { dir, reply } => {
+                let _ = reply.send(self.policy.load(&dir));
+            }
+        }
+    }
+
+    fn start_rl(&mut self) -> Result<(), EngineError> {
+        // The reference policy of a KL penalty: the weights RL starts from.
+        if self.algorithm.requirements().reference {
+            let reference = self.policy.snapshot().map_err(|e| {
+                EngineError::plugin(
+                    format!(
+                        "copying the policy as the reference of {}",
+                        self.algorithm.name()
+                    ),
+                    e,
+                )
+            })?;
+            self.reference = Some(reference);
+        }
+        self.optimizer = Some(adamw(&self.train));
+        Ok(())
+    }
+
+    fn train(
+        &mut self,
+        groups: Vec<TrajectoryGroup>,
+        version: PolicyVersion,
+    ) -> Result<Trained, EngineError> {
+        let started = Instant::now();
+        let t = &self.train;
+        let optimizer = self.optimizer.get_or_insert_with(|| adamw(t));
+        let report = train_step(
+            self.policy.as_mut(),
+            self.reference.as_deref(),
+            optimizer,
+            self.algorithm.as_ref(),
+            &groups,
+            version,
+            &self.settings,
+        )?;
+        let train_ms = started.elapsed().as_secs_f64() * 1e3;
+        let weights = weight_update(self.policy.as_ref(), version + 1);
+        Ok(Trained {
+            groups,
+            report,
+            weights,
+            train_ms,
+        })
+    }
+}
