@@ -54,6 +54,9 @@ pub mod sampling;
 mod task;
 mod trajectory;
 
+/// The attribute [`Generator`]'s async methods are implemented with: `#[areal_sdk::async_trait]`
+/// on the `impl`, without a dependency of your own.
+pub use async_trait::async_trait;
 pub use config::{BuildContext, PluginConfig};
 pub use error::{BoxError, PluginError};
 pub use generator::{Generator, GeneratorStats};

@@ -87,6 +87,23 @@ where
 
 /// Defines a registry entry type (used by this crate and by `areal-sdk-train`; not public
 /// API): `name`, `description`, and `build: fn(&PluginConfig, &$context) -> Result<$object>`.
+/// A built plugin must answer to the name it is registered under: that name is the one a
+/// config writes, metrics and provenance carry, and error messages cite.
+#[doc(hidden)]
+pub fn check_name(kind: &str, registered: &str, built: &str) -> Result<(), PluginError> {
+    if built == registered {
+        return Ok(());
+    }
+    Err(PluginError::failed(
+        registered,
+        format!(
+            "the {kind} plugin registered as {registered:?} built a {kind} named {built:?}; \
+             its name() must return the name it is registered under (declare it once, as a \
+             constant, and use it in both places)"
+        ),
+    ))
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __registry {
@@ -124,7 +141,13 @@ macro_rules! __registry {
             ) -> ::std::result::Result<$object, $crate::PluginError> {
                 let key = format!("{}.kind", config.path());
                 let entry = $crate::registry::lookup::<Self>(config.kind(), &key)?;
-                (entry.build)(config, ctx)
+                let built = (entry.build)(config, ctx)?;
+                $crate::registry::check_name(
+                    <Self as $crate::registry::Registration>::KIND,
+                    entry.name,
+                    built.name(),
+                )?;
+                Ok(built)
             }
         }
     };
@@ -166,7 +189,7 @@ pub fn registered() -> Vec<PluginInfo> {
 /// use std::sync::Arc;
 /// use areal_sdk::{BuildContext, Generator, PluginConfig, PluginError};
 /// # struct Mine;
-/// # #[async_trait::async_trait]
+/// # #[areal_sdk::async_trait]
 /// # impl Generator for Mine {
 /// #     fn name(&self) -> &str { "mine" }
 /// #     async fn generate(&self, _: areal_sdk::GenerateRequest) -> Result<areal_sdk::Completion, PluginError> { unreachable!() }

@@ -22,7 +22,7 @@ use super::{config, run_recorded};
 /// A generator whose backend is always down.
 pub(crate) struct Broken;
 
-#[async_trait::async_trait]
+#[areal_sdk::async_trait]
 impl Generator for Broken {
     fn name(&self) -> &str {
         "broken"
@@ -42,7 +42,7 @@ pub(crate) struct Panicky {
     pub(crate) every: u64,
 }
 
-#[async_trait::async_trait]
+#[areal_sdk::async_trait]
 impl Generator for Panicky {
     fn name(&self) -> &str {
         "panicky"

@@ -26,7 +26,6 @@ use areal_sdk::{
     BuildContext, Completion, GenerateRequest, Generator, GeneratorStats, PluginConfig,
     PluginError, WeightUpdate, register_generator,
 };
-use async_trait::async_trait;
 use burn::tensor::Device;
 use serde::Deserialize;
 use tokio::sync::oneshot;
@@ -79,11 +78,11 @@ pub struct BurnGenerator {
 }
 
 fn failed_to_start(e: &std::io::Error) -> PluginError {
-    PluginError::failed("burn", format!("cannot start the decoding thread: {e}"))
+    PluginError::failed(NAME, format!("cannot start the decoding thread: {e}"))
 }
 
 fn gone() -> PluginError {
-    PluginError::failed("burn", "the decoding thread has stopped")
+    PluginError::failed(NAME, "the decoding thread has stopped")
 }
 
 impl BurnGenerator {
@@ -137,10 +136,10 @@ impl BurnGenerator {
     }
 }
 
-#[async_trait]
+#[areal_sdk::async_trait]
 impl Generator for BurnGenerator {
     fn name(&self) -> &str {
-        "burn"
+        NAME
     }
 
     async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError> {
@@ -194,8 +193,11 @@ fn build(config: &PluginConfig, _ctx: &BuildContext) -> Result<Arc<dyn Generator
     Ok(Arc::new(BurnGenerator::new(&options, device)?))
 }
 
+/// The name the generator is registered under (`[generator] kind = "burn"`).
+pub const NAME: &str = "burn";
+
 register_generator!(
-    "burn",
+    NAME,
     "in-process generator on the burn transformer: batched, continuous, interruptible",
     build
 );

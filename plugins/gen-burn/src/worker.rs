@@ -83,7 +83,7 @@ pub(crate) struct Worker {
 }
 
 fn failed(message: impl Into<String>) -> PluginError {
-    PluginError::failed("burn", message)
+    PluginError::failed(crate::NAME, message)
 }
 
 impl Worker {

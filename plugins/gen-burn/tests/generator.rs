@@ -290,9 +290,7 @@ async fn stats_count_busy_time_weight_loads_and_the_cost_of_resuming() {
             }
             g.pause().await.unwrap();
             loads += 1;
-            g.update_weights(update(&p, loads as u64 - 1))
-                .await
-                .unwrap();
+            g.update_weights(update(&p, loads - 1)).await.unwrap();
             g.resume().await.unwrap();
             let out = running.await.unwrap().unwrap();
             if out.finish_reason == FinishReason::Interrupted {

@@ -15,7 +15,7 @@ use crate::model::{Attention, DecoderLayer, Mlp, Transformer};
 use crate::tokenizer::HfTokenizer;
 
 fn failed(message: impl Into<String>) -> PluginError {
-    PluginError::failed("transformer", message)
+    PluginError::failed(crate::NAME, message)
 }
 
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {

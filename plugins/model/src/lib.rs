@@ -39,8 +39,11 @@ pub use model::{Attention, DecoderLayer, INIT_STD, LayerKv, Mlp, Transformer, ro
 pub use policy::{TransformerOptions, TransformerPolicy, packed_logprobs};
 pub use tokenizer::{EOS, HfTokenizer, UNK, char_tokenizer};
 
+/// The name the transformer policy is registered under (`[policy] kind = "transformer"`).
+pub const NAME: &str = "transformer";
+
 areal_sdk_train::register_policy!(
-    "transformer",
+    NAME,
     "decoder-only transformer (RMSNorm, RoPE, GQA, SwiGLU) in the Hugging Face layout",
     policy::build
 );

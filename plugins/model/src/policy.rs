@@ -43,7 +43,7 @@ pub(crate) fn packed_values(
 ) -> Result<Tensor<1>, PluginError> {
     if model.value_head.is_none() {
         return Err(PluginError::failed(
-            "transformer",
+            crate::NAME,
             "the model has no value head (enable_values was not called)",
         ));
     }
@@ -72,7 +72,7 @@ fn packed(
     }
     if let Some(bad) = batch.tokens.iter().find(|&&id| id as usize >= vocab) {
         return Err(PluginError::failed(
-            "transformer",
+            crate::NAME,
             format!("token id {bad} is outside the vocabulary of {vocab}"),
         ));
     }
@@ -220,7 +220,7 @@ impl TransformerPolicy {
         config.eos_token_id = Some(crate::config::EosTokens::One(tokenizer.stop_token_ids()[0]));
         config
             .check_fits()
-            .map_err(|e| PluginError::failed("transformer", e))?;
+            .map_err(|e| PluginError::failed(crate::NAME, e))?;
         let model = Transformer::new(&config, seed, device);
         Ok(Self::new(config, model, tokenizer, device.clone()))
     }
@@ -249,7 +249,7 @@ impl TransformerPolicy {
 
 impl Policy for TransformerPolicy {
     fn name(&self) -> &str {
-        "transformer"
+        crate::NAME
     }
 
     fn device(&self) -> Device {
@@ -328,7 +328,7 @@ impl Policy for TransformerPolicy {
         let (config, model, tokenizer) = load_checkpoint(dir, &self.device)?;
         if config != self.config {
             return Err(PluginError::failed(
-                "transformer",
+                crate::NAME,
                 format!(
                     "checkpoint {} has another architecture than this model",
                     dir.display()

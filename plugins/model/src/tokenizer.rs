@@ -31,7 +31,7 @@ impl HfTokenizer {
     pub fn from_file(path: &Path, stop: Vec<u32>) -> Result<Self, PluginError> {
         let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| {
             PluginError::failed(
-                "transformer",
+                crate::NAME,
                 format!("cannot read tokenizer {}: {e}", path.display()),
             )
         })?;
@@ -42,7 +42,7 @@ impl HfTokenizer {
     pub fn save(&self, path: &Path) -> Result<(), PluginError> {
         self.inner.save(path, true).map_err(|e| {
             PluginError::failed(
-                "transformer",
+                crate::NAME,
                 format!("cannot write tokenizer {}: {e}", path.display()),
             )
         })
@@ -62,7 +62,7 @@ impl HfTokenizer {
 impl Tokenizer for HfTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<u32>, PluginError> {
         let encoding = self.inner.encode(text, false).map_err(|e| {
-            PluginError::failed("transformer", format!("cannot encode {text:?}: {e}"))
+            PluginError::failed(crate::NAME, format!("cannot encode {text:?}: {e}"))
         })?;
         let ids = encoding.get_ids().to_vec();
         if let Some(unk) = self.unk
@@ -70,7 +70,7 @@ impl Tokenizer for HfTokenizer {
         {
             let (start, end) = encoding.get_offsets()[i];
             return Err(PluginError::failed(
-                "transformer",
+                crate::NAME,
                 format!(
                     "{:?} in {text:?} is not in the vocabulary",
                     &text[start..end]
@@ -83,7 +83,7 @@ impl Tokenizer for HfTokenizer {
     fn decode(&self, ids: &[u32]) -> Result<String, PluginError> {
         self.inner
             .decode(ids, true)
-            .map_err(|e| PluginError::failed("transformer", format!("cannot decode {ids:?}: {e}")))
+            .map_err(|e| PluginError::failed(crate::NAME, format!("cannot decode {ids:?}: {e}")))
     }
 
     fn stop_token_ids(&self) -> Vec<u32> {
@@ -111,7 +111,7 @@ pub fn char_tokenizer(alphabet: &str) -> Result<HfTokenizer, PluginError> {
         .build()
         .map_err(|e| {
             PluginError::failed(
-                "transformer",
+                crate::NAME,
                 format!("cannot build the character tokenizer: {e}"),
             )
         })?;

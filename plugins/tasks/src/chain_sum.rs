@@ -36,6 +36,9 @@ use rand::{RngExt, SeedableRng};
 use serde::Deserialize;
 use serde_json::json;
 
+/// The name the chain-sum task and its reward are registered under (`kind = "chain-sum"`).
+pub const NAME: &str = "chain-sum";
+
 /// Characters of prompts and responses.
 pub const ALPHABET: &str = "0123456789=,>abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN";
 
@@ -194,7 +197,7 @@ impl ChainSum {
 
 impl Task for ChainSum {
     fn name(&self) -> &str {
-        "chain-sum"
+        NAME
     }
 
     fn len(&self, split: Split) -> Option<usize> {
@@ -249,7 +252,7 @@ pub fn terms_of(item: &TaskItem) -> Result<Vec<u32>, PluginError> {
                 .collect::<Option<Vec<_>>>()
         })
         .filter(|t| !t.is_empty())
-        .ok_or_else(|| PluginError::failed("chain-sum", format!("item {} has no `terms`", item.id)))
+        .ok_or_else(|| PluginError::failed(NAME, format!("item {} has no `terms`", item.id)))
 }
 
 pub(crate) fn build_task(
@@ -296,7 +299,7 @@ pub struct ChainSumVerifier;
 
 impl RewardVerifier for ChainSumVerifier {
     fn name(&self) -> &str {
-        "chain-sum"
+        NAME
     }
 
     fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {

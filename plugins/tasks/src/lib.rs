@@ -19,17 +19,17 @@ pub mod chain_sum;
 pub mod math;
 
 areal_sdk::register_task!(
-    "chain-sum",
+    chain_sum::NAME,
     "add a chain of digits step by step (response length grows with the chain); imperfect demonstrations",
     chain_sum::build_task
 );
 areal_sdk::register_reward!(
-    "chain-sum",
+    chain_sum::NAME,
     "1 when the answer after the last `>` is the sum of the prompt's digits",
     chain_sum::build_verifier
 );
 areal_sdk::register_task!(
-    "math",
+    math::NAME,
     "maths problems from JSONL (`problem`, `answer`), MATH's format; graded by the `math` reward",
     math::build_task
 );

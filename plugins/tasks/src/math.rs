@@ -23,6 +23,9 @@ use areal_sdk::{BuildContext, PluginConfig, PluginError, Split, Task, TaskItem, 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+/// The name the maths task is registered under (`[task] kind = "math"`).
+pub const NAME: &str = "math";
+
 /// Options of the `math` task.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -165,7 +168,7 @@ impl MathTask {
 
 impl Task for MathTask {
     fn name(&self) -> &str {
-        "math"
+        NAME
     }
 
     fn len(&self, split: Split) -> Option<usize> {
@@ -179,7 +182,7 @@ impl Task for MathTask {
             .and_then(|i| list.get(i))
             .ok_or_else(|| {
                 PluginError::failed(
-                    "math",
+                    NAME,
                     format!(
                         "the {} split has {} items, not {index}",
                         split.as_str(),

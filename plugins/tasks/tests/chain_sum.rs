@@ -188,3 +188,10 @@ fn verifier_checks_the_final_answer() {
     assert_eq!(final_answer("a1=1,b2=3>3x"), None);
     assert_eq!(final_answer("no answer"), None);
 }
+
+/// What the engine relies on of a task, and that the chain-sum reward grades every
+/// demonstration the task gives.
+#[test]
+fn the_task_passes_the_task_conformance_check() {
+    conformance::check_task(&task(), Some(&ChainSumVerifier));
+}

@@ -84,11 +84,15 @@ pub fn reward_of(grade: &Grade, options: &GradeOptions, sandbox: &Sandbox) -> Re
     if let Some(m) = &grade.message {
         reward = reward.with_detail("message", m.as_str());
     }
-    reward.provenance.verifier = "lcb".into();
+    reward.provenance.verifier = NAME.into();
     reward.provenance.wall_ms = grade.wall_ms;
     reward.provenance.fuel = grade.fuel();
     reward
 }
+
+/// The name the `lcb` reward is registered under (`[reward] kind = "lcb"`) and signs its
+/// rewards with.
+pub const NAME: &str = "lcb";
 
 /// The `lcb` reward: LiveCodeBench grading of the response's last code block.
 pub struct LcbVerifier {
@@ -113,14 +117,14 @@ impl LcbVerifier {
 
 impl RewardVerifier for LcbVerifier {
     fn name(&self) -> &str {
-        "lcb"
+        NAME
     }
 
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError> {
         let max_tests = self.options.max_tests_bytes();
         let problem = Problem::from_record_within(&input.reference, max_tests).map_err(|e| {
             PluginError::failed(
-                "lcb",
+                NAME,
                 format!(
                     "item {}: reference is not a LiveCodeBench record: {e}",
                     input.item_id
@@ -147,12 +151,12 @@ fn build_verifier(
         return Err(config.invalid(key, message));
     }
     let sandbox =
-        shared_sandbox(options.mode).map_err(|e| PluginError::failed("lcb", e.to_string()))?;
+        shared_sandbox(options.mode).map_err(|e| PluginError::failed(NAME, e.to_string()))?;
     Ok(Arc::new(LcbVerifier::new(sandbox, options)))
 }
 
 areal_sdk::register_reward!(
-    "lcb",
+    NAME,
     "LiveCodeBench grading: the response's last code block runs on the record's tests in a wasm sandbox",
     build_verifier
 );

@@ -23,7 +23,7 @@ const TOLERANCE: f64 = 1e-9;
 
 /// Canonical form of an answer: expressions simplified, `±` expanded into sets, duplicate
 /// set elements dropped.
-pub fn prepare(m: &Math, dl: &Deadline) -> Result<Math, Timeout> {
+pub(crate) fn prepare(m: &Math, dl: &Deadline) -> Result<Math, Timeout> {
     dl.check()?;
     Ok(match m {
         Math::Expr(e) => {
@@ -102,19 +102,19 @@ fn dedup(items: Vec<Math>) -> Vec<Math> {
 }
 
 /// Compares prepared answers.
-pub struct Comparer<'a> {
+pub(crate) struct Comparer<'a> {
     options: &'a Options,
     dl: &'a Deadline,
 }
 
 impl<'a> Comparer<'a> {
     /// A comparer with these options and deadline.
-    pub fn new(options: &'a Options, dl: &'a Deadline) -> Self {
+    pub(crate) fn new(options: &'a Options, dl: &'a Deadline) -> Self {
         Self { options, dl }
     }
 
     /// Whether `pred` answers `gold` (not symmetric: the gold answer's form leads).
-    pub fn equal(&self, gold: &Math, pred: &Math) -> Result<bool, Timeout> {
+    pub(crate) fn equal(&self, gold: &Math, pred: &Math) -> Result<bool, Timeout> {
         self.dl.check()?;
         let renamed;
         let pred = if self.options.strict {
@@ -161,7 +161,7 @@ impl<'a> Comparer<'a> {
     // ---- expressions ----
 
     /// Whether two canonical expressions are equal.
-    pub fn exprs(&self, g: &Expr, p: &Expr) -> Result<bool, Timeout> {
+    pub(crate) fn exprs(&self, g: &Expr, p: &Expr) -> Result<bool, Timeout> {
         self.dl.check()?;
         if g == p {
             return Ok(true);

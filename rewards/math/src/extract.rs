@@ -56,7 +56,7 @@ struct Span {
 }
 
 /// Finds the answer in `text`.
-pub fn extract(text: &str, options: &Options, dl: &Deadline) -> Result<Extracted, Timeout> {
+pub(crate) fn extract(text: &str, options: &Options, dl: &Deadline) -> Result<Extracted, Timeout> {
     let mut candidates = Vec::new();
     let spans = if options.latex {
         latex_spans(text)
@@ -131,7 +131,7 @@ pub fn extract(text: &str, options: &Options, dl: &Deadline) -> Result<Extracted
 
 /// Parses one cleaned answer, and failing that the part after its last `=` (for chains that
 /// do not parse as a whole, `1 = \zzz = x = 0`).
-pub fn parse_answer(cleaned: &str, dl: &Deadline) -> Result<Option<Math>, Timeout> {
+pub(crate) fn parse_answer(cleaned: &str, dl: &Deadline) -> Result<Option<Math>, Timeout> {
     match parse(cleaned, dl) {
         Ok(m) => Ok(Some(m)),
         Err(ParseError::Timeout) => Err(Timeout),

@@ -4,7 +4,7 @@ use crate::deadline::{Deadline, Timeout};
 
 /// A token.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Tok {
+pub(crate) enum Tok {
     /// Digits with at most one decimal point; thousands separators already removed.
     Num(String),
     /// One letter.
@@ -35,7 +35,7 @@ pub enum Tok {
 
 /// Why a string could not be read.
 #[derive(Debug, Clone, PartialEq)]
-pub enum LexError {
+pub(crate) enum LexError {
     /// A command this reader does not know.
     UnknownCommand(String),
     /// A character that has no meaning in maths.
@@ -281,7 +281,7 @@ fn canonical_command(name: &str) -> Option<Tok> {
 }
 
 /// Reads `text` into tokens.
-pub fn lex(text: &str, dl: &Deadline) -> Result<Vec<Tok>, LexError> {
+pub(crate) fn lex(text: &str, dl: &Deadline) -> Result<Vec<Tok>, LexError> {
     let chars: Vec<char> = text.chars().collect();
     let mut out = Vec::new();
     let mut i = 0;

@@ -15,15 +15,18 @@
 //! As a plugin: `[reward] kind = "math"` with the keys of [`Options`]; the task's reference
 //! for each item is the gold answer, a string (or `{ "answer": "..." }`).
 
-pub mod answer;
-pub mod compare;
-pub mod deadline;
+mod answer;
+mod compare;
+mod deadline;
 pub mod expr;
-pub mod extract;
-pub mod lexer;
-pub mod normalize;
+mod extract;
+mod lexer;
+mod normalize;
 pub mod number;
-pub mod parser;
+mod parser;
+/// Rewriting answers into equal and unequal forms, for the MATH-500 agreement test and
+/// `areal bench math` (the `rewrite` feature).
+#[cfg(feature = "rewrite")]
 pub mod rewrite;
 
 use std::sync::Arc;
@@ -34,6 +37,10 @@ use areal_sdk::{
     VerifyContext,
 };
 use serde::{Deserialize, Serialize};
+
+/// The name the maths reward is registered under (`[reward] kind = "math"`) and signs its
+/// rewards with.
+pub const NAME: &str = "math";
 
 pub use answer::{Math, RelOp};
 pub use deadline::{Deadline, Timeout};
@@ -291,7 +298,7 @@ impl MathVerifier {
             serde_json::Value::String(s) => Ok(s),
             serde_json::Value::Number(n) => Ok(n.to_string()),
             other => Err(PluginError::failed(
-                "math",
+                NAME,
                 format!(
                     "item {}: the reference must be an answer string or {{\"answer\": ...}}, found {other}",
                     input.item_id
@@ -303,7 +310,7 @@ impl MathVerifier {
 
 impl RewardVerifier for MathVerifier {
     fn name(&self) -> &str {
-        "math"
+        NAME
     }
 
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError> {
@@ -313,7 +320,7 @@ impl RewardVerifier for MathVerifier {
         let dl = Deadline::at(own.min(ctx.deadline()));
         let v = verify(&gold, &input.completion, &self.options, &dl).map_err(|_| {
             PluginError::failed(
-                "math",
+                NAME,
                 format!(
                     "item {}: verification ran past its deadline ({} s)",
                     input.item_id, self.options.timeout_s
@@ -332,7 +339,7 @@ impl RewardVerifier for MathVerifier {
             .with_detail("gold", parsed(&v.gold))
             .with_detail("pred", parsed(&v.pred))
             .with_detail("pred_text", v.pred.text.as_str());
-        reward.provenance.verifier = "math".into();
+        reward.provenance.verifier = NAME.into();
         reward.provenance.wall_ms = started.elapsed().as_secs_f64() * 1e3;
         Ok(reward)
     }
@@ -350,7 +357,7 @@ fn build_verifier(
 }
 
 areal_sdk::register_reward!(
-    "math",
+    NAME,
     "maths answers: the completion's final answer equals the reference (Math-Verify rules)",
     build_verifier
 );

@@ -20,7 +20,7 @@ const SPACED_UNITS: &[&str] = &["m", "g", "s", "h", "l", "L"];
 /// belong to the same answer: those a short gap away (`\boxed{1}\boxed{2}`), or a gap with
 /// `and`, `or`, a comma or a semicolon (`\boxed{1} and \boxed{2}`). Joined with commas.
 /// An unclosed last box gives the rest of the text. `None` without boxes.
-pub fn last_boxed(text: &str) -> Option<String> {
+pub(crate) fn last_boxed(text: &str) -> Option<String> {
     let mut results: Vec<String> = Vec::new();
     let mut search_end = text.len();
     // Where the box found in the previous round starts (the next one must end before it).
@@ -106,7 +106,7 @@ fn words(s: &str) -> impl Iterator<Item = &str> {
 }
 
 /// Cleans an extracted answer for the parser.
-pub fn normalize(text: &str) -> String {
+pub(crate) fn normalize(text: &str) -> String {
     let mut s = match last_boxed(text) {
         Some(inner) => inner,
         None => text.to_string(),

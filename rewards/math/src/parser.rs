@@ -12,7 +12,7 @@ use crate::number::Number;
 
 /// Why an answer could not be parsed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ParseError {
+pub(crate) enum ParseError {
     /// Not well-formed maths.
     #[error("{0}")]
     Syntax(String),
@@ -49,7 +49,7 @@ fn syntax<T>(message: impl Into<String>) -> PResult<T> {
 const FUNCTION_LETTERS: &[char] = &['f', 'g', 'h', 'F', 'G', 'H', 'W'];
 
 /// Parses one answer.
-pub fn parse(text: &str, dl: &Deadline) -> PResult<Math> {
+pub(crate) fn parse(text: &str, dl: &Deadline) -> PResult<Math> {
     let tokens = lex(text, dl)?;
     if tokens.is_empty() {
         return syntax("empty");

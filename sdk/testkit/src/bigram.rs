@@ -27,6 +27,9 @@ use tokio::sync::{Notify, watch};
 
 use crate::tokenizer::LetterTokenizer;
 
+/// The name the bigram policy and generator are registered under.
+pub(crate) const NAME: &str = "testkit-bigram";
+
 /// Name of the single weight tensor.
 pub const TABLE: &str = "table";
 
@@ -61,7 +64,7 @@ impl BigramModel {
         }
         if let Some(bad) = batch.tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(PluginError::failed(
-                "testkit-bigram",
+                NAME,
                 format!("token id {bad} is outside the vocabulary of {vocab}"),
             ));
         }
@@ -143,7 +146,7 @@ impl BigramPolicy {
 
 impl Policy for BigramPolicy {
     fn name(&self) -> &str {
-        "testkit-bigram"
+        NAME
     }
 
     fn device(&self) -> Device {
@@ -257,7 +260,7 @@ impl BigramGenerator {
             .read()
             .expect("weights lock poisoned")
             .clone()
-            .ok_or_else(|| PluginError::failed("testkit-bigram", "generate before any weights"))
+            .ok_or_else(|| PluginError::failed(NAME, "generate before any weights"))
     }
 
     fn token_delay(&self, rng: &mut StdRng) -> Option<Duration> {
@@ -285,7 +288,7 @@ impl Drop for ActiveGuard<'_> {
 #[async_trait]
 impl Generator for BigramGenerator {
     fn name(&self) -> &str {
-        "testkit-bigram"
+        NAME
     }
 
     async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError> {

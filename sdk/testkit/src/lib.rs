@@ -11,6 +11,11 @@
 //! | reward | `testkit-successor` | fraction of letters that follow their predecessor |
 //! | reward | `testkit-faulty` | the same, but panics, fails or hangs on chosen samples |
 //!
+//! The bigram policy and generator, [`CONFIG`] and the generator, policy and algorithm checks
+//! need burn and tokio: they come with the `full` feature (on by default). A reward or task
+//! crate tests with `default-features = false` (the checks of [`conformance`] for rewards and
+//! tasks, the successor task and rewards) and compiles neither.
+//!
 //! ```
 //! use areal_sdk::{RewardInput, FinishReason, Tokenizer};
 //! use areal_testkit::{LetterTokenizer, SuccessorVerifier, conformance};
@@ -31,15 +36,19 @@
 //! assert_eq!(LetterTokenizer::new(8).encode("bad").unwrap(), vec![1, 0, 3]);
 //! ```
 
+#[cfg(feature = "full")]
 mod bigram;
+#[cfg(feature = "full")]
 mod config;
 pub mod conformance;
 mod successor;
 mod tokenizer;
 
+#[cfg(feature = "full")]
 pub use bigram::{
     BigramGenerator, BigramGeneratorOptions, BigramModel, BigramPolicy, BigramPolicyOptions, TABLE,
 };
+#[cfg(feature = "full")]
 pub use config::CONFIG;
 pub use successor::{
     FaultyOptions, FaultyVerifier, SuccessorTask, SuccessorTaskOptions, SuccessorVerifier,
@@ -47,28 +56,30 @@ pub use successor::{
 };
 pub use tokenizer::LetterTokenizer;
 
+#[cfg(feature = "full")]
 areal_sdk::register_generator!(
-    "testkit-bigram",
+    bigram::NAME,
     "testkit: bigram sampler in plain Rust, pausable, optional per-token delay",
     bigram::build_generator
 );
+#[cfg(feature = "full")]
 areal_sdk_train::register_policy!(
-    "testkit-bigram",
+    bigram::NAME,
     "testkit: bigram model (one table of logits) in burn",
     bigram::build_policy
 );
 areal_sdk::register_task!(
-    "testkit-successor",
+    successor::NAME,
     "testkit: continue a letter with the letters after it",
     successor::build_task
 );
 areal_sdk::register_reward!(
-    "testkit-successor",
+    successor::NAME,
     "testkit: fraction of letters that follow their predecessor",
     successor::build_verifier
 );
 areal_sdk::register_reward!(
-    "testkit-faulty",
+    successor::FAULTY_NAME,
     "testkit: successor reward that panics, fails or hangs on chosen samples",
     successor::build_faulty
 );

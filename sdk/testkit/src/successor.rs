@@ -18,6 +18,12 @@ use serde::Deserialize;
 use crate::tokenizer::LetterTokenizer;
 use serde_json::json;
 
+/// The name the successor task and reward are registered under.
+pub(crate) const NAME: &str = "testkit-successor";
+
+/// The name the faulty reward is registered under.
+pub(crate) const FAULTY_NAME: &str = "testkit-faulty";
+
 /// Options of the `testkit-successor` task.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -64,7 +70,7 @@ impl SuccessorTask {
 
 impl Task for SuccessorTask {
     fn name(&self) -> &str {
-        "testkit-successor"
+        NAME
     }
 
     fn len(&self, split: Split) -> Option<usize> {
@@ -114,7 +120,7 @@ pub fn successor_reward(input: &RewardInput) -> Result<Reward, PluginError> {
     let field = |name: &str| {
         input.reference[name].as_u64().ok_or_else(|| {
             PluginError::failed(
-                "testkit-successor",
+                NAME,
                 format!(
                     "reference of item {} has no integer `{name}`",
                     input.item_id
@@ -125,7 +131,7 @@ pub fn successor_reward(input: &RewardInput) -> Result<Reward, PluginError> {
     let letters = field("letters")? as u32;
     let length = field("length")? as usize;
     let Some(start) = input.prompt.chars().last() else {
-        return Err(PluginError::failed("testkit-successor", "empty prompt"));
+        return Err(PluginError::failed(NAME, "empty prompt"));
     };
     // Every step counts on its own: c[i] must follow c[i-1] (the prompt's letter for i = 0).
     let mut prev = start as u32 - 'a' as u32;
@@ -154,7 +160,7 @@ pub struct SuccessorVerifier;
 
 impl RewardVerifier for SuccessorVerifier {
     fn name(&self) -> &str {
-        "testkit-successor"
+        NAME
     }
 
     fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {
@@ -204,7 +210,7 @@ fn hits(every: u64, id: u64) -> bool {
 
 impl RewardVerifier for FaultyVerifier {
     fn name(&self) -> &str {
-        "testkit-faulty"
+        FAULTY_NAME
     }
 
     fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {

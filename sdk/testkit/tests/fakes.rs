@@ -98,3 +98,9 @@ fn tokenizer_round_trips_and_rejects_foreign_characters() {
     let err = t.encode("abz").unwrap_err().to_string();
     assert!(err.contains("'z'"), "{err}");
 }
+
+#[test]
+fn the_successor_task_passes_the_task_conformance_check() {
+    let task = areal_testkit::SuccessorTask::new(Default::default(), 3);
+    conformance::check_task(&task, Some(&areal_testkit::SuccessorVerifier));
+}

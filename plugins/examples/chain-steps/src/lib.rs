@@ -83,7 +83,7 @@ impl ChainSteps {
 
 impl RewardVerifier for ChainSteps {
     fn name(&self) -> &str {
-        "chain-steps"
+        NAME
     }
 
     fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {
@@ -95,7 +95,7 @@ impl RewardVerifier for ChainSteps {
             .filter(|t: &Vec<u64>| !t.is_empty())
             .ok_or_else(|| {
                 PluginError::failed(
-                    "chain-steps",
+                    NAME,
                     format!("item {}: the reference has no `terms`", input.item_id),
                 )
             })?;
@@ -135,8 +135,11 @@ fn build(
     Ok(Arc::new(ChainSteps::new(options)))
 }
 
+/// The name the plugin is registered under.
+pub const NAME: &str = "chain-steps";
+
 register_reward!(
-    "chain-steps",
+    NAME,
     "chain-sum with partial credit: the final answer and each right running total",
     build
 );

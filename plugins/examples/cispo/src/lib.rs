@@ -67,7 +67,7 @@ impl Cispo {
 
 impl Algorithm for Cispo {
     fn name(&self) -> &str {
-        "cispo"
+        NAME
     }
 
     fn requirements(&self) -> Requirements {
@@ -112,8 +112,11 @@ fn build(config: &PluginConfig, _: &BuildContext) -> Result<Arc<dyn Algorithm>, 
     Ok(Arc::new(Cispo::new(config)?))
 }
 
+/// The name the plugin is registered under.
+pub const NAME: &str = "cispo";
+
 register_algorithm!(
-    "cispo",
+    NAME,
     "CISPO (example plugin): REINFORCE with clipped, stop-gradient importance weights",
     build
 );
