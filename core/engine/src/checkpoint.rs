@@ -45,8 +45,9 @@ pub(crate) async fn save(ctx: &RunContext, dir: &Path) -> Result<Option<PathBuf>
         }
         tracing::warn!(
             target: "areal::engine",
-            "cannot save the checkpoint to {}: {error}; trying again in {} s for up to {:.0} s more (checkpoint.retry_s): free some space, or stop the run",
+            "cannot save the checkpoint to {}: {}; trying again in {} s for up to {:.0} s more (checkpoint.retry_s): free some space, or stop the run",
             target.display(),
+            crate::error::chain(error.as_ref()),
             RETRY_EVERY.as_secs(),
             left.as_secs_f64()
         );

@@ -177,7 +177,7 @@ impl Inner {
     fn fail(&self, error: EngineError) {
         let mut fatal = self.fatal.lock().expect("fatal lock poisoned");
         if fatal.is_none() {
-            tracing::error!(target: "areal::engine", error = %error, "run aborted");
+            tracing::error!(target: "areal::engine", error = %crate::error::chain(&error), "run aborted");
             *fatal = Some(error);
         }
         drop(fatal);
@@ -263,7 +263,7 @@ async fn group_task(inner: Arc<Inner>, spec: GroupSpec, index: u64) {
         }
         Err(e) => {
             let failures = inner.consecutive_failures.fetch_add(1, Ordering::SeqCst) + 1;
-            tracing::warn!(target: "areal::rollout", group_id, error = %e, failures, "group failed; rejected");
+            tracing::warn!(target: "areal::rollout", group_id, error = %crate::error::chain(&e), failures, "group failed; rejected");
             if failures >= inner.config.rollout.max_consecutive_failures {
                 inner.fail(EngineError::plugin(
                     format!("{failures} groups in a row failed (rollout.max_consecutive_failures); the last error"),

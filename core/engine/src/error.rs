@@ -103,3 +103,38 @@ impl EngineError {
         }
     }
 }
+
+/// An error and its causes on one line, `outer: cause: root cause`, for log lines and
+/// messages that are stored as text (a verifier's failure in a sample's reward).
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // a message that already quotes its cause is not repeated
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_keeps_every_cause_once() {
+        let io = std::io::Error::other("disk full");
+        let plugin = PluginError::caused_by("transformer", "cannot write model.safetensors", io);
+        let error = EngineError::plugin("saving the checkpoint", plugin);
+        assert_eq!(
+            chain(&error),
+            "saving the checkpoint: transformer: cannot write model.safetensors: disk full"
+        );
+        let quoted = EngineError::plugin("x", PluginError::failed("p", "y"));
+        assert_eq!(chain(&quoted), "x: p: y");
+    }
+}

@@ -50,7 +50,7 @@ mod worker;
 
 pub use buffer::ReplayBuffer;
 pub use config::{Config, ConfigError, ConfigLoader, ConfigProblem, Origin, WarmupConfig};
-pub use error::EngineError;
+pub use error::{EngineError, chain};
 pub use group_runner::{GroupCounters, GroupRunner, GroupSpec};
 pub use metrics::{EvalMetrics, StalenessStats, StepMetrics, WarmupMetrics, WarmupReport};
 pub use observer::{Observer, Quiet, RunOptions, StopRequest};

@@ -67,6 +67,8 @@ struct Canvas {
     width: usize,
     height: usize,
     pixels: Vec<u8>,
+    /// Every text drawn, as (left, top, right, bottom) pixels: labels must not overlap.
+    text_boxes: Vec<(i64, i64, i64, i64)>,
 }
 
 impl Canvas {
@@ -75,6 +77,7 @@ impl Canvas {
             width,
             height,
             pixels: vec![255; width * height * 3],
+            text_boxes: Vec::new(),
         }
     }
 
@@ -114,6 +117,8 @@ impl Canvas {
 
     /// Text at scale `s` (each glyph is 5s × 7s, advancing 6s).
     fn text(&mut self, x: i64, y: i64, text: &str, s: i64, color: [u8; 3]) {
+        self.text_boxes
+            .push((x, y, x + Self::text_width(text, s) - 1, y + 7 * s - 1));
         for (k, c) in text.chars().enumerate() {
             let c = c.to_ascii_lowercase();
             let Some((_, rows)) = GLYPHS.iter().find(|(g, _)| *g == c) else {
@@ -155,8 +160,29 @@ pub fn accuracy_plot(
     series: &[Series],
     marker: Option<(f64, &str)>,
 ) -> std::io::Result<()> {
+    let c = draw(title, series, marker);
+    let mut png_bytes = Vec::new();
+    {
+        let mut encoder = png::Encoder::new(&mut png_bytes, c.width as u32, c.height as u32);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder.write_header().map_err(std::io::Error::other)?;
+        writer
+            .write_image_data(&c.pixels)
+            .map_err(std::io::Error::other)?;
+    }
+    // Whole or not at all: a run killed while plotting leaves the previous plot.
+    crate::atomic::write(path, &png_bytes)
+}
+
+/// The title's top edge and the y-axis label's (the label sits on its own line between the
+/// title and the plot, so that neither runs into the other).
+const TITLE_Y: i64 = 14;
+const Y_LABEL_Y: i64 = TITLE_Y + 7 * 3 + 10;
+
+fn draw(title: &str, series: &[Series], marker: Option<(f64, &str)>) -> Canvas {
     let (w, h) = (900usize, 560usize);
-    let (left, right, top, bottom) = (90i64, 30i64, 60i64, 70i64);
+    let (left, right, top, bottom) = (90i64, 30i64, Y_LABEL_Y + 7 * 2 + 18, 70i64);
     let mut c = Canvas::new(w, h);
     let x_max = series
         .iter()
@@ -231,7 +257,7 @@ pub fn accuracy_plot(
             );
         }
     }
-    c.text(left, 18, title, 3, ink);
+    c.text(left, TITLE_Y, title, 3, ink);
     let xlabel = "wall time (s)";
     c.text(
         left + (pw as i64 - Canvas::text_width(xlabel, 2)) / 2,
@@ -240,7 +266,7 @@ pub fn accuracy_plot(
         2,
         ink,
     );
-    c.text(8, top - 22, "held-out accuracy", 2, ink);
+    c.text(8, Y_LABEL_Y, "held-out accuracy", 2, ink);
     // one legend entry per label (series of several seeds share theirs)
     let mut ly = top + 30;
     let mut shown: Vec<&str> = Vec::new();
@@ -259,23 +285,38 @@ pub fn accuracy_plot(
         c.text(w as i64 - right - 228, ly, &s.label, 2, ink);
         ly += 22;
     }
-    let mut png_bytes = Vec::new();
-    {
-        let mut encoder = png::Encoder::new(&mut png_bytes, w as u32, h as u32);
-        encoder.set_color(png::ColorType::Rgb);
-        encoder.set_depth(png::BitDepth::Eight);
-        let mut writer = encoder.write_header().map_err(std::io::Error::other)?;
-        writer
-            .write_image_data(&c.pixels)
-            .map_err(std::io::Error::other)?;
-    }
-    // Whole or not at all: a run killed while plotting leaves the previous plot.
-    crate::atomic::write(path, &png_bytes)
+    c
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The y-axis label once ran into the title.
+    #[test]
+    fn no_two_labels_overlap() {
+        let series = [
+            Series {
+                label: "warm-up (validation)".into(),
+                color: [150, 150, 150],
+                points: vec![(0.0, 0.0), (200.0, 0.15)],
+            },
+            Series {
+                label: "held-out (eval)".into(),
+                color: [30, 90, 200],
+                points: vec![(220.0, 0.14), (330.0, 0.8)],
+            },
+        ];
+        let c = draw("held-out accuracy, greedy", &series, Some((220.0, "rl")));
+        let boxes = &c.text_boxes;
+        assert!(boxes.len() > 10, "{boxes:?}");
+        for (i, a) in boxes.iter().enumerate() {
+            for b in &boxes[i + 1..] {
+                let apart = a.2 < b.0 || b.2 < a.0 || a.3 < b.1 || b.3 < a.1;
+                assert!(apart, "labels at {a:?} and {b:?} overlap");
+            }
+        }
+    }
 
     #[test]
     fn writes_a_png_with_the_plotted_points() {

@@ -145,6 +145,6 @@ fn keep<T>(errors: &mut Vec<PluginError>, result: Result<T, PluginError>) -> Opt
 fn in_section(section: &str, error: PluginError) -> PluginError {
     match error {
         e @ (PluginError::Config { .. } | PluginError::UnknownPlugin { .. }) => e,
-        other => PluginError::config(section, other.to_string()),
+        other => PluginError::config(section, crate::error::chain(&other)),
     }
 }

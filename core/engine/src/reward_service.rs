@@ -182,7 +182,7 @@ fn worker(shared: &Shared) {
                     ))
                 }
             }
-            Ok(Err(e)) => Err((Verdict::Error, e.to_string())),
+            Ok(Err(e)) => Err((Verdict::Error, crate::error::chain(&e))),
             Err(panic) => {
                 let message = panic
                     .downcast_ref::<String>()

@@ -8,24 +8,8 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// CRC-32C (Castagnoli), bitwise.
-pub fn crc32c(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in data {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0x82F6_3B78
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
 fn masked_crc(data: &[u8]) -> u32 {
-    let crc = crc32c(data);
+    let crc = crc32c::crc32c(data);
     (crc.rotate_right(15)).wrapping_add(0xa282_ead8)
 }
 
@@ -144,10 +128,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn crc32c_check_value() {
-        // the standard check value of CRC-32C
-        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
-        assert_eq!(crc32c(b""), 0);
+    fn masked_crc_of_known_values() {
+        // CRC-32C's standard check value, masked as TFRecord masks it
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(masked_crc(b""), 0xa282_ead8);
+        let crc = 0xE306_9283u32;
+        assert_eq!(
+            masked_crc(b"123456789"),
+            crc.rotate_right(15).wrapping_add(0xa282_ead8)
+        );
     }
 
     #[test]

@@ -18,6 +18,11 @@ fn failed(message: impl Into<String>) -> PluginError {
     PluginError::failed(crate::NAME, message)
 }
 
+/// A failure caused by `source` (kept as the error's cause, not flattened into its text).
+fn caused(message: impl Into<String>, source: impl Into<areal_sdk::BoxError>) -> PluginError {
+    PluginError::caused_by(crate::NAME, message, source)
+}
+
 fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data()
         .convert::<f32>()
@@ -172,7 +177,7 @@ pub fn import(
 ) -> Result<Transformer, PluginError> {
     config
         .check_fits()
-        .map_err(|e| failed(format!("config.json: {e}")))?;
+        .map_err(|e| caused(format!("config.json"), e))?;
     let mut src = Source {
         tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
         device: device.clone(),
@@ -252,21 +257,21 @@ pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), Plu
         .map(|(name, data, shape)| {
             TensorView::new(Dtype::F32, shape.clone(), data)
                 .map(|view| (name.clone(), view))
-                .map_err(|e| failed(format!("tensor `{name}`: {e}")))
+                .map_err(|e| caused(format!("tensor `{name}`"), e))
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut metadata = std::collections::HashMap::new();
     metadata.insert("format".to_owned(), "pt".to_owned());
     safetensors::serialize_to_file(views, Some(metadata), path)
-        .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))
+        .map_err(|e| caused(format!("cannot write {}", path.display()), e))
 }
 
 /// Read every tensor of a `.safetensors` file as float32 (f32, bf16 and f16 are accepted).
 pub fn read_safetensors(path: &Path) -> Result<Vec<NamedTensor>, PluginError> {
     let bytes =
-        std::fs::read(path).map_err(|e| failed(format!("cannot read {}: {e}", path.display())))?;
+        std::fs::read(path).map_err(|e| caused(format!("cannot read {}", path.display()), e))?;
     let file = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| failed(format!("{} is not a safetensors file: {e}", path.display())))?;
+        .map_err(|e| caused(format!("{} is not a safetensors file", path.display()), e))?;
     let mut out = Vec::new();
     for (name, view) in file.tensors() {
         let raw = view.data();
@@ -337,11 +342,11 @@ pub fn save_checkpoint(
     tokenizer: &HfTokenizer,
 ) -> Result<(), PluginError> {
     std::fs::create_dir_all(dir)
-        .map_err(|e| failed(format!("cannot create {}: {e}", dir.display())))?;
+        .map_err(|e| caused(format!("cannot create {}", dir.display()), e))?;
     let json = serde_json::to_string_pretty(config).expect("the config serialises");
     let path = dir.join(CONFIG_FILE);
     std::fs::write(&path, json + "\n")
-        .map_err(|e| failed(format!("cannot write {}: {e}", path.display())))?;
+        .map_err(|e| caused(format!("cannot write {}", path.display()), e))?;
     write_safetensors(&dir.join(WEIGHTS_FILE), &export(model))?;
     tokenizer.save(&dir.join(TOKENIZER_FILE))
 }
@@ -353,15 +358,15 @@ pub fn load_checkpoint(
 ) -> Result<(ModelConfig, Transformer, HfTokenizer), PluginError> {
     let path = dir.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&path)
-        .map_err(|e| failed(format!("cannot read {}: {e}", path.display())))?;
+        .map_err(|e| caused(format!("cannot read {}", path.display()), e))?;
     let config: ModelConfig =
-        serde_json::from_str(&text).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+        serde_json::from_str(&text).map_err(|e| caused(format!("{}", path.display()), e))?;
     config
         .check_fits()
-        .map_err(|e| failed(format!("{}: {e}", path.display())))?;
+        .map_err(|e| caused(format!("{}", path.display()), e))?;
     let tensors = read_safetensors(&dir.join(WEIGHTS_FILE))?;
     let model =
-        import(&config, tensors, device).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
+        import(&config, tensors, device).map_err(|e| caused(format!("{}", dir.display()), e))?;
     let stop = config
         .eos_token_id
         .as_ref()

@@ -174,12 +174,13 @@ pub enum SandboxError {
     #[error("wasmtime: {0:#}")]
     Wasmtime(wasmtime::Error),
     /// The module cache could not be used.
-    #[error("module cache {path}: {message}")]
+    #[error("module cache {}", path.display())]
     Cache {
         /// The cache file or folder.
         path: PathBuf,
         /// What went wrong.
-        message: String,
+        #[source]
+        source: std::io::Error,
     },
 }
 
@@ -773,9 +774,9 @@ fn load_or_compile(
     );
     let file = cache_dir.join(format!("{key}.cwasm"));
     let sum = cache_dir.join(format!("{key}.sha256"));
-    let cache_err = |path: &Path, message: String| SandboxError::Cache {
+    let cache_err = |path: &Path, source: std::io::Error| SandboxError::Cache {
         path: path.to_path_buf(),
-        message,
+        source,
     };
     if let (Ok(bytes), Ok(expected)) = (std::fs::read(&file), std::fs::read_to_string(&sum))
         && hex(&Sha256::digest(&bytes)) == expected.trim()
@@ -795,14 +796,11 @@ fn load_or_compile(
     let started = Instant::now();
     tracing::info!("compiling {key} (once; cached in {})", cache_dir.display());
     let compiled = engine.precompile_module(&wasm)?;
-    std::fs::create_dir_all(cache_dir).map_err(|e| cache_err(cache_dir, e.to_string()))?;
-    let tmp = tempfile::NamedTempFile::new_in(cache_dir)
-        .map_err(|e| cache_err(cache_dir, e.to_string()))?;
-    std::fs::write(tmp.path(), &compiled).map_err(|e| cache_err(tmp.path(), e.to_string()))?;
-    tmp.persist(&file)
-        .map_err(|e| cache_err(&file, e.to_string()))?;
-    std::fs::write(&sum, hex(&Sha256::digest(&compiled)))
-        .map_err(|e| cache_err(&sum, e.to_string()))?;
+    std::fs::create_dir_all(cache_dir).map_err(|e| cache_err(cache_dir, e))?;
+    let tmp = tempfile::NamedTempFile::new_in(cache_dir).map_err(|e| cache_err(cache_dir, e))?;
+    std::fs::write(tmp.path(), &compiled).map_err(|e| cache_err(tmp.path(), e))?;
+    tmp.persist(&file).map_err(|e| cache_err(&file, e.error))?;
+    std::fs::write(&sum, hex(&Sha256::digest(&compiled))).map_err(|e| cache_err(&sum, e))?;
     tracing::info!("compiled in {:.1} s", started.elapsed().as_secs_f64());
     // SAFETY: as above; we wrote this file from `precompile_module` a moment ago.
     #[allow(unsafe_code)]

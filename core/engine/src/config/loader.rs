@@ -47,8 +47,9 @@ impl fmt::Display for ConfigProblem {
     }
 }
 
-/// Why a config could not be loaded.
+/// Why a config could not be loaded: always the user's to fix.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read config file {}", path.display())]

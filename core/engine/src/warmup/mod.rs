@@ -49,7 +49,7 @@ async fn reuse(ctx: &mut RunContext) -> Result<Option<WarmupReport>, EngineError
         // Unloadable although its checksums hold (the policy is left as it was): warm up
         // again, and the new warm-up replaces it.
         Err(e) => {
-            tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %e, "the cached warm-up cannot be loaded; warming up again");
+            tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %crate::error::chain(&e), "the cached warm-up cannot be loaded; warming up again");
             Ok(None)
         }
     }
@@ -174,7 +174,7 @@ async fn train(ctx: &mut RunContext) -> Result<WarmupReport, EngineError> {
         && !interrupted
         && let Err(e) = cache::write(&dir, &ctx.worker, &report).await
     {
-        tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %e, "cannot cache the warm-up; the next run with these settings warms up again");
+        tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %crate::error::chain(&e), "cannot cache the warm-up; the next run with these settings warms up again");
     }
     Ok(report)
 }
