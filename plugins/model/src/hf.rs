@@ -175,9 +175,7 @@ pub fn import(
     tensors: Vec<NamedTensor>,
     device: &Device,
 ) -> Result<Transformer, PluginError> {
-    config
-        .check_fits()
-        .map_err(|e| caused(format!("config.json"), e))?;
+    config.check_fits().map_err(|e| caused("config.json", e))?;
     let mut src = Source {
         tensors: tensors.into_iter().map(|t| (t.name.clone(), t)).collect(),
         device: device.clone(),
@@ -360,13 +358,13 @@ pub fn load_checkpoint(
     let text = std::fs::read_to_string(&path)
         .map_err(|e| caused(format!("cannot read {}", path.display()), e))?;
     let config: ModelConfig =
-        serde_json::from_str(&text).map_err(|e| caused(format!("{}", path.display()), e))?;
+        serde_json::from_str(&text).map_err(|e| caused(path.display().to_string(), e))?;
     config
         .check_fits()
-        .map_err(|e| caused(format!("{}", path.display()), e))?;
+        .map_err(|e| caused(path.display().to_string(), e))?;
     let tensors = read_safetensors(&dir.join(WEIGHTS_FILE))?;
     let model =
-        import(&config, tensors, device).map_err(|e| caused(format!("{}", dir.display()), e))?;
+        import(&config, tensors, device).map_err(|e| caused(dir.display().to_string(), e))?;
     let stop = config
         .eos_token_id
         .as_ref()
