@@ -28,6 +28,7 @@ test: python-wasi
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	.ci/module-cycles sdk/src sdk/*/src core/*/src plugins/*/src plugins/examples/*/src rewards/*/src
 
 # burn's CUDA backend cannot be linked without internet at build time (cubecl-llvm downloads
 # LLVM); DOCS_RS=1 skips that download so the code behind the `cuda` feature is type-checked.

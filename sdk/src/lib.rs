@@ -53,6 +53,7 @@ mod reward;
 pub mod sampling;
 mod task;
 mod trajectory;
+mod verifier;
 
 /// The attribute [`Generator`]'s async methods are implemented with: `#[areal_sdk::async_trait]`
 /// on the `impl`, without a dependency of your own.
@@ -61,12 +62,13 @@ pub use config::{BuildContext, PluginConfig};
 pub use error::{BoxError, PluginError};
 pub use generator::{Generator, GeneratorStats};
 pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin};
-pub use reward::{Provenance, Reward, RewardInput, RewardVerifier, Verdict, VerifyContext};
+pub use reward::{Provenance, Reward, Verdict};
 pub use task::{Split, Task, TaskItem, Tokenizer};
 pub use trajectory::{
     Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,
     SamplingParams, Trajectory, TrajectoryGroup, WeightUpdate,
 };
+pub use verifier::{RewardInput, RewardVerifier, VerifyContext};
 
 /// A hash of `text` that never changes between builds, platforms or runs (64-bit FNV-1a), for
 /// what must stay put: a prompt's split, a cache key. Not for hash tables of untrusted keys.

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use crate::config::BuildContext;
 use crate::error::PluginError;
 use crate::generator::Generator;
-use crate::reward::RewardVerifier;
 use crate::task::Task;
+use crate::verifier::RewardVerifier;
 
 /// What every registry entry tells about itself.
 pub trait Registration: Sync + 'static {

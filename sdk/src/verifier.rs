@@ -1,0 +1,73 @@
+//! The [`RewardVerifier`] trait: what a verifier is given for a sample, and its deadline.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::PluginError;
+use crate::reward::Reward;
+use crate::trajectory::FinishReason;
+
+/// What a verifier is given for one sample.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RewardInput {
+    /// Unique id of the sample in the run.
+    pub sample_id: u64,
+    /// Id of the task item.
+    pub item_id: String,
+    /// The prompt text.
+    pub prompt: String,
+    /// The decoded completion.
+    pub completion: String,
+    /// The completion's token ids.
+    pub completion_ids: Vec<u32>,
+    /// Why generation ended (a truncated answer may deserve less).
+    pub finish_reason: FinishReason,
+    /// The task's reference for this item: an answer, unit tests...
+    pub reference: Value,
+}
+
+/// Call context of one verification.
+#[derive(Clone, Debug)]
+pub struct VerifyContext {
+    deadline: Instant,
+}
+
+impl VerifyContext {
+    /// A context whose deadline is `timeout` from now.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        Self {
+            deadline: Instant::now() + timeout,
+        }
+    }
+
+    /// When the engine stops waiting. Past it, the sample is lost to a `verifier_timeout`
+    /// whatever the verifier returns later, so long verifications should check it.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Time left before the deadline.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the deadline has passed.
+    pub fn expired(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+}
+
+/// Turns a sample into a [`Reward`].
+///
+/// Runs on the engine's reward threads, never on the generation path. A wrong answer is
+/// `Ok` with a low reward; `Err` (or a panic, or missing the deadline) means the verifier
+/// failed, and costs that one sample.
+pub trait RewardVerifier: Send + Sync + 'static {
+    /// Registered name.
+    fn name(&self) -> &str;
+
+    /// Verify one sample.
+    fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError>;
+}
