@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 
 use crate::reward_service::{RewardService, Verified};
 
-/// Counters the workflows update and each training step drains.
+/// Counters the group runner updates and each training step drains.
 #[derive(Debug, Default)]
 pub struct GroupCounters {
     /// Tokens generated (all samples, whatever became of them).
@@ -39,7 +39,7 @@ impl GroupCounters {
     }
 }
 
-/// Everything a workflow needs: generator, tokenizer, reward service.
+/// Runs groups: generator, tokenizer and reward service together.
 pub struct GroupRunner {
     generator: Arc<dyn Generator>,
     tokenizer: Arc<dyn Tokenizer>,
@@ -50,7 +50,7 @@ pub struct GroupRunner {
 }
 
 impl GroupRunner {
-    /// A workflow runner.
+    /// A group runner on `generator`, decoding with `tokenizer`, rewarding with `rewards`.
     pub fn new(
         generator: Arc<dyn Generator>,
         tokenizer: Arc<dyn Tokenizer>,

@@ -11,8 +11,8 @@ use tokio::sync::watch;
 use crate::metrics::{EvalMetrics, StepMetrics, WarmupMetrics};
 use crate::staleness::AdmissionCounts;
 
-/// Hooks to follow a run (progress bars, tests). Called from the controller and trainer
-/// threads, hence `&self`.
+/// Hooks to follow a run (progress bars, tests). Called from the controller's tasks and the
+/// run's stages, on the runtime's threads, hence `&self`.
 pub trait Observer: Send + Sync {
     /// The run starts and will train `steps` steps.
     fn on_start(&self, steps: u64) {
