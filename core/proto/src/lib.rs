@@ -1,0 +1,594 @@
+//! The gRPC protocol of areal-rs: the generator and reward services (`proto/areal/v1/`), and
+//! the conversions between their messages and the SDK's plain data.
+//!
+//! The messages carry exactly what the in-process plugins exchange: a [`GenerateRequest`]
+//! becomes a stream of token chunks (each token with its behaviour logprob and policy version)
+//! ending in a finish reason; a [`WeightUpdate`] travels as a header and tensor parts whose
+//! sha256 the receiver checks ([`weight_chunks`], [`WeightAssembler`]); a [`RewardInput`] and
+//! its deadline go out, a [`Reward`] or the verifier's error comes back. Every request carries
+//! a [`Header`](pb::Header) with [`PROTOCOL_VERSION`]; [`check_header`] refuses another
+//! version with an error that names both.
+//!
+//! Decoding never panics on what a peer sends: a missing field, an unknown enum value, a
+//! malformed JSON reference, a tensor whose parts do not add up or whose checksum differs is a
+//! [`DecodeError`], which a server answers as `INVALID_ARGUMENT`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use areal_sdk::{
+    Completion, FinishReason, GenerateRequest, GeneratorStats, NamedTensor, Provenance, Reward,
+    RewardInput, SamplingParams, Verdict, WeightUpdate,
+};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+/// The generated messages and services of `areal.v1`.
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("areal.v1");
+}
+
+/// The protocol version this build speaks; every request carries it.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The largest message a server or client accepts (a weight part, a reward batch).
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Values of one weight part: 4 MiB of f32, well under [`MAX_MESSAGE_BYTES`].
+pub const PART_VALUES: usize = 1 << 20;
+
+/// The header of every request.
+pub fn header() -> pb::Header {
+    pb::Header {
+        protocol: PROTOCOL_VERSION,
+    }
+}
+
+/// Refuse a request from another protocol version (or without a header), naming both.
+pub fn check_header(header: Option<&pb::Header>) -> Result<(), tonic::Status> {
+    match header {
+        Some(h) if h.protocol == PROTOCOL_VERSION => Ok(()),
+        Some(h) => Err(tonic::Status::failed_precondition(format!(
+            "protocol version {} refused: this server speaks areal protocol {PROTOCOL_VERSION} \
+             (areal {}); run a client and server of the same release",
+            h.protocol,
+            env!("CARGO_PKG_VERSION")
+        ))),
+        None => Err(tonic::Status::invalid_argument(
+            "the request has no header (an areal client sends its protocol version in every call)",
+        )),
+    }
+}
+
+/// Why a message could not be turned into the SDK's data.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// A field that must be present is not.
+    #[error("`{0}` is missing")]
+    Missing(&'static str),
+    /// An enum field holds a value this build does not know.
+    #[error("`{field}` has the unknown value {value}")]
+    UnknownValue {
+        /// The field.
+        field: &'static str,
+        /// The value.
+        value: i32,
+    },
+    /// A JSON field does not parse.
+    #[error("`{field}` is not valid JSON")]
+    Json {
+        /// The field.
+        field: &'static str,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A JSON field parses but is not an object.
+    #[error("`{0}` must be a JSON object")]
+    NotAnObject(&'static str),
+    /// The token, logprob and version lists of a chunk differ in length.
+    #[error("a token chunk has {tokens} tokens, {logprobs} logprobs and {versions} versions")]
+    ChunkLengths {
+        /// Tokens.
+        tokens: usize,
+        /// Logprobs.
+        logprobs: usize,
+        /// Versions.
+        versions: usize,
+    },
+    /// Weights that do not add up: parts out of order, a wrong size, a bad checksum.
+    #[error("weights of version {version}: {message}")]
+    Weights {
+        /// The version being sent.
+        version: u64,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl From<DecodeError> for tonic::Status {
+    fn from(e: DecodeError) -> Self {
+        tonic::Status::invalid_argument(e.to_string())
+    }
+}
+
+fn object(field: &'static str, text: &str) -> Result<Map<String, Value>, DecodeError> {
+    if text.is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_str(text).map_err(|source| DecodeError::Json { field, source })? {
+        Value::Object(map) => Ok(map),
+        _ => Err(DecodeError::NotAnObject(field)),
+    }
+}
+
+/// A finish reason on the wire.
+pub fn finish_reason(reason: FinishReason) -> pb::FinishReason {
+    match reason {
+        FinishReason::Stop => pb::FinishReason::Stop,
+        FinishReason::Length => pb::FinishReason::Length,
+        FinishReason::Interrupted => pb::FinishReason::Interrupted,
+    }
+}
+
+/// A finish reason from the wire.
+pub fn from_finish_reason(value: i32) -> Result<FinishReason, DecodeError> {
+    match pb::FinishReason::try_from(value) {
+        Ok(pb::FinishReason::Stop) => Ok(FinishReason::Stop),
+        Ok(pb::FinishReason::Length) => Ok(FinishReason::Length),
+        Ok(pb::FinishReason::Interrupted) => Ok(FinishReason::Interrupted),
+        _ => Err(DecodeError::UnknownValue {
+            field: "finish_reason",
+            value,
+        }),
+    }
+}
+
+/// A generate request on the wire.
+pub fn generate_request(r: &GenerateRequest) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        header: Some(header()),
+        sample_id: r.sample_id,
+        input_ids: r.input_ids.clone(),
+        max_new_tokens: r.max_new_tokens as u64,
+        sampling: Some(pb::SamplingParams {
+            temperature: r.sampling.temperature,
+            top_p: r.sampling.top_p,
+            seed: r.sampling.seed,
+        }),
+        stop_token_ids: r.stop_token_ids.clone(),
+    }
+}
+
+/// A generate request from the wire.
+pub fn from_generate_request(r: pb::GenerateRequest) -> Result<GenerateRequest, DecodeError> {
+    let sampling = r.sampling.ok_or(DecodeError::Missing("sampling"))?;
+    Ok(GenerateRequest {
+        sample_id: r.sample_id,
+        input_ids: r.input_ids,
+        max_new_tokens: usize::try_from(r.max_new_tokens).unwrap_or(usize::MAX),
+        sampling: SamplingParams {
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            seed: sampling.seed,
+        },
+        stop_token_ids: r.stop_token_ids,
+    })
+}
+
+/// A completion as the events of a `Generate` stream: one token chunk, then the finish.
+pub fn completion_events(c: &Completion) -> Vec<pb::GenerateEvent> {
+    use pb::generate_event::Event;
+    let mut events = Vec::with_capacity(2);
+    if !c.token_ids.is_empty() {
+        events.push(pb::GenerateEvent {
+            event: Some(Event::Tokens(pb::TokenChunk {
+                token_ids: c.token_ids.clone(),
+                behaviour_logprobs: c.behaviour_logprobs.clone(),
+                versions: c.versions.clone(),
+            })),
+        });
+    }
+    events.push(pb::GenerateEvent {
+        event: Some(Event::Finish(pb::Finish {
+            reason: finish_reason(c.finish_reason) as i32,
+        })),
+    });
+    events
+}
+
+/// Builds a [`Completion`] from the events of a `Generate` stream.
+#[derive(Debug, Default)]
+pub struct CompletionBuilder {
+    token_ids: Vec<u32>,
+    behaviour_logprobs: Vec<f32>,
+    versions: Vec<u64>,
+}
+
+impl CompletionBuilder {
+    /// Add one event; `Some` with the completion once the finish arrives.
+    pub fn push(&mut self, event: pb::GenerateEvent) -> Result<Option<Completion>, DecodeError> {
+        use pb::generate_event::Event;
+        match event.event.ok_or(DecodeError::Missing("event"))? {
+            Event::Tokens(chunk) => {
+                let (tokens, logprobs, versions) = (
+                    chunk.token_ids.len(),
+                    chunk.behaviour_logprobs.len(),
+                    chunk.versions.len(),
+                );
+                if tokens != logprobs || tokens != versions {
+                    return Err(DecodeError::ChunkLengths {
+                        tokens,
+                        logprobs,
+                        versions,
+                    });
+                }
+                self.token_ids.extend(chunk.token_ids);
+                self.behaviour_logprobs.extend(chunk.behaviour_logprobs);
+                self.versions.extend(chunk.versions);
+                Ok(None)
+            }
+            Event::Finish(finish) => Ok(Some(Completion {
+                token_ids: std::mem::take(&mut self.token_ids),
+                behaviour_logprobs: std::mem::take(&mut self.behaviour_logprobs),
+                versions: std::mem::take(&mut self.versions),
+                finish_reason: from_finish_reason(finish.reason)?,
+            })),
+        }
+    }
+}
+
+/// A verdict on the wire.
+pub fn verdict(v: Verdict) -> pb::Verdict {
+    match v {
+        Verdict::Accepted => pb::Verdict::Accepted,
+        Verdict::Partial => pb::Verdict::Partial,
+        Verdict::WrongAnswer => pb::Verdict::WrongAnswer,
+        Verdict::NoAnswer => pb::Verdict::NoAnswer,
+        Verdict::NoCode => pb::Verdict::NoCode,
+        Verdict::RuntimeError => pb::Verdict::RuntimeError,
+        Verdict::TimeLimit => pb::Verdict::TimeLimit,
+        Verdict::MemoryLimit => pb::Verdict::MemoryLimit,
+        Verdict::OutputLimit => pb::Verdict::OutputLimit,
+        Verdict::VerifierTimeout => pb::Verdict::VerifierTimeout,
+        Verdict::VerifierCrashed => pb::Verdict::VerifierCrashed,
+        // `Verdict` may grow; a verdict this protocol cannot carry is the verifier's failure
+        _ => pb::Verdict::Error,
+    }
+}
+
+/// A verdict from the wire.
+pub fn from_verdict(value: i32) -> Result<Verdict, DecodeError> {
+    Ok(match pb::Verdict::try_from(value) {
+        Ok(pb::Verdict::Accepted) => Verdict::Accepted,
+        Ok(pb::Verdict::Partial) => Verdict::Partial,
+        Ok(pb::Verdict::WrongAnswer) => Verdict::WrongAnswer,
+        Ok(pb::Verdict::NoAnswer) => Verdict::NoAnswer,
+        Ok(pb::Verdict::NoCode) => Verdict::NoCode,
+        Ok(pb::Verdict::RuntimeError) => Verdict::RuntimeError,
+        Ok(pb::Verdict::TimeLimit) => Verdict::TimeLimit,
+        Ok(pb::Verdict::MemoryLimit) => Verdict::MemoryLimit,
+        Ok(pb::Verdict::OutputLimit) => Verdict::OutputLimit,
+        Ok(pb::Verdict::VerifierTimeout) => Verdict::VerifierTimeout,
+        Ok(pb::Verdict::VerifierCrashed) => Verdict::VerifierCrashed,
+        Ok(pb::Verdict::Error) => Verdict::Error,
+        Ok(pb::Verdict::Unspecified) | Err(_) => {
+            return Err(DecodeError::UnknownValue {
+                field: "verdict",
+                value,
+            });
+        }
+    })
+}
+
+/// A reward input and its deadline on the wire.
+pub fn reward_input(input: &RewardInput, deadline: Duration) -> pb::RewardInput {
+    pb::RewardInput {
+        sample_id: input.sample_id,
+        item_id: input.item_id.clone(),
+        prompt: input.prompt.clone(),
+        completion: input.completion.clone(),
+        completion_ids: input.completion_ids.clone(),
+        finish_reason: finish_reason(input.finish_reason) as i32,
+        reference_json: input.reference.to_string(),
+        deadline_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
+    }
+}
+
+/// A reward input and its deadline from the wire.
+pub fn from_reward_input(input: pb::RewardInput) -> Result<(RewardInput, Duration), DecodeError> {
+    let reference =
+        serde_json::from_str(&input.reference_json).map_err(|source| DecodeError::Json {
+            field: "reference_json",
+            source,
+        })?;
+    Ok((
+        RewardInput {
+            sample_id: input.sample_id,
+            item_id: input.item_id,
+            prompt: input.prompt,
+            completion: input.completion,
+            completion_ids: input.completion_ids,
+            finish_reason: from_finish_reason(input.finish_reason)?,
+            reference,
+        },
+        Duration::from_millis(input.deadline_ms),
+    ))
+}
+
+/// A reward on the wire.
+pub fn reward(r: &Reward) -> pb::Reward {
+    let p = &r.provenance;
+    pb::Reward {
+        value: r.value,
+        verdict: verdict(r.verdict) as i32,
+        provenance: Some(pb::Provenance {
+            verifier: p.verifier.clone(),
+            verifier_version: p.verifier_version.clone(),
+            wall_ms: p.wall_ms,
+            fuel: p.fuel,
+            limits_json: Value::Object(p.limits.clone()).to_string(),
+            details_json: Value::Object(p.details.clone()).to_string(),
+        }),
+    }
+}
+
+/// A reward from the wire.
+pub fn from_reward(r: pb::Reward) -> Result<Reward, DecodeError> {
+    let p = r.provenance.ok_or(DecodeError::Missing("provenance"))?;
+    Ok(Reward {
+        value: r.value,
+        verdict: from_verdict(r.verdict)?,
+        provenance: Provenance {
+            verifier: p.verifier,
+            verifier_version: p.verifier_version,
+            wall_ms: p.wall_ms,
+            fuel: p.fuel,
+            limits: object("limits_json", &p.limits_json)?,
+            details: object("details_json", &p.details_json)?,
+        },
+    })
+}
+
+/// Generator statistics on the wire.
+pub fn stats(s: &GeneratorStats) -> pb::GeneratorStats {
+    pb::GeneratorStats {
+        busy_seconds: s.busy_seconds,
+        tokens: s.tokens,
+        weight_loads: s.weight_loads,
+        resume_seconds: s.resume_seconds,
+        resumes: s.resumes,
+    }
+}
+
+/// Generator statistics from the wire.
+pub fn from_stats(s: &pb::GeneratorStats) -> GeneratorStats {
+    let mut stats =
+        GeneratorStats::default().with_resumes(s.weight_loads, s.resumes, s.resume_seconds);
+    stats.busy_seconds = s.busy_seconds;
+    stats.tokens = s.tokens;
+    stats
+}
+
+/// The sha256 (hex) of tensors, as [`pb::WeightsHeader::sha256`] defines it: each tensor's
+/// name, its shape (u64 little-endian) and its values (f32 little-endian), in order.
+pub fn weights_sha256(tensors: &[NamedTensor]) -> String {
+    let mut hash = Sha256::new();
+    for t in tensors {
+        hash_tensor_head(&mut hash, &t.name, t.shape.iter().map(|&d| d as u64));
+        for v in &t.data {
+            hash.update(v.to_le_bytes());
+        }
+    }
+    hex(&hash.finalize())
+}
+
+fn hash_tensor_head(hash: &mut Sha256, name: &str, shape: impl Iterator<Item = u64>) {
+    hash.update((name.len() as u64).to_le_bytes());
+    hash.update(name.as_bytes());
+    let shape: Vec<u64> = shape.collect();
+    hash.update((shape.len() as u64).to_le_bytes());
+    for d in shape {
+        hash.update(d.to_le_bytes());
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A weight update as the chunks of an `UpdateWeights` stream: the header, then each tensor in
+/// parts of at most `part_values` values.
+pub fn weight_chunks(update: &WeightUpdate, part_values: usize) -> Vec<pb::WeightChunk> {
+    use pb::weight_chunk::Chunk;
+    let part_values = part_values.max(1);
+    let mut chunks = vec![pb::WeightChunk {
+        chunk: Some(Chunk::Header(pb::WeightsHeader {
+            header: Some(header()),
+            version: update.version,
+            architecture_json: update.architecture.to_string(),
+            tensors: update.tensors.len() as u32,
+            sha256: weights_sha256(&update.tensors),
+        })),
+    }];
+    for t in update.tensors.iter() {
+        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+        let mut offset = 0;
+        loop {
+            let end = (offset + part_values).min(t.data.len());
+            let data: Vec<u8> = t.data[offset..end]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            chunks.push(pb::WeightChunk {
+                chunk: Some(Chunk::Part(pb::TensorPart {
+                    name: t.name.clone(),
+                    shape: shape.clone(),
+                    offset: offset as u64,
+                    data,
+                })),
+            });
+            offset = end;
+            if offset >= t.data.len() {
+                break;
+            }
+        }
+    }
+    chunks
+}
+
+/// Reassembles a weight update from `UpdateWeights` chunks, checking as it goes: the header
+/// first and once, parts in order, each tensor exactly the size its shape says, the tensor
+/// count and the sha256 at the end.
+#[derive(Debug, Default)]
+pub struct WeightAssembler {
+    header: Option<pb::WeightsHeader>,
+    tensors: Vec<NamedTensor>,
+    /// Values still expected by the last tensor.
+    missing: usize,
+}
+
+impl WeightAssembler {
+    /// An assembler waiting for the header.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn error(&self, message: impl Into<String>) -> DecodeError {
+        DecodeError::Weights {
+            version: self.header.as_ref().map_or(0, |h| h.version),
+            message: message.into(),
+        }
+    }
+
+    /// Add one chunk.
+    pub fn push(&mut self, chunk: pb::WeightChunk) -> Result<(), DecodeError> {
+        use pb::weight_chunk::Chunk;
+        match chunk.chunk.ok_or(DecodeError::Missing("chunk"))? {
+            Chunk::Header(h) => {
+                if self.header.is_some() {
+                    return Err(self.error("a second header"));
+                }
+                check_header(h.header.as_ref()).map_err(|s| self.error(s.message().to_owned()))?;
+                self.header = Some(h);
+                Ok(())
+            }
+            Chunk::Part(part) => {
+                if self.header.is_none() {
+                    return Err(self.error("a tensor part before the header"));
+                }
+                if part.data.len() % 4 != 0 {
+                    return Err(self.error(format!(
+                        "tensor `{}`: {} bytes is not a whole number of f32 values",
+                        part.name,
+                        part.data.len()
+                    )));
+                }
+                let values = part
+                    .data
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                let continues = self.missing > 0;
+                if continues {
+                    let last = self.tensors.last_mut().expect("a tensor is open");
+                    if last.name != part.name || part.offset as usize != last.data.len() {
+                        return Err(DecodeError::Weights {
+                            version: self.header.as_ref().map_or(0, |h| h.version),
+                            message: format!(
+                                "tensor `{}` stops at {} of {} values, then `{}` at offset {} arrives",
+                                last.name,
+                                last.data.len(),
+                                last.data.len() + self.missing,
+                                part.name,
+                                part.offset
+                            ),
+                        });
+                    }
+                } else {
+                    if part.offset != 0 {
+                        return Err(self.error(format!(
+                            "tensor `{}` starts at offset {}",
+                            part.name, part.offset
+                        )));
+                    }
+                    let size = part
+                        .shape
+                        .iter()
+                        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?))
+                        .filter(|&n| n <= MAX_MESSAGE_BYTES * 64)
+                        .ok_or_else(|| {
+                            self.error(format!(
+                                "tensor `{}` has the impossible shape {:?}",
+                                part.name, part.shape
+                            ))
+                        })?;
+                    self.tensors.push(NamedTensor {
+                        name: part.name.clone(),
+                        shape: part.shape.iter().map(|&d| d as usize).collect(),
+                        data: Vec::with_capacity(size),
+                    });
+                    self.missing = size;
+                }
+                let n = part.data.len() / 4;
+                if n > self.missing {
+                    return Err(self.error(format!(
+                        "tensor `{}` gets {n} values where {} remain",
+                        part.name, self.missing
+                    )));
+                }
+                self.tensors
+                    .last_mut()
+                    .expect("a tensor is open")
+                    .data
+                    .extend(values);
+                self.missing -= n;
+                Ok(())
+            }
+        }
+    }
+
+    /// The update, once every chunk is in and the checksum agrees.
+    pub fn finish(self) -> Result<WeightUpdate, DecodeError> {
+        let Some(header) = &self.header else {
+            return Err(self.error("no header"));
+        };
+        if self.missing > 0 {
+            return Err(self.error(format!(
+                "the stream ended {} values short of tensor `{}`",
+                self.missing,
+                self.tensors.last().map_or("", |t| t.name.as_str())
+            )));
+        }
+        if self.tensors.len() != header.tensors as usize {
+            return Err(self.error(format!(
+                "{} tensors announced, {} received",
+                header.tensors,
+                self.tensors.len()
+            )));
+        }
+        let sum = weights_sha256(&self.tensors);
+        if sum != header.sha256 {
+            return Err(self.error(format!(
+                "sha256 {sum} of what arrived differs from the sender's {}",
+                header.sha256
+            )));
+        }
+        let architecture: Value =
+            serde_json::from_str(&header.architecture_json).map_err(|source| {
+                DecodeError::Json {
+                    field: "architecture_json",
+                    source,
+                }
+            })?;
+        Ok(WeightUpdate {
+            version: header.version,
+            tensors: Arc::new(self.tensors),
+            architecture: Arc::new(architecture),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
