@@ -27,6 +27,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 mod bench;
 mod grade;
+mod serve;
 
 // The built-in plugins: naming the crates links their registrations.
 use areal_algo_ppo as _;
@@ -34,6 +35,7 @@ use areal_gen_burn as _;
 use areal_model as _;
 use areal_reward_code as _;
 use areal_reward_math as _;
+use areal_serve as _;
 use areal_tasks as _;
 use areal_testkit as _;
 
@@ -69,6 +71,9 @@ enum Command {
     /// Benchmarks that print tables (sandbox, controller, async-vs-sync, math).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Serve a plugin of a config over gRPC (reward), for runs in other processes.
+    #[command(subcommand)]
+    Serve(serve::ServeCommand),
 }
 
 #[derive(Debug, Args)]
@@ -188,6 +193,7 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
         Command::Eval(args) => eval(args),
         Command::Grade(command) => grade::run(command),
         Command::Bench(command) => bench::run(command),
+        Command::Serve(command) => serve::run(command),
     }
 }
 

@@ -75,6 +75,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("reward", "chain-sum"),
         ("reward", "lcb"),
         ("reward", "math"),
+        ("reward", "remote"),
         ("reward", "testkit-faulty"),
         ("reward", "testkit-successor"),
         ("task", "chain-sum"),
@@ -927,4 +928,120 @@ fn a_full_disk_at_the_checkpoint_loses_nothing() {
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["steps"], 2);
     assert!(summary["checkpoint"].is_null());
+}
+
+/// `areal serve reward` in a process of its own; killed when dropped.
+struct RewardServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl RewardServer {
+    fn start(config: &std::path::Path) -> Self {
+        use std::io::BufRead as _;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_areal"))
+            .args(["serve", "reward", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .env_remove("RUST_LOG")
+            .env_remove("AREAL_TOKEN")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start areal serve reward");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .trim()
+            .rsplit_once(" on ")
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        assert!(
+            line.starts_with("serving reward testkit-successor"),
+            "{line}"
+        );
+        Self {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+}
+
+impl Drop for RewardServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The testkit job with its reward on a server in another process learns as it does in
+/// process: same seed, same rewards (the successor reward is exact), so the same final
+/// accuracy within the noise of asynchronous generation.
+#[test]
+fn the_testkit_job_learns_with_its_reward_served_by_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit_config(dir.path());
+    let server = RewardServer::start(&config);
+    let summary = |run: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+    };
+    let train = |run: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "-q",
+            "--config",
+            config.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+            "--seed",
+            "3",
+        ];
+        args.extend(extra);
+        let out = areal(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    };
+    let local = dir.path().join("local");
+    train(&local, &[]);
+    let remote = dir.path().join("remote");
+    let endpoints = format!("reward.endpoints=[\"{}\"]", server.url);
+    train(
+        &remote,
+        &["--set", "reward.kind=remote", "--set", &endpoints],
+    );
+    let (local, remote) = (summary(&local), summary(&remote));
+    assert_eq!(remote["reward_failures"], 0, "{remote}");
+    let accuracy = |s: &serde_json::Value| s["final_accuracy"].as_f64().unwrap();
+    assert!(accuracy(&local) > 0.5, "the job learns in process: {local}");
+    assert!(
+        (accuracy(&remote) - accuracy(&local)).abs() <= 0.15,
+        "in process {} against remote {}",
+        accuracy(&local),
+        accuracy(&remote)
+    );
+
+    // the server gone: every sample fails, and the run stops naming the endpoint
+    let url = server.url.clone();
+    drop(server);
+    let out = areal(&[
+        "train",
+        "-q",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        dir.path().join("gone").to_str().unwrap(),
+        "--set",
+        "reward.kind=remote",
+        "--set",
+        &endpoints,
+        "--set",
+        "rollout.max_consecutive_failures=2",
+    ]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&url) && stderr.contains("no reward server answered"),
+        "{stderr}"
+    );
 }

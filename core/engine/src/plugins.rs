@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use areal_sdk::{
-    BuildContext, GeneratorPlugin, PluginError, RewardPlugin, Task, TaskPlugin, mix_seed,
+    BuildContext, GeneratorPlugin, PluginError, RewardPlugin, RewardVerifier, Task, TaskPlugin,
+    mix_seed,
 };
 use areal_sdk_train::burn::tensor::Device;
 use areal_sdk_train::{Algorithm, AlgorithmPlugin, Policy, PolicyContext, PolicyPlugin};
@@ -16,10 +17,30 @@ use crate::error::EngineError;
 /// every plugin's are reported together, each naming its key, where the value came from and
 /// the value.
 pub fn resolve(loader: &ConfigLoader) -> Result<(Config, Plugins), ConfigError> {
+    resolve_with(loader, Plugins::build_all)
+}
+
+/// [`resolve`] for a reward server: the config checked and only its `[reward]` plugin built,
+/// with `reward_service.threads` threads in its build context.
+pub fn resolve_reward(
+    loader: &ConfigLoader,
+) -> Result<(Config, Arc<dyn RewardVerifier>), ConfigError> {
+    resolve_with(loader, |config| {
+        let section = config.plugin("reward").map_err(|e| vec![e])?;
+        let ctx = BuildContext::new(mix_seed(config.seed, 4), config.reward_service.threads);
+        RewardPlugin::build_from(&section, &ctx).map_err(|e| vec![in_section("reward", e)])
+    })
+}
+
+/// A config checked and something built from it, every problem reported together.
+fn resolve_with<T>(
+    loader: &ConfigLoader,
+    build: impl FnOnce(&Config) -> Result<T, Vec<PluginError>>,
+) -> Result<(Config, T), ConfigError> {
     let config = loader.load_unchecked()?;
     let mut problems = loader.problems(&config);
-    match Plugins::build_all(&config) {
-        Ok(plugins) if problems.is_empty() => Ok((config, plugins)),
+    match build(&config) {
+        Ok(built) if problems.is_empty() => Ok((config, built)),
         Ok(_) => Err(ConfigError::Invalid { problems }),
         Err(errors) => {
             for error in &errors {
@@ -37,7 +58,7 @@ pub fn resolve(loader: &ConfigLoader) -> Result<(Config, Plugins), ConfigError> 
 pub struct Plugins {
     /// The trainable model.
     pub policy: Box<dyn Policy>,
-    /// GroupRunner generation.
+    /// Sample generation.
     pub generator: Arc<dyn areal_sdk::Generator>,
     /// Prompt source.
     pub task: Arc<dyn Task>,

@@ -30,6 +30,7 @@ const ABANDONED: u8 = 2;
 
 struct Job {
     input: RewardInput,
+    deadline: Duration,
     started: oneshot::Sender<()>,
     done: oneshot::Sender<JobResult>,
     state: Arc<AtomicU8>,
@@ -66,6 +67,11 @@ impl RewardService {
         Self { shared, submit }
     }
 
+    /// The verifier the threads run.
+    pub fn verifier(&self) -> &Arc<dyn RewardVerifier> {
+        &self.shared.verifier
+    }
+
     /// Threads alive now: the configured number plus those still stuck in abandoned
     /// verifications.
     pub fn live_threads(&self) -> usize {
@@ -80,12 +86,18 @@ impl RewardService {
     /// Verify one sample. Never fails: a failed, crashed or late verifier yields a reward
     /// with verdict `error`, `verifier_crashed` or `verifier_timeout`.
     pub async fn verify(&self, input: RewardInput) -> Verified {
+        self.verify_within(input, self.shared.deadline).await
+    }
+
+    /// [`RewardService::verify`] with a deadline of its own (a remote client's, say).
+    pub async fn verify_within(&self, input: RewardInput, deadline: Duration) -> Verified {
         let submitted = Instant::now();
         let (started_tx, started_rx) = oneshot::channel();
         let (done_tx, mut done_rx) = oneshot::channel();
         let state = Arc::new(AtomicU8::new(RUNNING));
         let job = Job {
             input,
+            deadline,
             started: started_tx,
             done: done_tx,
             state: state.clone(),
@@ -109,7 +121,7 @@ impl RewardService {
                 latency: submitted.elapsed(),
             };
         }
-        let outcome = match tokio::time::timeout(self.shared.deadline, &mut done_rx).await {
+        let outcome = match tokio::time::timeout(deadline, &mut done_rx).await {
             Ok(received) => Some(received),
             // The verifier may have finished just now; only one side wins the job.
             Err(_)
@@ -133,12 +145,12 @@ impl RewardService {
                 tracing::warn!(
                     target: "areal::reward",
                     verifier = %name,
-                    deadline_ms = self.shared.deadline.as_millis() as u64,
+                    deadline_ms = deadline.as_millis() as u64,
                     "verifier missed its deadline; sample dropped"
                 );
                 failure(
                     Verdict::VerifierTimeout,
-                    format!("no answer within {} ms", self.shared.deadline.as_millis()),
+                    format!("no answer within {} ms", deadline.as_millis()),
                 )
             }
         };
@@ -163,7 +175,7 @@ fn worker(shared: &Shared) {
         if job.started.send(()).is_err() {
             continue; // the caller is gone
         }
-        let ctx = VerifyContext::with_timeout(shared.deadline);
+        let ctx = VerifyContext::with_timeout(job.deadline);
         let start = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             shared.verifier.verify(&job.input, &ctx)

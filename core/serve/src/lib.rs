@@ -1,0 +1,18 @@
+//! areal-rs over gRPC (the services of `areal-proto`).
+//!
+//! - [`serve_reward`] serves any reward plugin: `areal serve reward --listen ADDR` builds the
+//!   `[reward]` section of a config and answers `Verify` calls on the engine's reward service
+//!   (its threads, its deadlines, a failing or hanging verifier costing one sample).
+//! - The `remote` reward plugin (`[reward] kind = "remote"`, `endpoints = [...]`) sends each
+//!   sample to the least-loaded of its servers and, when one cannot be reached, to the next.
+//!
+//! Servers listen on loopback unless given a shared token ([`Listen`]): on any other address
+//! every call must carry it (`AREAL_TOKEN`). Every client call has a timeout.
+
+mod remote_reward;
+mod reward_server;
+mod security;
+
+pub use remote_reward::{NAME as REMOTE, RemoteRewardOptions, RemoteVerifier};
+pub use reward_server::serve_reward;
+pub use security::{Listen, ServeError, TOKEN_ENV};

@@ -1,0 +1,120 @@
+//! Where a server may listen, and the shared token that guards any address but loopback.
+
+use std::net::SocketAddr;
+
+use tonic::{Request, Status};
+
+/// The environment variable holding the shared token of servers and clients.
+pub const TOKEN_ENV: &str = "AREAL_TOKEN";
+
+/// The metadata key a client sends the token in.
+const TOKEN_HEADER: &str = "authorization";
+
+/// Where and how a server listens.
+#[derive(Clone, Debug)]
+pub struct Listen {
+    /// The address (`127.0.0.1:0` picks a free port).
+    pub addr: SocketAddr,
+    /// The token every call must carry; required unless `addr` is loopback.
+    pub token: Option<String>,
+}
+
+/// Why a server cannot start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// A non-loopback address without a token.
+    #[error(
+        "refusing to listen on {addr} without a token: any address but loopback needs a shared token \
+         (set {TOKEN_ENV}, or --token-file FILE), which every client must send"
+    )]
+    TokenRequired {
+        /// The address asked for.
+        addr: SocketAddr,
+    },
+    /// The address cannot be bound.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The transport failed while serving.
+    #[error("serving on {addr} failed")]
+    Transport {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+impl Listen {
+    /// Check the address against the token rule.
+    pub fn check(&self) -> Result<(), ServeError> {
+        if self.addr.ip().is_loopback() || self.token.as_deref().is_some_and(|t| !t.is_empty()) {
+            Ok(())
+        } else {
+            Err(ServeError::TokenRequired { addr: self.addr })
+        }
+    }
+}
+
+/// A tonic interceptor that refuses calls without the token (when there is one).
+#[derive(Clone, Debug)]
+pub(crate) struct RequireToken(pub(crate) Option<String>);
+
+impl tonic::service::Interceptor for RequireToken {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else {
+            return Ok(request);
+        };
+        let sent = request
+            .metadata()
+            .get(TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match sent {
+            Some(sent) if constant_time_eq(sent.as_bytes(), token.as_bytes()) => Ok(request),
+            Some(_) => Err(Status::unauthenticated("wrong token")),
+            None => Err(Status::unauthenticated(format!(
+                "this server needs a token: set {TOKEN_ENV} on the client"
+            ))),
+        }
+    }
+}
+
+/// A tonic interceptor that adds the token to every call (when there is one).
+#[derive(Clone, Debug)]
+pub(crate) struct SendToken(
+    pub(crate) Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+);
+
+impl SendToken {
+    pub(crate) fn new(token: Option<&str>) -> Result<Self, String> {
+        token
+            .map(|t| {
+                format!("Bearer {t}")
+                    .parse()
+                    .map_err(|_| "the token must be printable ASCII".to_owned())
+            })
+            .transpose()
+            .map(Self)
+    }
+}
+
+impl tonic::service::Interceptor for SendToken {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert(TOKEN_HEADER, value.clone());
+        }
+        Ok(request)
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

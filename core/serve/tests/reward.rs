@@ -1,0 +1,191 @@
+//! Reward servers on real sockets (loopback): the `remote` reward through them, a dead server,
+//! the token.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use areal_sdk::{FinishReason, RewardInput, RewardVerifier, VerifyContext};
+use areal_serve::{Listen, RemoteRewardOptions, RemoteVerifier, ServeError, serve_reward};
+use areal_testkit::{SuccessorVerifier, conformance};
+use serde_json::json;
+
+/// A reward server on its own thread and runtime; dropped, it shuts down.
+struct Server {
+    addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(token: Option<&str>) -> Self {
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let listen = Listen {
+            addr: "127.0.0.1:0".parse().unwrap(),
+            token: token.map(str::to_owned),
+        };
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime
+                .block_on(serve_reward(
+                    Arc::new(SuccessorVerifier),
+                    2,
+                    listen,
+                    move |addr| bound_tx.send(addr).unwrap(),
+                    async {
+                        let _ = stopped.await;
+                    },
+                ))
+                .unwrap();
+        });
+        let addr = bound_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the server binds");
+        Self {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn options(endpoints: Vec<String>) -> RemoteRewardOptions {
+    serde_json::from_value(json!({ "endpoints": endpoints, "connect_timeout_s": 2.0 })).unwrap()
+}
+
+fn input(sample_id: u64, completion: &str) -> RewardInput {
+    RewardInput {
+        sample_id,
+        item_id: "x".into(),
+        prompt: "c".into(),
+        completion: completion.into(),
+        completion_ids: vec![],
+        finish_reason: FinishReason::Stop,
+        reference: json!({"letters": 8, "length": 4}),
+    }
+}
+
+fn ctx() -> VerifyContext {
+    VerifyContext::with_timeout(Duration::from_secs(30))
+}
+
+/// The remote reward passes the same conformance check as the verifier it serves, and its
+/// rewards are the served verifier's, with the provenance the server's reward service adds
+/// (the verifier's name, its time).
+#[test]
+fn a_served_verifier_passes_the_conformance_check_through_the_wire() {
+    let server = Server::start(None);
+    let remote = RemoteVerifier::new(&options(vec![server.url()]), None).unwrap();
+    let local = SuccessorVerifier.verify(&input(1, "dex"), &ctx()).unwrap();
+    let through = remote.verify(&input(1, "dex"), &ctx()).unwrap();
+    assert_eq!(
+        (through.value, through.verdict, &through.provenance.details),
+        (local.value, local.verdict, &local.provenance.details)
+    );
+    assert_eq!(
+        through.provenance.verifier_version,
+        local.provenance.verifier_version
+    );
+    assert_eq!(through.provenance.verifier, "testkit-successor");
+    assert!(through.provenance.wall_ms >= 0.0);
+    conformance::check_verifier(
+        Arc::new(remote),
+        &[
+            (input(1, "defg"), 1.0),
+            (input(2, "dex"), 0.5),
+            (input(3, "dffg"), 0.5),
+        ],
+    );
+}
+
+/// A server that is gone costs each sample one re-issue to the next server, and only one:
+/// with every server gone the sample fails naming each endpoint.
+#[test]
+fn a_dead_server_costs_one_reissue_and_none_is_lost() {
+    let dead = Server::start(None);
+    let dead_url = dead.url();
+    drop(dead);
+    let alive = Server::start(None);
+    let remote = RemoteVerifier::new(&options(vec![dead_url.clone(), alive.url()]), None).unwrap();
+    for id in 0..4 {
+        let reward = remote.verify(&input(id, "defg"), &ctx()).unwrap();
+        assert_eq!(reward.value, 1.0);
+    }
+    assert_eq!(remote.reissued(), 4, "each sample re-issued once");
+    assert_eq!(remote.endpoint_failures(), 4);
+    let alive_url = alive.url();
+    drop(alive);
+    let error = remote
+        .verify(&input(9, "defg"), &ctx())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains(&dead_url) && error.contains(&alive_url) && error.contains("sample 9"),
+        "{error}"
+    );
+    assert_eq!(remote.reissued(), 5, "still once, not once per server");
+}
+
+/// A server with a token refuses calls without it, and says where the token goes; any address
+/// but loopback needs a token.
+#[test]
+fn the_token_guards_a_server_and_non_loopback_needs_one() {
+    let server = Server::start(Some("s3cret"));
+    let without = RemoteVerifier::new(&options(vec![server.url()]), None).unwrap();
+    let error = without
+        .verify(&input(1, "defg"), &ctx())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("AREAL_TOKEN"), "{error}");
+    let wrong = RemoteVerifier::new(&options(vec![server.url()]), Some("guess")).unwrap();
+    let error = wrong
+        .verify(&input(1, "defg"), &ctx())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("wrong token"), "{error}");
+    let with = RemoteVerifier::new(&options(vec![server.url()]), Some("s3cret")).unwrap();
+    assert_eq!(with.verify(&input(1, "defg"), &ctx()).unwrap().value, 1.0);
+
+    let open = Listen {
+        addr: "0.0.0.0:0".parse().unwrap(),
+        token: None,
+    };
+    assert!(matches!(
+        open.check(),
+        Err(ServeError::TokenRequired { .. })
+    ));
+    let guarded = Listen {
+        token: Some("s3cret".into()),
+        ..open
+    };
+    assert!(guarded.check().is_ok());
+}
+
+/// No endpoint, or a malformed one, is refused when the plugin is built.
+#[test]
+fn bad_endpoints_are_refused_up_front() {
+    let error = RemoteVerifier::new(&options(vec![]), None).unwrap_err();
+    assert!(error.contains("at least one endpoint"), "{error}");
+    let error = RemoteVerifier::new(&options(vec!["not a url".into()]), None).unwrap_err();
+    assert!(error.contains("not a url"), "{error}");
+}
