@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use areal_serve::{Listen, TOKEN_ENV};
+use areal_serve::{Listen, token_from_env};
 use clap::{Args, Subcommand};
 
 use crate::{ConfigArgs, loader, runtime};
@@ -36,16 +36,12 @@ pub(crate) fn run(command: ServeCommand) -> anyhow::Result<()> {
 }
 
 fn token(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {
-    let token = match file {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the token file {}", path.display()))?
-                .trim()
-                .to_owned(),
-        ),
-        None => std::env::var(TOKEN_ENV).ok(),
+    let Some(path) = file else {
+        return Ok(token_from_env());
     };
-    Ok(token.filter(|t| !t.is_empty()))
+    let token = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the token file {}", path.display()))?;
+    Ok(Some(token.trim().to_owned()).filter(|t| !t.is_empty()))
 }
 
 #[allow(clippy::print_stdout)]

@@ -25,11 +25,14 @@ pub fn resolve(loader: &ConfigLoader) -> Result<(Config, Plugins), ConfigError> 
 pub fn resolve_reward(
     loader: &ConfigLoader,
 ) -> Result<(Config, Arc<dyn RewardVerifier>), ConfigError> {
-    resolve_with(loader, |config| {
-        let section = config.plugin("reward").map_err(|e| vec![e])?;
-        let ctx = BuildContext::new(mix_seed(config.seed, 4), config.reward_service.threads);
-        RewardPlugin::build_from(&section, &ctx).map_err(|e| vec![in_section("reward", e)])
-    })
+    resolve_with(loader, |config| build_reward(config).map_err(|e| vec![e]))
+}
+
+/// The `[reward]` plugin, on `reward_service.threads` threads (a run's and a reward server's).
+fn build_reward(config: &Config) -> Result<Arc<dyn RewardVerifier>, PluginError> {
+    let section = config.plugin("reward")?;
+    let ctx = BuildContext::new(mix_seed(config.seed, 4), config.reward_service.threads);
+    RewardPlugin::build_from(&section, &ctx).map_err(|e| in_section("reward", e))
 }
 
 /// A config checked and something built from it, every problem reported together.
@@ -99,11 +102,7 @@ impl Plugins {
             let built = TaskPlugin::build_from(&section, &ctx(3, 1));
             keep(&mut errors, built.map_err(|e| in_section("task", e)))
         });
-        let verifier = keep(&mut errors, config.plugin("reward")).and_then(|section| {
-            let ctx = ctx(4, config.reward_service.threads);
-            let built = RewardPlugin::build_from(&section, &ctx);
-            keep(&mut errors, built.map_err(|e| in_section("reward", e)))
-        });
+        let verifier = keep(&mut errors, build_reward(config));
         let algorithm = keep(&mut errors, config.plugin("algorithm")).and_then(|section| {
             let ctx = ctx(5, 1).with_max_new_tokens(config.rollout.max_new_tokens);
             let built = AlgorithmPlugin::build_from(&section, &ctx);

@@ -15,4 +15,4 @@ mod security;
 
 pub use remote_reward::{NAME as REMOTE, RemoteRewardOptions, RemoteVerifier};
 pub use reward_server::serve_reward;
-pub use security::{Listen, ServeError, TOKEN_ENV};
+pub use security::{Listen, ServeError, TOKEN_ENV, token_from_env};

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::security::{SendToken, TOKEN_ENV};
+use crate::security::{SendToken, token_from_env};
 
 /// The name the plugin is registered under (`[reward] kind = "remote"`).
 pub const NAME: &str = "remote";
@@ -252,7 +252,7 @@ pub(crate) fn build(
     _ctx: &BuildContext,
 ) -> Result<Arc<dyn RewardVerifier>, PluginError> {
     let options: RemoteRewardOptions = config.parse()?;
-    let token = std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty());
+    let token = token_from_env();
     let verifier = RemoteVerifier::new(&options, token.as_deref())
         .map_err(|m| config.invalid("endpoints", m))?;
     Ok(Arc::new(verifier))

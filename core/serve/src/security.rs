@@ -7,6 +7,11 @@ use tonic::{Request, Status};
 /// The environment variable holding the shared token of servers and clients.
 pub const TOKEN_ENV: &str = "AREAL_TOKEN";
 
+/// The shared token in [`TOKEN_ENV`], if set and not empty.
+pub fn token_from_env() -> Option<String> {
+    std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty())
+}
+
 /// The metadata key a client sends the token in.
 const TOKEN_HEADER: &str = "authorization";
 
