@@ -68,6 +68,41 @@ pub struct GeneratorStats {
     pub resume_seconds: f64,
     /// Weight updates that interrupted running work, after which decoding ran again.
     pub resumes: u64,
+    /// Samples and servers lost on the way, for a generator that calls servers.
+    pub faults: FaultStats,
+}
+
+/// What a plugin that calls servers (the `remote` generator and reward) lost on the way,
+/// cumulative since it started; zero for one that computes in process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FaultStats {
+    /// Samples whose server failed while it had them, sent again to another server (each
+    /// at most once).
+    pub reissued_samples: u64,
+    /// Calls that found their server dead, unreachable or out of time.
+    pub endpoint_failures: u64,
+}
+
+impl FaultStats {
+    /// These counters.
+    pub fn new(reissued_samples: u64, endpoint_failures: u64) -> Self {
+        Self {
+            reissued_samples,
+            endpoint_failures,
+        }
+    }
+}
+
+impl std::ops::Add for FaultStats {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            reissued_samples: self.reissued_samples + other.reissued_samples,
+            endpoint_failures: self.endpoint_failures + other.endpoint_failures,
+        }
+    }
 }
 
 impl GeneratorStats {
@@ -85,6 +120,12 @@ impl GeneratorStats {
         self.weight_loads = weight_loads;
         self.resumes = resumes;
         self.resume_seconds = resume_seconds;
+        self
+    }
+
+    /// With the fault counters.
+    pub fn with_faults(mut self, faults: FaultStats) -> Self {
+        self.faults = faults;
         self
     }
 }

@@ -60,7 +60,7 @@ mod verifier;
 pub use async_trait::async_trait;
 pub use config::{BuildContext, PluginConfig};
 pub use error::{BoxError, PluginError};
-pub use generator::{Generator, GeneratorStats};
+pub use generator::{FaultStats, Generator, GeneratorStats};
 pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin};
 pub use reward::{Provenance, Reward, Verdict};
 pub use task::{Split, Task, TaskItem, Tokenizer};

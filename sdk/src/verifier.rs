@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::PluginError;
+use crate::generator::FaultStats;
 use crate::reward::Reward;
 use crate::trajectory::FinishReason;
 
@@ -70,4 +71,10 @@ pub trait RewardVerifier: Send + Sync + 'static {
 
     /// Verify one sample.
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError>;
+
+    /// What a verifier that calls servers lost on the way (samples sent again, servers that
+    /// failed), for the run's summary; a verifier that computes in process keeps the default.
+    fn faults(&self) -> FaultStats {
+        FaultStats::default()
+    }
 }

@@ -27,6 +27,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 mod bench;
 mod grade;
+mod launch;
 mod serve;
 
 // The built-in plugins: naming the crates links their registrations.
@@ -71,9 +72,13 @@ enum Command {
     /// Benchmarks that print tables (sandbox, controller, async-vs-sync, math).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
-    /// Serve a plugin of a config over gRPC (reward), for runs in other processes.
+    /// Serve a plugin of a config over gRPC (generator, reward), for runs in other processes
+    /// or on other machines.
     #[command(subcommand)]
     Serve(serve::ServeCommand),
+    /// Start servers and a trainer together (`local`: child processes on loopback).
+    #[command(subcommand)]
+    Launch(launch::LaunchCommand),
 }
 
 #[derive(Debug, Args)]
@@ -111,6 +116,26 @@ struct ConfigArgs {
     /// The run's seed (same as `--set seed=N`), from 0 to 2^63 − 1.
     #[arg(long, value_parser = clap::value_parser!(u64).range(..=i64::MAX as u64))]
     seed: Option<u64>,
+}
+
+impl ConfigArgs {
+    /// The same options as command-line arguments (for a child process).
+    fn to_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args = Vec::new();
+        if let Some(path) = &self.config {
+            args.push("--config".into());
+            args.push(path.clone().into_os_string());
+        }
+        for set in &self.set {
+            args.push("--set".into());
+            args.push(set.into());
+        }
+        if let Some(seed) = self.seed {
+            args.push("--seed".into());
+            args.push(seed.to_string().into());
+        }
+        args
+    }
 }
 
 #[derive(Debug, Args)]
@@ -173,6 +198,7 @@ fn init_tracing(verbose: u8) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }
@@ -194,6 +220,7 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
         Command::Grade(command) => grade::run(command),
         Command::Bench(command) => bench::run(command),
         Command::Serve(command) => serve::run(command),
+        Command::Launch(command) => launch::run(command, started),
     }
 }
 

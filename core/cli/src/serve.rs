@@ -9,28 +9,43 @@ use clap::{Args, Subcommand};
 
 use crate::{ConfigArgs, loader, runtime};
 
+/// The port `areal serve generator` listens on by default.
+pub(crate) const GENERATOR_PORT: u16 = 50051;
+/// The port `areal serve reward` listens on by default.
+pub(crate) const REWARD_PORT: u16 = 50061;
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum ServeCommand {
+    /// Serve the config's `[generator]` plugin (any registered generator); runs use
+    /// `[generator] kind = "remote"` with `endpoints = ["http://ADDR", ...]`. Runs until
+    /// SIGINT or SIGTERM.
+    Generator(ServeArgs<GENERATOR_PORT>),
     /// Serve the config's `[reward]` plugin (any registered reward) on its
-    /// `reward_service.threads` threads; clients use `[reward] kind = "remote"` with
-    /// `endpoints = ["http://ADDR"]`. Runs until SIGINT or SIGTERM.
-    Reward(ServeArgs),
+    /// `reward_service.threads` threads; runs use `[reward] kind = "remote"` with
+    /// `endpoints = ["http://ADDR", ...]`. Runs until SIGINT or SIGTERM.
+    Reward(ServeArgs<REWARD_PORT>),
 }
 
 #[derive(Debug, Args)]
-pub(crate) struct ServeArgs {
+pub(crate) struct ServeArgs<const PORT: u16> {
     #[command(flatten)]
-    config: ConfigArgs,
-    /// Address to listen on. Any address but loopback needs a shared token.
-    #[arg(long, default_value = "127.0.0.1:50061")]
-    listen: SocketAddr,
+    pub(crate) config: ConfigArgs,
+    /// Address to listen on (port 0 picks a free one). Any address but loopback needs a
+    /// shared token.
+    #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], PORT)))]
+    pub(crate) listen: SocketAddr,
     /// A file holding the shared token (else `AREAL_TOKEN`); every call must carry it.
     #[arg(long)]
-    token_file: Option<PathBuf>,
+    pub(crate) token_file: Option<PathBuf>,
+    /// Also stop when standard input closes (a launcher's pipe: the server ends with the
+    /// launcher, however that ends).
+    #[arg(long, hide = true)]
+    pub(crate) until_stdin_closes: bool,
 }
 
 pub(crate) fn run(command: ServeCommand) -> anyhow::Result<()> {
     match command {
+        ServeCommand::Generator(args) => serve_generator(args),
         ServeCommand::Reward(args) => serve_reward(args),
     }
 }
@@ -44,18 +59,91 @@ fn token(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {
     Ok(Some(token.trim().to_owned()).filter(|t| !t.is_empty()))
 }
 
-#[allow(clippy::print_stdout)]
-fn serve_reward(args: ServeArgs) -> anyhow::Result<()> {
+fn listen<const PORT: u16>(args: &ServeArgs<PORT>) -> anyhow::Result<Listen> {
     let listen = Listen {
         addr: args.listen,
         token: token(args.token_file.as_ref())?,
     };
     // refuse a bad address before building anything
     listen.check()?;
+    Ok(listen)
+}
+
+/// SIGINT, SIGTERM, or (when asked) standard input closing. Installed inside the runtime.
+fn shutdown(until_stdin_closes: bool) -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    let terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        let stdin_closed = async {
+            if until_stdin_closes {
+                // a thread of its own, not the runtime's blocking pool: the process must not
+                // wait for it to exit when a signal ends the server
+                let (closed, on_closed) = tokio::sync::oneshot::channel::<()>();
+                let _ = std::thread::Builder::new()
+                    .name("areal-stdin".into())
+                    .spawn(move || {
+                        let mut sink = [0u8; 64];
+                        let mut stdin = std::io::stdin().lock();
+                        while std::io::Read::read(&mut stdin, &mut sink).is_ok_and(|n| n > 0) {}
+                        let _ = closed.send(());
+                    });
+                let _ = on_closed.await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        #[cfg(unix)]
+        let terminated = async {
+            match terminate {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let terminated = std::future::pending::<()>();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = terminated => {}
+            () = stdin_closed => {}
+        }
+    }
+}
+
+#[allow(clippy::print_stdout)]
+fn serve_generator(args: ServeArgs<GENERATOR_PORT>) -> anyhow::Result<()> {
+    let listen = listen(&args)?;
+    let (_config, generator) = areal_core::resolve_generator(&loader(&args.config)?)?;
+    let name = generator.name().to_owned();
+    let runtime = runtime()?;
+    let shutdown = {
+        let _in_runtime = runtime.enter();
+        shutdown(args.until_stdin_closes)
+    };
+    runtime.block_on(areal_serve::serve_generator(
+        generator,
+        listen,
+        |addr| {
+            // one line a launcher (or a user) can wait for
+            println!("serving generator {name} on {addr}");
+        },
+        shutdown,
+    ))?;
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)]
+fn serve_reward(args: ServeArgs<REWARD_PORT>) -> anyhow::Result<()> {
+    let listen = listen(&args)?;
     let (config, verifier) = areal_core::resolve_reward(&loader(&args.config)?)?;
     let threads = config.reward_service.threads;
     let name = verifier.name().to_owned();
     let runtime = runtime()?;
+    let shutdown = {
+        let _in_runtime = runtime.enter();
+        shutdown(args.until_stdin_closes)
+    };
     runtime.block_on(areal_serve::serve_reward(
         verifier,
         threads,
@@ -64,9 +152,7 @@ fn serve_reward(args: ServeArgs) -> anyhow::Result<()> {
             // one line a launcher (or a user) can wait for
             println!("serving reward {name} on {addr} ({threads} threads)");
         },
-        async {
-            let _ = tokio::signal::ctrl_c().await;
-        },
+        shutdown,
     ))?;
     Ok(())
 }

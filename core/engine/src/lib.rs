@@ -54,7 +54,7 @@ pub use error::{EngineError, chain};
 pub use group_runner::{GroupCounters, GroupRunner, GroupSpec};
 pub use metrics::{EvalMetrics, StalenessStats, StepMetrics, WarmupMetrics, WarmupReport};
 pub use observer::{Observer, Quiet, RunOptions, StopRequest};
-pub use plugins::{Plugins, resolve, resolve_reward};
+pub use plugins::{Plugins, resolve, resolve_generator, resolve_reward};
 pub use reward_service::{RewardService, Verified};
 pub use run::run;
 pub use staleness::{AdmissionCounts, StalenessManager};

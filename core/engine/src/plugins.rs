@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use areal_sdk::{
-    BuildContext, GeneratorPlugin, PluginError, RewardPlugin, RewardVerifier, Task, TaskPlugin,
-    mix_seed,
+    BuildContext, Generator, GeneratorPlugin, PluginError, RewardPlugin, RewardVerifier, Task,
+    TaskPlugin, mix_seed,
 };
 use areal_sdk_train::burn::tensor::Device;
 use areal_sdk_train::{Algorithm, AlgorithmPlugin, Policy, PolicyContext, PolicyPlugin};
@@ -26,6 +26,23 @@ pub fn resolve_reward(
     loader: &ConfigLoader,
 ) -> Result<(Config, Arc<dyn RewardVerifier>), ConfigError> {
     resolve_with(loader, |config| build_reward(config).map_err(|e| vec![e]))
+}
+
+/// [`resolve`] for a generator server: the config checked and only its `[generator]` plugin
+/// built, as a run would build it.
+pub fn resolve_generator(
+    loader: &ConfigLoader,
+) -> Result<(Config, Arc<dyn Generator>), ConfigError> {
+    resolve_with(loader, |config| {
+        build_generator(config).map_err(|e| vec![e])
+    })
+}
+
+/// The `[generator]` plugin (a run's and a generator server's).
+fn build_generator(config: &Config) -> Result<Arc<dyn Generator>, PluginError> {
+    let section = config.plugin("generator")?;
+    let ctx = BuildContext::new(mix_seed(config.seed, 2), 1);
+    GeneratorPlugin::build_from(&section, &ctx).map_err(|e| in_section("generator", e))
 }
 
 /// The `[reward]` plugin, on `reward_service.threads` threads (a run's and a reward server's).
@@ -94,10 +111,7 @@ impl Plugins {
                 let built = PolicyPlugin::build_from(&section, &ctx);
                 keep(&mut errors, built.map_err(|e| in_section("policy", e)))
             });
-        let generator = keep(&mut errors, config.plugin("generator")).and_then(|section| {
-            let built = GeneratorPlugin::build_from(&section, &ctx(2, 1));
-            keep(&mut errors, built.map_err(|e| in_section("generator", e)))
-        });
+        let generator = keep(&mut errors, build_generator(config));
         let task = keep(&mut errors, config.plugin("task")).and_then(|section| {
             let built = TaskPlugin::build_from(&section, &ctx(3, 1));
             keep(&mut errors, built.map_err(|e| in_section("task", e)))

@@ -1,6 +1,7 @@
 //! The RL stage: batches from the controller, steps on the compute worker, new weights back
 //! to the generators, evaluations on the way.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -19,6 +20,8 @@ pub(crate) struct RlOutcome {
     pub(crate) clock: RlClock,
     /// The last policy version.
     pub(crate) version: PolicyVersion,
+    /// The id of every sample trained on.
+    pub(crate) trained: HashSet<u64>,
 }
 
 /// Train `train.steps` steps (fewer when `train.max_seconds` passes or a stop is asked).
@@ -39,6 +42,7 @@ pub(crate) async fn train(ctx: &mut RunContext, start: bool) -> Result<RlOutcome
     let counters = &runner.counters;
     let mut version: PolicyVersion = 0;
     let mut steps = Vec::new();
+    let mut trained_ids = HashSet::new();
     let mut generated = (
         Instant::now(),
         counters.generated_tokens.load(Ordering::Relaxed),
@@ -53,6 +57,7 @@ pub(crate) async fn train(ctx: &mut RunContext, start: bool) -> Result<RlOutcome
             break;
         };
         let wait_ms = wait.elapsed().as_secs_f64() * 1e3;
+        check_once(&mut trained_ids, &groups)?;
 
         let trained = ctx.worker.train(groups, version).await?;
         ctx.observer.on_trained(&trained.groups, version);
@@ -105,7 +110,22 @@ pub(crate) async fn train(ctx: &mut RunContext, start: bool) -> Result<RlOutcome
         steps,
         clock,
         version,
+        trained: trained_ids,
     })
+}
+
+/// Record the sample ids of `groups`, refusing one already trained on: a sample re-issued
+/// after a server failed, or resubmitted after an interruption, must come back once.
+fn check_once(trained: &mut HashSet<u64>, groups: &[TrajectoryGroup]) -> Result<(), EngineError> {
+    for sample in groups.iter().flat_map(|g| &g.samples) {
+        if !trained.insert(sample.sample_id) {
+            return Err(EngineError::internal(format!(
+                "sample {} came back to be trained a second time",
+                sample.sample_id
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Wall time and generator counters since RL started, and since the previous step.

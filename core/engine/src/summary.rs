@@ -72,6 +72,13 @@ pub struct RunSummary {
     /// Mean milliseconds from an interruption to decoding running again, over the updates
     /// that interrupted something (`None` when none did or not measured).
     pub resume_ms_mean: Option<f64>,
+    /// Samples trained on, each once (the run stops if a sample id comes back).
+    pub samples_trained: u64,
+    /// Samples whose server failed while it had them, sent again to another (remote
+    /// generators and rewards; 0 in process).
+    pub reissued_samples: u64,
+    /// Servers found dead, unreachable or out of time while taking work.
+    pub endpoint_failures: u64,
 }
 
 /// The summary of a run whose RL stage did `outcome`.
@@ -91,6 +98,8 @@ pub(crate) fn summarise(
     let rl_seconds = rl.seconds();
     let train_ms: f64 = steps.iter().map(|m| m.train_ms).sum();
     let (gen_busy, resume_ms_mean) = rl.totals();
+    let runner = ctx.controller.runner();
+    let faults = runner.generator().stats().faults + runner.rewards().verifier().faults();
     RunSummary {
         baseline_accuracy: evals.first().map(|e| e.accuracy),
         final_accuracy: evals.last().map(|e| e.accuracy),
@@ -128,5 +137,8 @@ pub(crate) fn summarise(
         weight_sync_ms_mean: steps.iter().map(|m| m.weight_sync_ms).sum::<f64>()
             / steps.len().max(1) as f64,
         resume_ms_mean,
+        samples_trained: outcome.trained.len() as u64,
+        reissued_samples: faults.reissued_samples,
+        endpoint_failures: faults.endpoint_failures,
     }
 }

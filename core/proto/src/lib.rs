@@ -373,10 +373,13 @@ pub fn from_stats(s: &pb::GeneratorStats) -> GeneratorStats {
 }
 
 /// The sha256 (hex) of tensors, as [`pb::WeightsHeader::sha256`] defines it: each tensor's
-/// name, its shape (u64 little-endian) and its values (f32 little-endian), in order.
+/// name, its shape (u64 little-endian) and its values (f32 little-endian), in the order of
+/// their names (so that a safetensors file, which keeps its own order, has the same sum).
 pub fn weights_sha256(tensors: &[NamedTensor]) -> String {
     let mut hash = Sha256::new();
-    for t in tensors {
+    let mut by_name: Vec<&NamedTensor> = tensors.iter().collect();
+    by_name.sort_by(|a, b| a.name.cmp(&b.name));
+    for t in by_name {
         hash_tensor_head(&mut hash, &t.name, t.shape.iter().map(|&d| d as u64));
         for v in &t.data {
             hash.update(v.to_le_bytes());
@@ -418,7 +421,7 @@ pub fn weight_chunks(update: &WeightUpdate, part_values: usize) -> Vec<pb::Weigh
         let mut offset = 0;
         loop {
             let end = (offset + part_values).min(t.data.len());
-            let data: Vec<u8> = t.data[offset..end]
+            let data: prost::bytes::Bytes = t.data[offset..end]
                 .iter()
                 .flat_map(|v| v.to_le_bytes())
                 .collect();

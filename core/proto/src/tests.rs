@@ -57,7 +57,9 @@ fn damaged_or_incomplete_weights_are_refused_with_the_reason() {
     // one value flipped in transit: the checksum says so
     let mut chunks = weight_chunks(&update(), 4);
     if let Some(Chunk::Part(p)) = &mut chunks[1].chunk {
-        p.data[0] ^= 1;
+        let mut data = p.data.to_vec();
+        data[0] ^= 1;
+        p.data = data.into();
     }
     let e = assemble(chunks).unwrap_err().to_string();
     assert!(e.contains("version 7") && e.contains("sha256"), "{e}");
@@ -89,7 +91,7 @@ fn damaged_or_incomplete_weights_are_refused_with_the_reason() {
     // bytes that are not whole f32 values
     let mut chunks = weight_chunks(&update(), 1 << 20);
     if let Some(Chunk::Part(p)) = &mut chunks[1].chunk {
-        p.data.pop();
+        p.data.truncate(p.data.len() - 1);
     }
     let e = assemble(chunks).unwrap_err().to_string();
     assert!(e.contains("whole number"), "{e}");

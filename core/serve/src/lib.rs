@@ -9,10 +9,16 @@
 //! Servers listen on loopback unless given a shared token ([`Listen`]): on any other address
 //! every call must carry it (`AREAL_TOKEN`). Every client call has a timeout.
 
+mod fleet;
+mod generator_server;
+mod remote_generator;
 mod remote_reward;
 mod reward_server;
 mod security;
+mod weights_folder;
 
+pub use generator_server::serve_generator;
+pub use remote_generator::{RemoteGenerator, RemoteGeneratorOptions};
 pub use remote_reward::{NAME as REMOTE, RemoteRewardOptions, RemoteVerifier};
 pub use reward_server::serve_reward;
 pub use security::{Listen, ServeError, TOKEN_ENV, token_from_env};

@@ -1,18 +1,19 @@
 //! The `remote` reward: each sample verified by one of a set of reward servers.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use areal_proto::pb::verifier_client::VerifierClient;
 use areal_proto::{MAX_MESSAGE_BYTES, pb};
 use areal_sdk::{
-    BuildContext, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, VerifyContext,
+    BuildContext, FaultStats, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier,
+    VerifyContext,
 };
 use serde::Deserialize;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::fleet::{CallError, ClientRuntime, Fleet, channel, check_options};
 use crate::security::{SendToken, token_from_env};
 
 /// The name the plugin is registered under (`[reward] kind = "remote"`).
@@ -31,9 +32,16 @@ pub struct RemoteRewardOptions {
     /// network). By default 30.
     #[serde(default = "default_call_margin_s")]
     pub call_margin_s: f64,
+    /// Seconds every server may be gone before the run stops. By default 60.
+    #[serde(default = "default_grace_s")]
+    pub grace_s: f64,
+    /// Seconds between health checks of each server (how soon a dead one is noticed and a
+    /// restarted one takes work again). By default 0.5.
+    #[serde(default = "default_probe_interval_s")]
+    pub probe_interval_s: f64,
 }
 
-fn default_connect_timeout_s() -> f64 {
+pub(crate) fn default_connect_timeout_s() -> f64 {
     5.0
 }
 
@@ -41,127 +49,188 @@ fn default_call_margin_s() -> f64 {
     30.0
 }
 
-type Client = VerifierClient<InterceptedService<Channel, SendToken>>;
-
-struct Endpoint {
-    url: String,
-    client: Client,
-    in_flight: AtomicUsize,
+pub(crate) fn default_grace_s() -> f64 {
+    60.0
 }
 
+pub(crate) fn default_probe_interval_s() -> f64 {
+    0.5
+}
+
+type Client = VerifierClient<InterceptedService<Channel, SendToken>>;
+
 /// Verifies on reward servers: each sample goes to the server with the fewest samples in
-/// flight; a server that cannot be reached (or fails the call) costs one re-issue to the next
-/// one, never more, so a sample is verified at most twice and counted once.
+/// flight; a server that fails while it has a sample costs that sample one re-issue to
+/// another server, never more, so a sample is verified at most twice and counted once.
+/// While no server answers, samples wait for one up to `grace_s`.
 pub struct RemoteVerifier {
-    runtime: tokio::runtime::Runtime,
-    endpoints: Vec<Endpoint>,
+    fleet: Arc<Fleet<Client>>,
     call_margin: Duration,
-    reissued: AtomicU64,
-    endpoint_failures: AtomicU64,
+    // last: its probes and channels stop with it
+    runtime: ClientRuntime,
 }
 
 impl std::fmt::Debug for RemoteVerifier {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteVerifier")
-            .field(
-                "endpoints",
-                &self.endpoints.iter().map(|e| &e.url).collect::<Vec<_>>(),
-            )
+            .field("endpoints", &self.fleet.report())
             .finish_non_exhaustive()
     }
 }
 
 impl RemoteVerifier {
-    /// A verifier on `options.endpoints`, sending `token` with every call.
-    pub fn new(options: &RemoteRewardOptions, token: Option<&str>) -> Result<Self, String> {
-        if options.endpoints.is_empty() {
-            return Err("give at least one endpoint, e.g. [\"http://127.0.0.1:50061\"]".into());
-        }
-        for (key, value) in [
-            ("connect_timeout_s", options.connect_timeout_s),
-            ("call_margin_s", options.call_margin_s),
-        ] {
-            if !(value > 0.0 && value <= 86_400.0) {
-                return Err(format!(
-                    "{key} must be between 0 and 86400 seconds, found {value}"
-                ));
-            }
-        }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("areal-remote-reward")
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the client's runtime: {e}"))?;
-        let send_token = SendToken::new(token)?;
-        let _in_runtime = runtime.enter();
-        let endpoints = options
-            .endpoints
-            .iter()
-            .map(|url| {
-                let channel = Channel::from_shared(url.clone())
-                    .map_err(|e| format!("endpoint {url:?}: {e}"))?
-                    .connect_timeout(Duration::from_secs_f64(options.connect_timeout_s))
-                    .connect_lazy();
-                let client = VerifierClient::with_interceptor(channel, send_token.clone())
+    /// A verifier on `options.endpoints`, sending `token` with every call; the error names
+    /// the option at fault.
+    pub fn new(
+        options: &RemoteRewardOptions,
+        token: Option<&str>,
+    ) -> Result<Self, (&'static str, String)> {
+        check_options(
+            &options.endpoints,
+            &[
+                ("connect_timeout_s", options.connect_timeout_s),
+                ("call_margin_s", options.call_margin_s),
+                ("grace_s", options.grace_s),
+                ("probe_interval_s", options.probe_interval_s),
+            ],
+        )?;
+        let runtime = ClientRuntime::new("areal-remote-reward", 1).map_err(|e| ("endpoints", e))?;
+        let send_token = SendToken::new(token).map_err(|e| ("endpoints", e))?;
+        let connect_timeout = Duration::from_secs_f64(options.connect_timeout_s);
+        let members = {
+            let _in_runtime = runtime.get().enter();
+            options
+                .endpoints
+                .iter()
+                .map(|url| {
+                    let client = VerifierClient::with_interceptor(
+                        channel(url, connect_timeout)?,
+                        send_token.clone(),
+                    )
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(MAX_MESSAGE_BYTES);
-                Ok(Endpoint {
-                    url: url.clone(),
-                    client,
-                    in_flight: AtomicUsize::new(0),
+                    Ok((url.clone(), client))
                 })
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        drop(_in_runtime);
+                .collect::<Result<Vec<_>, String>>()
+                .map_err(|e| ("endpoints", e))?
+        };
+        let fleet = Arc::new(Fleet::new(
+            "reward",
+            members,
+            Duration::from_secs_f64(options.grace_s),
+        ));
+        let interval = Duration::from_secs_f64(options.probe_interval_s);
+        for index in 0..fleet.members().len() {
+            runtime
+                .get()
+                .spawn(probe(fleet.clone(), index, interval, connect_timeout));
+        }
         Ok(Self {
-            runtime,
-            endpoints,
+            fleet,
             call_margin: Duration::from_secs_f64(options.call_margin_s),
-            reissued: AtomicU64::new(0),
-            endpoint_failures: AtomicU64::new(0),
+            runtime,
         })
     }
 
-    /// Samples sent again to another server after their first failed.
+    /// Samples sent again to another server after theirs failed.
     pub fn reissued(&self) -> u64 {
-        self.reissued.load(Ordering::Relaxed)
+        self.fleet.faults().reissued_samples
     }
 
-    /// Calls that failed at the transport or on the server.
+    /// Servers found dead while taking work.
     pub fn endpoint_failures(&self) -> u64 {
-        self.endpoint_failures.load(Ordering::Relaxed)
-    }
-
-    /// The endpoints, least loaded first (ties in configured order).
-    fn by_load(&self) -> Vec<&Endpoint> {
-        let mut order: Vec<&Endpoint> = self.endpoints.iter().collect();
-        order.sort_by_key(|e| e.in_flight.load(Ordering::Relaxed));
-        order
+        self.fleet.faults().endpoint_failures
     }
 
     async fn call(
-        &self,
-        endpoint: &Endpoint,
+        client: &Client,
         sample: pb::RewardInput,
         timeout: Duration,
     ) -> Result<pb::VerifyResult, tonic::Status> {
-        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
-        let mut client = endpoint.client.clone();
+        let mut client = client.clone();
         let mut request = tonic::Request::new(pb::VerifyBatch {
             header: Some(areal_proto::header()),
             samples: vec![sample],
         });
         request.set_timeout(timeout);
-        let result = client.verify(request).await;
-        endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
-        let mut results = result?.into_inner().results;
+        let mut results = client.verify(request).await?.into_inner().results;
         match (results.pop(), results.is_empty()) {
             (Some(one), true) => Ok(one),
             _ => Err(tonic::Status::internal(
                 "the server answered a one-sample batch with another number of results",
             )),
         }
+    }
+
+    async fn verify_async(
+        &self,
+        input: &RewardInput,
+        ctx: &VerifyContext,
+    ) -> Result<Reward, PluginError> {
+        let mut failures: Vec<String> = Vec::new();
+        let fail = |failures: &[String], why: String| {
+            let before = if failures.is_empty() {
+                String::new()
+            } else {
+                format!(" after {}", failures.join("; "))
+            };
+            PluginError::failed(NAME, format!("sample {}: {why}{before}", input.sample_id))
+        };
+        loop {
+            let lease = self
+                .fleet
+                .acquire()
+                .await
+                .map_err(|why| fail(&failures, why))?;
+            let deadline = ctx.remaining().max(Duration::from_millis(1));
+            let sample = areal_proto::reward_input(input, deadline);
+            let url = lease.member.url.clone();
+            let result =
+                Self::call(&lease.member.client, sample, deadline + self.call_margin).await;
+            match result {
+                Ok(result) => return outcome(result, &url),
+                Err(status) => match CallError::from_status(&status) {
+                    CallError::Refused(said) => {
+                        return Err(fail(&failures, format!("{url} refused: {said}")));
+                    }
+                    CallError::Fault(said) => {
+                        tracing::debug!(target: "areal::remote", endpoint = %url, sample_id = input.sample_id, said, "reward call failed; sending the sample elsewhere");
+                        self.fleet.set_down(lease.index, said.clone());
+                        failures.push(format!("{url}: {said}"));
+                        if failures.len() > 1 {
+                            return Err(fail(
+                                &[],
+                                format!("no reward server answered ({})", failures.join("; ")),
+                            ));
+                        }
+                        self.fleet.count_reissue();
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// Check member `index` every `interval`: a health call that answers puts it back to work.
+async fn probe(fleet: Arc<Fleet<Client>>, index: usize, interval: Duration, timeout: Duration) {
+    loop {
+        let mut client = fleet.members()[index].client.clone();
+        let mut request = tonic::Request::new(pb::Ping {
+            header: Some(areal_proto::header()),
+        });
+        request.set_timeout(timeout);
+        match client.health(request).await {
+            Ok(_) => {
+                if !fleet.is_ready(index) {
+                    fleet.set_ready(index, None);
+                }
+            }
+            Err(status) => match CallError::from_status(&status) {
+                CallError::Refused(said) => fleet.set_refused(index, said),
+                CallError::Fault(said) => fleet.set_down(index, said),
+            },
+        }
+        tokio::time::sleep(interval).await;
     }
 }
 
@@ -171,36 +240,11 @@ impl RewardVerifier for RemoteVerifier {
     }
 
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError> {
-        let deadline = ctx.remaining().max(Duration::from_millis(1));
-        let sample = areal_proto::reward_input(input, deadline);
-        let timeout = deadline + self.call_margin;
-        let order = self.by_load();
-        let mut failures = Vec::new();
-        // the first choice, and at most one other
-        for (attempt, endpoint) in order.iter().take(2).enumerate() {
-            if attempt > 0 {
-                self.reissued.fetch_add(1, Ordering::Relaxed);
-            }
-            match self
-                .runtime
-                .block_on(self.call(endpoint, sample.clone(), timeout))
-            {
-                Ok(result) => return outcome(result, &endpoint.url),
-                Err(status) => {
-                    self.endpoint_failures.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(target: "areal::remote", endpoint = %endpoint.url, sample_id = input.sample_id, code = ?status.code(), message = status.message(), "reward call failed");
-                    failures.push(format!("{}: {}", endpoint.url, describe(&status)));
-                }
-            }
-        }
-        Err(PluginError::failed(
-            NAME,
-            format!(
-                "sample {}: no reward server answered ({})",
-                input.sample_id,
-                failures.join("; ")
-            ),
-        ))
+        self.runtime.get().block_on(self.verify_async(input, ctx))
+    }
+
+    fn faults(&self) -> FaultStats {
+        self.fleet.faults()
     }
 }
 
@@ -239,14 +283,6 @@ fn outcome(result: pb::VerifyResult, url: &str) -> Result<Reward, PluginError> {
     }
 }
 
-fn describe(status: &tonic::Status) -> String {
-    match status.code() {
-        tonic::Code::Unavailable => format!("unreachable ({})", status.message()),
-        tonic::Code::DeadlineExceeded => "no answer in time".into(),
-        code => format!("{code:?}: {}", status.message()),
-    }
-}
-
 pub(crate) fn build(
     config: &PluginConfig,
     _ctx: &BuildContext,
@@ -254,7 +290,7 @@ pub(crate) fn build(
     let options: RemoteRewardOptions = config.parse()?;
     let token = token_from_env();
     let verifier = RemoteVerifier::new(&options, token.as_deref())
-        .map_err(|m| config.invalid("endpoints", m))?;
+        .map_err(|(key, message)| config.invalid(key, message))?;
     Ok(Arc::new(verifier))
 }
 

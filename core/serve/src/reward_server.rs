@@ -110,17 +110,7 @@ pub async fn serve_reward(
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    listen.check()?;
-    let listener = tokio::net::TcpListener::bind(listen.addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: listen.addr,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
-        addr: listen.addr,
-        source,
-    })?;
+    let (listener, addr) = crate::security::bind(&listen).await?;
     // the default deadline is never used: every sample carries its own
     let service = RewardService::new(verifier, threads, Duration::from_secs(60));
     let server = RewardServer {

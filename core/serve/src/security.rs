@@ -68,6 +68,22 @@ impl Listen {
     }
 }
 
+/// Check `listen` and bind it: the listener and the address actually bound.
+pub(crate) async fn bind(
+    listen: &Listen,
+) -> Result<(tokio::net::TcpListener, SocketAddr), ServeError> {
+    listen.check()?;
+    let bind_error = |source| ServeError::Bind {
+        addr: listen.addr,
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(listen.addr)
+        .await
+        .map_err(bind_error)?;
+    let addr = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, addr))
+}
+
 /// A tonic interceptor that refuses calls without the token (when there is one).
 #[derive(Clone, Debug)]
 pub(crate) struct RequireToken(pub(crate) Option<String>);

@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use areal_sdk::{NamedTensor, PluginError};
+use areal_sdk_train::weights_file;
 use burn::module::Param;
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::{Device, Tensor, TensorData};
-use safetensors::tensor::{Dtype, TensorView};
 
 use crate::config::ModelConfig;
 use crate::model::{Attention, DecoderLayer, Mlp, Transformer};
@@ -240,89 +240,15 @@ pub fn import(
 
 /// Write tensors to a `.safetensors` file as float32.
 pub fn write_safetensors(path: &Path, tensors: &[NamedTensor]) -> Result<(), PluginError> {
-    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
-        .iter()
-        .map(|t| {
-            (
-                t.name.clone(),
-                t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                t.shape.clone(),
-            )
-        })
-        .collect();
-    let views = bytes
-        .iter()
-        .map(|(name, data, shape)| {
-            TensorView::new(Dtype::F32, shape.clone(), data)
-                .map(|view| (name.clone(), view))
-                .map_err(|e| caused(format!("tensor `{name}`"), e))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut metadata = std::collections::HashMap::new();
-    metadata.insert("format".to_owned(), "pt".to_owned());
-    safetensors::serialize_to_file(views, Some(metadata), path)
-        .map_err(|e| caused(format!("cannot write {}", path.display()), e))
+    weights_file::write_safetensors(path, tensors, &std::collections::HashMap::new())
+        .map_err(|e| caused("cannot save the weights", e))
 }
 
 /// Read every tensor of a `.safetensors` file as float32 (f32, bf16 and f16 are accepted).
 pub fn read_safetensors(path: &Path) -> Result<Vec<NamedTensor>, PluginError> {
-    let bytes =
-        std::fs::read(path).map_err(|e| caused(format!("cannot read {}", path.display()), e))?;
-    let file = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| caused(format!("{} is not a safetensors file", path.display()), e))?;
-    let mut out = Vec::new();
-    for (name, view) in file.tensors() {
-        let raw = view.data();
-        let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => raw
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::BF16 => raw
-                .chunks_exact(2)
-                .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
-                .collect(),
-            Dtype::F16 => raw
-                .chunks_exact(2)
-                .map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]])))
-                .collect(),
-            other => {
-                return Err(failed(format!(
-                    "tensor `{name}` in {} has dtype {other:?}",
-                    path.display()
-                )));
-            }
-        };
-        out.push(NamedTensor {
-            name,
-            shape: view.shape().to_vec(),
-            data,
-        });
-    }
-    Ok(out)
-}
-
-/// IEEE half to single precision.
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = u32::from(h >> 15) << 31;
-    let exp = u32::from((h >> 10) & 0x1f);
-    let frac = u32::from(h & 0x3ff);
-    let bits = match (exp, frac) {
-        (0, 0) => sign,
-        (0, _) => {
-            // subnormal: normalise
-            let mut e = 127 - 15 + 1;
-            let mut f = frac;
-            while f & 0x400 == 0 {
-                f <<= 1;
-                e -= 1;
-            }
-            sign | (e << 23) | ((f & 0x3ff) << 13)
-        }
-        (0x1f, _) => sign | 0x7f80_0000 | (frac << 13),
-        _ => sign | ((exp + 127 - 15) << 23) | (frac << 13),
-    };
-    f32::from_bits(bits)
+    weights_file::read_safetensors(path)
+        .map(|(tensors, _)| tensors)
+        .map_err(|e| caused("cannot load the weights", e))
 }
 
 /// Files of a checkpoint folder.
@@ -372,19 +298,4 @@ pub fn load_checkpoint(
         .unwrap_or_default();
     let tokenizer = HfTokenizer::from_file(&dir.join(TOKENIZER_FILE), stop)?;
     Ok((config, model, tokenizer))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn half_precision_values() {
-        assert_eq!(f16_to_f32(0x3c00), 1.0);
-        assert_eq!(f16_to_f32(0xc000), -2.0);
-        assert_eq!(f16_to_f32(0x3555), 0.333_251_95);
-        assert_eq!(f16_to_f32(0x0001), 5.960_464_5e-8);
-        assert!(f16_to_f32(0x7c00).is_infinite());
-        assert_eq!(f32::from_bits(u32::from(0x3f80u16) << 16), 1.0, "bf16 1.0");
-    }
 }

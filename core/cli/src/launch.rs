@@ -1,0 +1,276 @@
+//! `areal launch local`: generator and reward servers as child processes on loopback, then
+//! the trainer in this process with `remote` plugins on them.
+//!
+//! No server outlives the launcher: each reads a pipe from it as its standard input and stops
+//! when that closes, which happens however the launcher ends (the run's end, an error, Ctrl-C,
+//! even SIGKILL). Each runs in a process group of its own, so Ctrl-C reaches the trainer
+//! alone, which stops cleanly (checkpoint and summary saved) before the servers are stopped.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+
+use crate::{TrainArgs, loader, utc_timestamp};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum LaunchCommand {
+    /// Start generator and reward servers as child processes on loopback, then train on them
+    /// (`[generator]` and `[reward]` become `remote` with their endpoints); every server stops
+    /// with the run: at its end, on an error, on Ctrl-C. Their logs go to `RUN/servers/`.
+    Local(LocalArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LocalArgs {
+    /// Generator servers (`areal serve generator`) to start; 0 generates in process.
+    #[arg(long, default_value_t = 1)]
+    generators: usize,
+    /// Reward servers (`areal serve reward`) to start; 0 verifies in process.
+    #[arg(long, default_value_t = 0)]
+    reward_servers: usize,
+    /// Seconds to wait for every server to listen.
+    #[arg(long, default_value_t = 300.0)]
+    start_timeout_s: f64,
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+pub(crate) fn run(command: LaunchCommand, started: Instant) -> anyhow::Result<()> {
+    match command {
+        LaunchCommand::Local(args) => local(args, started),
+    }
+}
+
+/// The most servers of one kind `launch local` starts.
+const MAX_SERVERS: usize = 256;
+
+fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
+    if args.generators == 0 && args.reward_servers == 0 {
+        bail!("nothing to launch: give --generators N and/or --reward-servers M");
+    }
+    if args.generators > MAX_SERVERS || args.reward_servers > MAX_SERVERS {
+        bail!("at most {MAX_SERVERS} servers of each kind");
+    }
+    if !(args.start_timeout_s > 0.0 && args.start_timeout_s <= 86_400.0) {
+        bail!(
+            "--start-timeout-s must be between 0 and 86400, found {}",
+            args.start_timeout_s
+        );
+    }
+    // a bad config fails here, before any server starts
+    loader(&args.train.config)?.load()?;
+    let out = args
+        .train
+        .out
+        .clone()
+        .unwrap_or_else(|| Path::new("runs").join(utc_timestamp()));
+    let logs = out.join("servers");
+    std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    let exe = std::env::current_exe().context("cannot find the areal binary")?;
+    let mut servers = Servers::default();
+    let kinds = std::iter::repeat_n("generator", args.generators)
+        .chain(std::iter::repeat_n("reward", args.reward_servers));
+    for kind in kinds {
+        servers.start(&exe, kind, &args.train.config, &logs)?;
+    }
+    let urls = servers.wait_listening(Duration::from_secs_f64(args.start_timeout_s))?;
+    let endpoints = |kind: &str| {
+        let list: Vec<String> = urls
+            .iter()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, url)| format!("\"{url}\""))
+            .collect();
+        format!("[{}]", list.join(", "))
+    };
+    let set = &mut args.train.config.set;
+    for (kind, section) in [("generator", "generator"), ("reward", "reward")] {
+        if urls.iter().any(|(k, _)| *k == kind) {
+            set.push(format!("{section}.kind=remote"));
+            set.push(format!("{section}.endpoints={}", endpoints(kind)));
+        }
+    }
+    tracing::info!(target: "areal::launch", servers = urls.len(), "servers listening; training");
+    args.train.out = Some(out);
+    let result = crate::train(args.train, started);
+    servers.stop();
+    result
+}
+
+/// A started server.
+struct Server {
+    kind: &'static str,
+    log: PathBuf,
+    child: Child,
+    /// Its standard input: closing it stops the server.
+    stdin: Option<ChildStdin>,
+}
+
+/// The servers of a launch; dropped, they are stopped.
+#[derive(Default)]
+struct Servers {
+    started: Vec<Server>,
+    /// (index, the address line or why there is none)
+    listening: Option<(
+        mpsc::Sender<(usize, Result<String, String>)>,
+        mpsc::Receiver<(usize, Result<String, String>)>,
+    )>,
+}
+
+impl Servers {
+    fn start(
+        &mut self,
+        exe: &Path,
+        kind: &'static str,
+        config: &crate::ConfigArgs,
+        logs: &Path,
+    ) -> anyhow::Result<()> {
+        let index = self.started.len();
+        let same_kind = self.started.iter().filter(|s| s.kind == kind).count();
+        let log = logs.join(format!("{kind}-{same_kind}.log"));
+        let log_file = std::fs::File::create(&log)
+            .with_context(|| format!("cannot create {}", log.display()))?;
+        let mut command = Command::new(exe);
+        command
+            .args([
+                "-v",
+                "serve",
+                kind,
+                "--listen",
+                "127.0.0.1:0",
+                "--until-stdin-closes",
+            ])
+            .args(config.to_args())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log_file.try_clone().context("cannot share the log file")?);
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("cannot start {}", exe.display()))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stdin = child.stdin.take();
+        let (tx, _) = self.listening.get_or_insert_with(mpsc::channel);
+        let tx = tx.clone();
+        // the first line says where it listens; the rest joins its log
+        std::thread::Builder::new()
+            .name(format!("areal-{kind}-{same_kind}"))
+            .spawn(move || {
+                let mut lines = BufReader::new(stdout).lines();
+                let first = match lines.next() {
+                    Some(Ok(line)) => line,
+                    _ => {
+                        let _ = tx.send((index, Err("it exited before listening".into())));
+                        return;
+                    }
+                };
+                let addr = first
+                    .split_whitespace()
+                    .skip_while(|w| *w != "on")
+                    .nth(1)
+                    .map(str::to_owned);
+                let _ = tx.send((
+                    index,
+                    addr.ok_or_else(|| format!("it printed {first:?} instead of its address")),
+                ));
+                let mut log = log_file;
+                for line in lines.map_while(Result::ok) {
+                    let _ = writeln!(log, "{line}");
+                }
+            })
+            .context("cannot start a thread")?;
+        self.started.push(Server {
+            kind,
+            log,
+            child,
+            stdin,
+        });
+        Ok(())
+    }
+
+    /// Wait until every server listens; `(kind, url)` of each, in order.
+    fn wait_listening(&mut self, timeout: Duration) -> anyhow::Result<Vec<(&'static str, String)>> {
+        let deadline = Instant::now() + timeout;
+        let mut urls: Vec<Option<String>> = vec![None; self.started.len()];
+        let Some((_, rx)) = &self.listening else {
+            return Ok(Vec::new());
+        };
+        while urls.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let waiting = urls
+                .iter()
+                .position(Option::is_none)
+                .expect("one is waiting");
+            let (index, line) = match rx.recv_timeout(left) {
+                Ok(got) => got,
+                Err(_) => (
+                    waiting,
+                    Err(format!(
+                        "it did not listen within {:.0} s",
+                        timeout.as_secs_f64()
+                    )),
+                ),
+            };
+            match line {
+                Ok(addr) => urls[index] = Some(format!("http://{addr}")),
+                Err(why) => {
+                    let server = &self.started[index];
+                    bail!(
+                        "the {} server {} failed to start: {why}; its log {}:\n{}",
+                        server.kind,
+                        index,
+                        server.log.display(),
+                        tail(&server.log)
+                    );
+                }
+            }
+        }
+        Ok(self
+            .started
+            .iter()
+            .zip(urls)
+            .map(|(s, url)| (s.kind, url.expect("every server listens")))
+            .collect())
+    }
+
+    /// Stop every server: close its input, give it a few seconds, then kill it.
+    fn stop(&mut self) {
+        for server in &mut self.started {
+            server.stdin.take();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for server in &mut self.started {
+            loop {
+                match server.child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() >= deadline => {
+                        tracing::warn!(target: "areal::launch", kind = server.kind, "a server did not stop; killing it");
+                        let _ = server.child.kill();
+                        let _ = server.child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }
+        self.started.clear();
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last lines of a log, for an error.
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}

@@ -1,0 +1,368 @@
+//! The servers of one kind behind a `remote` plugin: which of them take work, the least
+//! loaded of those, what each last said, and how long all of them have been gone.
+//!
+//! A server takes work once a probe (or a call) has found it reachable and, for generators,
+//! holding the current weights. A call or probe that finds it dead takes it out; its own
+//! probe brings it back when it answers again. When no server has taken work for longer than
+//! the grace period, the fleet is gone for good: every call from then on fails at once with
+//! the endpoints and what they last said.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use areal_sdk::FaultStats;
+use tokio::sync::Notify;
+use tonic::transport::Channel;
+
+/// One server.
+pub(crate) struct Member<C> {
+    pub(crate) url: String,
+    pub(crate) client: C,
+    in_flight: AtomicUsize,
+    state: Mutex<MemberState>,
+}
+
+#[derive(Clone, Debug)]
+struct MemberState {
+    /// Takes work.
+    ready: bool,
+    /// Refused us for good (a wrong token, another protocol): waiting will not help.
+    refused: bool,
+    /// What it last said.
+    said: String,
+}
+
+impl<C> Member<C> {
+    /// Samples it has now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+/// The servers of one kind.
+pub(crate) struct Fleet<C> {
+    kind: &'static str,
+    members: Vec<Member<C>>,
+    grace: Duration,
+    changed: Notify,
+    /// Since when no member has been ready; the verdict once that passed the grace period.
+    gone: Mutex<(Option<Instant>, Option<String>)>,
+    next: AtomicUsize,
+    reissued: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// A member lent to one call; its load counts the call until dropped.
+pub(crate) struct Lease<'a, C> {
+    pub(crate) index: usize,
+    pub(crate) member: &'a Member<C>,
+}
+
+impl<C> Drop for Lease<'_, C> {
+    fn drop(&mut self) {
+        self.member.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How a failed call is taken.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The server is dead, unreachable or too slow: take it out and send the work elsewhere.
+    Fault(String),
+    /// The server answered and refused (the plugin failed, a malformed request): sending the
+    /// same work elsewhere would fail the same way.
+    Refused(String),
+}
+
+impl CallError {
+    /// Classify a status: transport failures and time-outs are the server's fault; what a
+    /// server says on purpose is a refusal.
+    pub(crate) fn from_status(status: &tonic::Status) -> Self {
+        use tonic::Code;
+        let said = describe(status);
+        match status.code() {
+            Code::InvalidArgument
+            | Code::FailedPrecondition
+            | Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::Unimplemented
+            | Code::OutOfRange
+            | Code::Aborted
+            | Code::NotFound
+            | Code::AlreadyExists => Self::Refused(said),
+            _ => Self::Fault(said),
+        }
+    }
+}
+
+/// A status as a short phrase for logs and errors.
+pub(crate) fn describe(status: &tonic::Status) -> String {
+    match status.code() {
+        tonic::Code::Unavailable => format!("unreachable ({})", status.message()),
+        tonic::Code::DeadlineExceeded => "no answer in time".into(),
+        code => format!("{code:?}: {}", status.message()),
+    }
+}
+
+/// A lazily connecting channel to `url`; must be called inside a runtime.
+pub(crate) fn channel(url: &str, connect_timeout: Duration) -> Result<Channel, String> {
+    Ok(Channel::from_shared(url.to_owned())
+        .map_err(|e| format!("endpoint {url:?}: {e}"))?
+        .connect_timeout(connect_timeout)
+        .tcp_nodelay(true)
+        .connect_lazy())
+}
+
+impl<C> Fleet<C> {
+    /// Servers of `kind` ("generator", "reward"), none taking work until probed.
+    pub(crate) fn new(kind: &'static str, members: Vec<(String, C)>, grace: Duration) -> Self {
+        Self {
+            kind,
+            members: members
+                .into_iter()
+                .map(|(url, client)| Member {
+                    url,
+                    client,
+                    in_flight: AtomicUsize::new(0),
+                    state: Mutex::new(MemberState {
+                        ready: false,
+                        refused: false,
+                        said: "not contacted yet".into(),
+                    }),
+                })
+                .collect(),
+            grace,
+            changed: Notify::new(),
+            gone: Mutex::new((Some(Instant::now()), None)),
+            next: AtomicUsize::new(0),
+            reissued: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn members(&self) -> &[Member<C>] {
+        &self.members
+    }
+
+    fn state(&self, index: usize) -> std::sync::MutexGuard<'_, MemberState> {
+        self.members[index].state.lock().expect("member lock")
+    }
+
+    /// Whether member `index` takes work.
+    pub(crate) fn is_ready(&self, index: usize) -> bool {
+        self.state(index).ready
+    }
+
+    /// Member `index` takes work (holding `held`, for generators).
+    pub(crate) fn set_ready(&self, index: usize, held: Option<u64>) {
+        {
+            let mut s = self.state(index);
+            if !s.ready {
+                tracing::info!(target: "areal::remote", kind = self.kind, endpoint = %self.members[index].url, version = ?held, "server takes work");
+            }
+            *s = MemberState {
+                ready: true,
+                refused: false,
+                said: match held {
+                    Some(version) => format!("ready, holding version {version}"),
+                    None => "ready".into(),
+                },
+            };
+        }
+        self.update_gone();
+    }
+
+    /// Member `index` is reachable but takes no work for now (loading weights).
+    pub(crate) fn set_busy(&self, index: usize, said: String) {
+        {
+            let mut s = self.state(index);
+            s.ready = false;
+            s.said = said;
+        }
+        self.update_gone();
+    }
+
+    /// Member `index` failed; counted when it was taking work.
+    pub(crate) fn set_down(&self, index: usize, said: String) {
+        let was_ready = {
+            let mut s = self.state(index);
+            let was = s.ready;
+            s.ready = false;
+            s.refused = false;
+            s.said = said.clone();
+            was
+        };
+        if was_ready {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(target: "areal::remote", kind = self.kind, endpoint = %self.members[index].url, said, "server failed; its work goes elsewhere");
+        }
+        self.update_gone();
+    }
+
+    /// Member `index` refused us for good (a wrong token, another protocol).
+    pub(crate) fn set_refused(&self, index: usize, said: String) {
+        {
+            let mut s = self.state(index);
+            if !s.refused {
+                tracing::error!(target: "areal::remote", kind = self.kind, endpoint = %self.members[index].url, said, "server refuses us");
+            }
+            s.ready = false;
+            s.refused = true;
+            s.said = said;
+        }
+        self.update_gone();
+    }
+
+    /// A sample was sent again after its server failed.
+    pub(crate) fn count_reissue(&self) {
+        self.reissued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What was lost so far.
+    pub(crate) fn faults(&self) -> FaultStats {
+        FaultStats::new(
+            self.reissued.load(Ordering::Relaxed),
+            self.failures.load(Ordering::Relaxed),
+        )
+    }
+
+    fn update_gone(&self) {
+        let any_ready = (0..self.members.len()).any(|i| self.state(i).ready);
+        {
+            let mut gone = self.gone.lock().expect("gone lock");
+            if any_ready {
+                gone.0 = None;
+            } else if gone.0.is_none() {
+                gone.0 = Some(Instant::now());
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Every endpoint with what it last said.
+    pub(crate) fn report(&self) -> String {
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| format!("{} ({})", m.url, self.state(i).said))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The least loaded member that takes work, waiting for one while none does; an error
+    /// once none has for the grace period (for good) or every one refuses us.
+    pub(crate) async fn acquire(&self) -> Result<Lease<'_, C>, String> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let deadline = {
+                let mut gone = self.gone.lock().expect("gone lock");
+                if let Some(verdict) = &gone.1 {
+                    return Err(verdict.clone());
+                }
+                if let Some(lease) = self.least_loaded() {
+                    return Ok(lease);
+                }
+                let since = *gone.0.get_or_insert_with(Instant::now);
+                let refused = (0..self.members.len()).all(|i| self.state(i).refused);
+                if refused {
+                    return Err(format!(
+                        "every {} server refuses us: {}",
+                        self.kind,
+                        self.report()
+                    ));
+                }
+                let deadline = since + self.grace;
+                if Instant::now() >= deadline {
+                    let verdict = format!(
+                        "no {} server has taken work for {:.0} s (the grace period): {}",
+                        self.kind,
+                        self.grace.as_secs_f64(),
+                        self.report()
+                    );
+                    tracing::error!(target: "areal::remote", kind = self.kind, verdict, "giving up on the servers");
+                    gone.1 = Some(verdict.clone());
+                    return Err(verdict);
+                }
+                deadline
+            };
+            tokio::select! {
+                () = &mut changed => {}
+                () = tokio::time::sleep_until(deadline.into()) => {}
+            }
+        }
+    }
+
+    fn least_loaded(&self) -> Option<Lease<'_, C>> {
+        let n = self.members.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let mut best: Option<(usize, usize)> = None;
+        for k in 0..n {
+            let i = (start + k) % n;
+            if !self.state(i).ready {
+                continue;
+            }
+            let load = self.members[i].in_flight();
+            if best.is_none_or(|(_, b)| load < b) {
+                best = Some((i, load));
+            }
+        }
+        best.map(|(index, _)| {
+            let member = &self.members[index];
+            member.in_flight.fetch_add(1, Ordering::Relaxed);
+            Lease { index, member }
+        })
+    }
+}
+
+/// A tokio runtime of a client's own (its channels and probes), shut down without waiting
+/// when dropped, so that dropping a plugin inside async code is safe.
+pub(crate) struct ClientRuntime(Option<tokio::runtime::Runtime>);
+
+impl ClientRuntime {
+    pub(crate) fn new(name: &str, threads: usize) -> Result<Self, String> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .map(|r| Self(Some(r)))
+            .map_err(|e| format!("cannot start the client's runtime: {e}"))
+    }
+
+    pub(crate) fn get(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("the runtime lives until dropped")
+    }
+}
+
+impl Drop for ClientRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Check the options both remote plugins share; the message names the key.
+pub(crate) fn check_options(
+    endpoints: &[String],
+    seconds: &[(&'static str, f64)],
+) -> Result<(), (&'static str, String)> {
+    if endpoints.is_empty() {
+        return Err((
+            "endpoints",
+            "give at least one endpoint, e.g. [\"http://127.0.0.1:50051\"]".into(),
+        ));
+    }
+    for (key, value) in seconds {
+        if !(*value > 0.0 && *value <= 86_400.0) {
+            return Err((
+                key,
+                format!("must be between 0 and 86400 seconds, found {value}"),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! The generator server: `Generate`, `Pause`, `Resume`, `UpdateWeights`, `LoadWeights`,
+//! `Stats` and `Health` calls answered by a generator plugin.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use areal_proto::pb::generator_server::{
+    Generator as GeneratorService, GeneratorServer as Service,
+};
+use areal_proto::{MAX_MESSAGE_BYTES, PROTOCOL_VERSION, WeightAssembler, check_header, pb};
+use areal_sdk::{Generator, PluginError, WeightUpdate};
+use tokio::sync::Mutex;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::security::{Listen, RequireToken, ServeError};
+use crate::weights_folder;
+
+struct GeneratorServer {
+    generator: Arc<dyn Generator>,
+    /// The version of the weights the plugin holds; `None` before the first.
+    held: std::sync::Mutex<Option<u64>>,
+    paused: AtomicBool,
+    /// One weight update at a time.
+    loading: Mutex<()>,
+}
+
+/// A plugin's failure, which the client does not send elsewhere (another server's plugin
+/// would fail the same way).
+fn plugin_failed(what: &str, e: &PluginError) -> Status {
+    Status::aborted(format!("{what}: {e}"))
+}
+
+impl GeneratorServer {
+    async fn load(&self, update: WeightUpdate) -> Result<Response<pb::WeightsHeld>, Status> {
+        let version = update.version;
+        let _one_at_a_time = self.loading.lock().await;
+        self.generator
+            .update_weights(update)
+            .await
+            .map_err(|e| plugin_failed(&format!("loading weights of version {version}"), &e))?;
+        *self.held.lock().expect("held lock") = Some(version);
+        tracing::info!(target: "areal::serve", version, "weights loaded");
+        Ok(Response::new(pb::WeightsHeld { version }))
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GeneratorService for GeneratorServer {
+    type GenerateStream = EventStream;
+
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let request = request.into_inner();
+        check_header(request.header.as_ref())?;
+        let request = areal_proto::from_generate_request(request)?;
+        if request.input_ids.is_empty() {
+            return Err(Status::invalid_argument("the request has no input tokens"));
+        }
+        let sample_id = request.sample_id;
+        let completion = self
+            .generator
+            .generate(request)
+            .await
+            .map_err(|e| plugin_failed(&format!("sample {sample_id}"), &e))?;
+        let events = areal_proto::completion_events(&completion);
+        Ok(Response::new(Box::pin(tokio_stream::iter(
+            events.into_iter().map(Ok),
+        ))))
+    }
+
+    async fn pause(&self, request: Request<pb::Ping>) -> Result<Response<pb::Ping>, Status> {
+        check_header(request.get_ref().header.as_ref())?;
+        match self.generator.pause().await {
+            Ok(()) => {
+                self.paused.store(true, Ordering::SeqCst);
+                Ok(Response::new(ping()))
+            }
+            Err(e) if e.is_unsupported() => Err(Status::unimplemented(e.to_string())),
+            Err(e) => Err(plugin_failed("pausing", &e)),
+        }
+    }
+
+    async fn resume(&self, request: Request<pb::Ping>) -> Result<Response<pb::Ping>, Status> {
+        check_header(request.get_ref().header.as_ref())?;
+        match self.generator.resume().await {
+            Ok(()) => {
+                self.paused.store(false, Ordering::SeqCst);
+                Ok(Response::new(ping()))
+            }
+            Err(e) if e.is_unsupported() => Err(Status::unimplemented(e.to_string())),
+            Err(e) => Err(plugin_failed("resuming", &e)),
+        }
+    }
+
+    async fn update_weights(
+        &self,
+        request: Request<Streaming<pb::WeightChunk>>,
+    ) -> Result<Response<pb::WeightsHeld>, Status> {
+        let mut chunks = request.into_inner();
+        let mut assembler = WeightAssembler::new();
+        while let Some(chunk) = chunks.message().await? {
+            assembler.push(chunk)?;
+        }
+        self.load(assembler.finish()?).await
+    }
+
+    async fn load_weights(
+        &self,
+        request: Request<pb::LoadWeightsRequest>,
+    ) -> Result<Response<pb::WeightsHeld>, Status> {
+        let request = request.into_inner();
+        check_header(request.header.as_ref())?;
+        let path = Path::new(&request.path).to_owned();
+        let update = tokio::task::spawn_blocking(move || {
+            weights_folder::read(&path, request.version, &request.sha256)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("reading the weights failed: {e}")))?
+        .map_err(Status::invalid_argument)?;
+        self.load(update).await
+    }
+
+    async fn stats(
+        &self,
+        request: Request<pb::Ping>,
+    ) -> Result<Response<pb::GeneratorStats>, Status> {
+        check_header(request.get_ref().header.as_ref())?;
+        Ok(Response::new(areal_proto::stats(&self.generator.stats())))
+    }
+
+    async fn health(
+        &self,
+        request: Request<pb::Ping>,
+    ) -> Result<Response<pb::GeneratorHealth>, Status> {
+        check_header(request.get_ref().header.as_ref())?;
+        Ok(Response::new(pb::GeneratorHealth {
+            plugin: self.generator.name().to_owned(),
+            version: *self.held.lock().expect("held lock"),
+            paused: self.paused.load(Ordering::SeqCst),
+            protocol: PROTOCOL_VERSION,
+        }))
+    }
+}
+
+fn ping() -> pb::Ping {
+    pb::Ping {
+        header: Some(areal_proto::header()),
+    }
+}
+
+/// Serve `generator` until `shutdown` completes. `on_bound` gets the address actually bound
+/// (port 0 picks one) once the server accepts calls.
+pub async fn serve_generator(
+    generator: Arc<dyn Generator>,
+    listen: Listen,
+    on_bound: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let (listener, addr) = crate::security::bind(&listen).await?;
+    let server = GeneratorServer {
+        generator,
+        held: std::sync::Mutex::new(None),
+        paused: AtomicBool::new(false),
+        loading: Mutex::new(()),
+    };
+    let service = tonic::service::interceptor::InterceptedService::new(
+        Service::new(server)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        RequireToken(listen.token.clone()),
+    );
+    tracing::info!(target: "areal::serve", %addr, "generator server listening");
+    on_bound(addr);
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown,
+        )
+        .await
+        .map_err(|source| ServeError::Transport { addr, source })
+}

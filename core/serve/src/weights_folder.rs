@@ -1,0 +1,149 @@
+//! Weights through a shared filesystem: the client writes each version once as a folder
+//! (`v<version>/model.safetensors` and `config.json`), every server reads it
+//! (`LoadWeights`), checking the version and the sha256 the client computed.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use areal_sdk::WeightUpdate;
+use areal_sdk_train::weights_file::{read_safetensors, write_safetensors};
+
+/// The weights file of a folder.
+const WEIGHTS_FILE: &str = "model.safetensors";
+/// The architecture of a folder.
+const CONFIG_FILE: &str = "config.json";
+/// The metadata key holding the version.
+const VERSION_KEY: &str = "areal.version";
+
+/// Folders of older versions kept (a server may still be reading one).
+const KEEP: usize = 2;
+
+/// Write `update` under `dir` as `v<version>` (whole or not at all) and remove the versions
+/// before the last [`KEEP`]; the folder written.
+pub(crate) fn write(dir: &Path, update: &WeightUpdate) -> Result<PathBuf, String> {
+    let io = |what: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", what.display());
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
+    let folder = dir.join(format!("v{:010}", update.version));
+    let staged = tempfile::Builder::new()
+        .prefix(".staging-")
+        .tempdir_in(dir)
+        .map_err(|e| io(dir, &e))?;
+    let metadata = HashMap::from([(VERSION_KEY.to_owned(), update.version.to_string())]);
+    write_safetensors(
+        &staged.path().join(WEIGHTS_FILE),
+        &update.tensors,
+        &metadata,
+    )
+    .map_err(|e| e.to_string())?;
+    let config = staged.path().join(CONFIG_FILE);
+    std::fs::write(&config, update.architecture.to_string()).map_err(|e| io(&config, &e))?;
+    if folder.exists() {
+        std::fs::remove_dir_all(&folder).map_err(|e| io(&folder, &e))?;
+    }
+    let staged = staged.keep();
+    std::fs::rename(&staged, &folder).map_err(|e| io(&folder, &e))?;
+    let mut versions: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| io(dir, &e))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with('v') && n[1..].bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    versions.sort();
+    let old = versions.len().saturating_sub(KEEP);
+    for stale in &versions[..old] {
+        // a server still reading it keeps its open file; a failure here costs disk only
+        if let Err(e) = std::fs::remove_dir_all(stale) {
+            tracing::warn!(target: "areal::remote", folder = %stale.display(), error = %e, "cannot remove old weights");
+        }
+    }
+    Ok(folder)
+}
+
+/// Read the folder at `path`, which must hold `version` with the tensors whose sha256 is
+/// `sha256`.
+pub(crate) fn read(path: &Path, version: u64, sha256: &str) -> Result<WeightUpdate, String> {
+    let (tensors, metadata) =
+        read_safetensors(&path.join(WEIGHTS_FILE)).map_err(|e| e.to_string())?;
+    match metadata.get(VERSION_KEY) {
+        Some(v) if *v == version.to_string() => {}
+        other => {
+            return Err(format!(
+                "{} holds version {}, not {version}",
+                path.display(),
+                other.map_or("(none)", String::as_str)
+            ));
+        }
+    }
+    let sum = areal_proto::weights_sha256(&tensors);
+    if sum != sha256 {
+        return Err(format!(
+            "{}: sha256 {sum} differs from the sender's {sha256}",
+            path.display()
+        ));
+    }
+    let config = path.join(CONFIG_FILE);
+    let text =
+        std::fs::read_to_string(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let architecture =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+    Ok(WeightUpdate {
+        version,
+        tensors: Arc::new(tensors),
+        architecture: Arc::new(architecture),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use areal_sdk::NamedTensor;
+
+    use super::*;
+
+    fn update(version: u64) -> WeightUpdate {
+        WeightUpdate::new(
+            version,
+            vec![
+                NamedTensor {
+                    name: "b".into(),
+                    shape: vec![2],
+                    data: vec![1.0, 2.0],
+                },
+                NamedTensor {
+                    name: "a".into(),
+                    shape: vec![1, 3],
+                    data: vec![-1.0, 0.5, 3.0],
+                },
+            ],
+        )
+        .with_architecture(serde_json::json!({"vocab_size": 3}))
+    }
+
+    #[test]
+    fn a_version_written_reads_back_and_old_ones_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        for v in 0..4 {
+            write(dir.path(), &update(v)).unwrap();
+        }
+        let folder = write(dir.path(), &update(4)).unwrap();
+        let sum = areal_proto::weights_sha256(&update(4).tensors);
+        let back = read(&folder, 4, &sum).unwrap();
+        assert_eq!(back.version, 4);
+        assert_eq!(back.tensor("a"), update(4).tensor("a"));
+        assert_eq!(back.architecture["vocab_size"], 3);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["v0000000003", "v0000000004"]);
+        // the wrong version or checksum is refused, naming the folder
+        let e = read(&folder, 5, &sum).unwrap_err();
+        assert!(e.contains("holds version 4, not 5"), "{e}");
+        let e = read(&folder, 4, "00").unwrap_err();
+        assert!(e.contains("differs"), "{e}");
+    }
+}

@@ -1,0 +1,358 @@
+//! Generator servers on real sockets (loopback): the `remote` generator through them, weights
+//! streamed and through a shared folder, a server that joins late, one that dies mid-sample,
+//! every server gone, and messages a server must refuse without falling over.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use areal_proto::pb;
+use areal_proto::pb::generator_client::GeneratorClient;
+use areal_sdk::{FinishReason, GenerateRequest, Generator, SamplingParams, WeightUpdate};
+use areal_sdk_train::Policy;
+use areal_sdk_train::burn::tensor::Device;
+use areal_serve::{Listen, RemoteGenerator, RemoteGeneratorOptions, serve_generator};
+use areal_testkit::{
+    BigramGenerator, BigramGeneratorOptions, BigramPolicy, BigramPolicyOptions, conformance,
+};
+use serde_json::json;
+
+/// A generator server on its own thread and runtime. Dropped, it is killed: its runtime goes
+/// at once, connections and samples in flight with it (as SIGKILL would).
+struct Server {
+    addr: SocketAddr,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(token_delay_us: u64) -> Self {
+        Self::start_on("127.0.0.1:0".parse().unwrap(), token_delay_us)
+    }
+
+    fn start_on(addr: SocketAddr, token_delay_us: u64) -> Self {
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+        let listen = Listen { addr, token: None };
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
+                token_delay_us,
+                jitter: 0.0,
+            }));
+            runtime.block_on(async move {
+                tokio::select! {
+                    served = serve_generator(generator, listen, move |a| bound_tx.send(a).unwrap(), std::future::pending()) => served.unwrap(),
+                    _ = killed => {}
+                }
+            });
+            runtime.shutdown_background();
+        });
+        let addr = bound_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the server binds");
+        Self {
+            addr,
+            kill: Some(kill),
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn remote(endpoints: Vec<String>, extra: serde_json::Value) -> RemoteGenerator {
+    let mut options = json!({
+        "endpoints": endpoints,
+        "connect_timeout_s": 2.0,
+        "probe_interval_s": 0.05,
+        "grace_s": 10.0,
+    });
+    options
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let options: RemoteGeneratorOptions = serde_json::from_value(options).unwrap();
+    RemoteGenerator::new(&options, None).unwrap()
+}
+
+fn policy() -> BigramPolicy {
+    let options = BigramPolicyOptions {
+        letters: 8,
+        init_std: 1.0,
+    };
+    BigramPolicy::new(&options, 11, &Device::flex().autodiff())
+}
+
+fn request(sample_id: u64, max_new_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        sample_id,
+        input_ids: vec![2],
+        max_new_tokens,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: 5,
+        },
+        stop_token_ids: vec![],
+    }
+}
+
+/// Wait (up to 10 s) until `check` holds.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn health(url: &str) -> Option<pb::GeneratorHealth> {
+    let mut client = GeneratorClient::connect(url.to_owned()).await.ok()?;
+    let ping = pb::Ping {
+        header: Some(areal_proto::header()),
+    };
+    client.health(ping).await.ok().map(|r| r.into_inner())
+}
+
+/// Two servers behind one `remote` generator pass the check every generator plugin passes:
+/// weights load on both, completions are well formed and carry the loaded version, greedy
+/// decoding is deterministic, and the interruption protocol holds across servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_served_generators_pass_the_conformance_check_through_the_wire() {
+    let (a, b) = (Server::start(200), Server::start(200));
+    let generator = Arc::new(remote(vec![a.url(), b.url()], json!({})));
+    let policy = policy();
+    let weights = WeightUpdate::new(3, policy.weights());
+    conformance::check_generator(
+        generator.clone(),
+        weights,
+        policy.tokenizer().as_ref(),
+        "cab",
+    )
+    .await;
+    assert_eq!(generator.reissued(), 0);
+    assert_eq!(generator.endpoint_failures(), 0);
+    for server in [&a, &b] {
+        let h = health(&server.url()).await.unwrap();
+        assert_eq!((h.plugin.as_str(), h.paused), ("testkit-bigram", false));
+        assert!(h.version.is_some(), "every server holds the weights");
+    }
+}
+
+/// With `weights_dir`, each version is written once and every server loads it from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_go_through_a_shared_folder_when_there_is_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Server::start(0), Server::start(0));
+    let generator = remote(vec![a.url(), b.url()], json!({ "weights_dir": dir.path() }));
+    let policy = policy();
+    for version in [4, 5] {
+        generator
+            .update_weights(WeightUpdate::new(version, policy.weights()))
+            .await
+            .unwrap();
+        // the first update may come before the probes found the servers
+        eventually("both servers hold the weights", async || {
+            let (ha, hb) = (health(&a.url()).await, health(&b.url()).await);
+            ha.and_then(|h| h.version) == Some(version)
+                && hb.and_then(|h| h.version) == Some(version)
+        })
+        .await;
+        let c = generator.generate(request(1, 6)).await.unwrap();
+        assert!(c.versions.iter().all(|&v| v == version), "{:?}", c.versions);
+    }
+    assert!(dir.path().join("v0000000005/model.safetensors").exists());
+}
+
+/// A server that starts after the weights were sent is brought to the current version by its
+/// probe before it gets work, then shares the load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_joins_late_is_brought_to_the_current_weights() {
+    let a = Server::start(0);
+    let late_addr = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap()
+    };
+    let late_url = format!("http://{late_addr}");
+    let generator = remote(vec![a.url(), late_url.clone()], json!({}));
+    let policy = policy();
+    eventually("the first server takes work", async || {
+        health(&a.url()).await.is_some()
+    })
+    .await;
+    generator
+        .update_weights(WeightUpdate::new(7, policy.weights()))
+        .await
+        .unwrap();
+    let c = generator.generate(request(1, 4)).await.unwrap();
+    assert_eq!(c.versions, vec![7; 4]);
+    let late = Server::start_on(late_addr, 0);
+    eventually("the late server holds version 7", async || {
+        health(&late.url()).await.and_then(|h| h.version) == Some(7)
+    })
+    .await;
+    assert!(
+        generator
+            .report()
+            .contains(&format!("{late_url} (ready, holding version 7)")),
+        "{}",
+        generator.report()
+    );
+    assert_eq!(
+        generator.endpoint_failures(),
+        0,
+        "a server never seen is not a failure"
+    );
+}
+
+/// A server killed while it has samples costs each of them one re-issue to the other server:
+/// every sample completes, with the version that was loaded, and the death counts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_sample_costs_one_reissue_per_sample_and_loses_none() {
+    // 4 s a sample on the slow server: whatever it is given is in flight when it dies
+    let slow = Server::start(200_000);
+    let fast = Server::start(0);
+    let generator = Arc::new(remote(vec![slow.url(), fast.url()], json!({})));
+    let policy = policy();
+    generator
+        .update_weights(WeightUpdate::new(2, policy.weights()))
+        .await
+        .unwrap();
+    eventually("both servers hold the weights", async || {
+        generator.report().matches("holding version 2").count() == 2
+    })
+    .await;
+    let mut samples = tokio::task::JoinSet::new();
+    for id in 0..16 {
+        let generator = generator.clone();
+        samples.spawn(async move { generator.generate(request(id, 20)).await });
+    }
+    // the least loaded of two: about half went to the slow server
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(slow);
+    let mut done = 0;
+    while let Some(result) = samples.join_next().await {
+        let c = result.unwrap().unwrap();
+        assert_eq!(c.len(), 20);
+        assert_eq!(c.finish_reason, FinishReason::Length);
+        assert!(c.versions.iter().all(|&v| v == 2));
+        done += 1;
+    }
+    assert_eq!(done, 16);
+    assert!(generator.reissued() >= 1, "the slow server had samples");
+    assert!(generator.reissued() <= 16);
+    assert_eq!(generator.endpoint_failures(), 1, "one server died once");
+}
+
+/// With every server gone for the grace period, calls fail naming each endpoint and what it
+/// last said; from then on they fail at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_server_gone_for_the_grace_period_fails_naming_them() {
+    let gone = Server::start(0);
+    let url = gone.url();
+    drop(gone);
+    let generator = remote(vec![url.clone()], json!({ "grace_s": 0.5 }));
+    let started = Instant::now();
+    let error = generator
+        .generate(request(3, 4))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("no generator server has taken work")
+            && error.contains(&url)
+            && error.contains("unreachable")
+            && error.contains("sample 3"),
+        "{error}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    let again = Instant::now();
+    assert!(generator.generate(request(4, 4)).await.is_err());
+    assert!(
+        again.elapsed() < Duration::from_millis(400),
+        "no second wait"
+    );
+}
+
+/// Another protocol version, a malformed request and damaged weights get a clear error each;
+/// the server goes on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_messages_are_refused_and_the_server_survives() {
+    use pb::weight_chunk::Chunk;
+    let server = Server::start(0);
+    let mut client = GeneratorClient::connect(server.url()).await.unwrap();
+    let mut wire = areal_proto::generate_request(&request(1, 4));
+    wire.header = Some(pb::Header { protocol: 99 });
+    let status = client.generate(wire.clone()).await.err().unwrap();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("protocol version 99"),
+        "{}",
+        status.message()
+    );
+    wire.header = Some(areal_proto::header());
+    wire.sampling = None;
+    let status = client.generate(wire).await.err().unwrap();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("sampling"),
+        "{}",
+        status.message()
+    );
+
+    let policy = policy();
+    let mut chunks = areal_proto::weight_chunks(&WeightUpdate::new(1, policy.weights()), 16);
+    if let Some(Chunk::Part(p)) = &mut chunks[1].chunk {
+        let mut data = p.data.to_vec();
+        data[0] ^= 1;
+        p.data = data.into();
+    }
+    let status = client
+        .update_weights(tokio_stream_iter(chunks))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("sha256"), "{}", status.message());
+
+    // a generate before any weights: the plugin's failure, not the server's
+    let status = client
+        .generate(areal_proto::generate_request(&request(2, 4)))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(status.code(), tonic::Code::Aborted);
+    assert!(
+        status.message().contains("before any weights"),
+        "{}",
+        status.message()
+    );
+
+    let h = health(&server.url()).await.expect("still answering");
+    assert_eq!(h.version, None);
+    assert_eq!(h.protocol, areal_proto::PROTOCOL_VERSION);
+}
+
+fn tokio_stream_iter(
+    chunks: Vec<pb::WeightChunk>,
+) -> impl tokio_stream::Stream<Item = pb::WeightChunk> + Send + 'static {
+    tokio_stream::iter(chunks)
+}
