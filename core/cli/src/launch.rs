@@ -110,15 +110,15 @@ struct Server {
     stdin: Option<ChildStdin>,
 }
 
+/// A server's index and its address, or why it has none.
+type Listening = (usize, Result<String, String>);
+
 /// The servers of a launch; dropped, they are stopped.
 #[derive(Default)]
 struct Servers {
     started: Vec<Server>,
-    /// (index, the address line or why there is none)
-    listening: Option<(
-        mpsc::Sender<(usize, Result<String, String>)>,
-        mpsc::Receiver<(usize, Result<String, String>)>,
-    )>,
+    /// Each server's address once it listens, or why it does not.
+    listening: Option<(mpsc::Sender<Listening>, mpsc::Receiver<Listening>)>,
 }
 
 impl Servers {

@@ -69,6 +69,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("algorithm", "rloo"),
         ("algorithm", "sapo"),
         ("generator", "burn"),
+        ("generator", "remote"),
         ("generator", "testkit-bigram"),
         ("policy", "testkit-bigram"),
         ("policy", "transformer"),
@@ -1021,7 +1022,8 @@ fn the_testkit_job_learns_with_its_reward_served_by_another_process() {
         accuracy(&remote)
     );
 
-    // the server gone: every sample fails, and the run stops naming the endpoint
+    // the server gone past the grace period: every sample fails, and the run stops naming
+    // the endpoint
     let url = server.url.clone();
     drop(server);
     let out = areal(&[
@@ -1036,12 +1038,12 @@ fn the_testkit_job_learns_with_its_reward_served_by_another_process() {
         "--set",
         &endpoints,
         "--set",
-        "rollout.max_consecutive_failures=2",
+        "reward.grace_s=1",
     ]);
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains(&url) && stderr.contains("no reward server answered"),
+        stderr.contains(&url) && stderr.contains("no reward server has taken work for 1 s"),
         "{stderr}"
     );
 }

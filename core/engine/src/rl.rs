@@ -229,3 +229,37 @@ pub(crate) fn step_metrics(
         ..StepMetrics::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use areal_sdk::{Completion, FinishReason, Reward, Trajectory, Verdict};
+
+    use super::*;
+
+    fn group(group_id: u64, sample_ids: &[u64]) -> TrajectoryGroup {
+        TrajectoryGroup {
+            group_id,
+            item_id: "x".into(),
+            prompt_ids: vec![1],
+            admitted_at: 0,
+            samples: sample_ids
+                .iter()
+                .map(|&sample_id| Trajectory {
+                    sample_id,
+                    completion: Completion::empty(FinishReason::Stop),
+                    reward: Reward::new(0.0, Verdict::WrongAnswer),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_sample_id_trained_twice_stops_the_run_naming_it() {
+        let mut trained = HashSet::new();
+        check_once(&mut trained, &[group(0, &[0, 1]), group(1, &[4, 5])]).unwrap();
+        check_once(&mut trained, &[group(2, &[8, 9])]).unwrap();
+        assert_eq!(trained.len(), 6);
+        let e = check_once(&mut trained, &[group(3, &[12]), group(1, &[5])]).unwrap_err();
+        assert!(e.to_string().contains("sample 5 came back"), "{e}");
+    }
+}
