@@ -76,7 +76,7 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
     let kinds = std::iter::repeat_n("generator", args.generators)
         .chain(std::iter::repeat_n("reward", args.reward_servers));
     for kind in kinds {
-        servers.start(&exe, kind, &args.train.config, &logs)?;
+        servers.start(&exe, kind, &args.train.config.to_args(), &logs)?;
     }
     let urls = servers.wait_listening(Duration::from_secs_f64(args.start_timeout_s))?;
     let endpoints = |kind: &str| {
@@ -113,20 +113,22 @@ struct Server {
 /// A server's index and its address, or why it has none.
 type Listening = (usize, Result<String, String>);
 
-/// The servers of a launch; dropped, they are stopped.
+/// Servers started as child processes; dropped, they are stopped.
 #[derive(Default)]
-struct Servers {
+pub(crate) struct Servers {
     started: Vec<Server>,
     /// Each server's address once it listens, or why it does not.
     listening: Option<(mpsc::Sender<Listening>, mpsc::Receiver<Listening>)>,
 }
 
 impl Servers {
-    fn start(
+    /// Start `exe serve KIND` on a free loopback port with `config` (command-line options),
+    /// logging to `logs/KIND-N.log`.
+    pub(crate) fn start(
         &mut self,
         exe: &Path,
         kind: &'static str,
-        config: &crate::ConfigArgs,
+        config: &[std::ffi::OsString],
         logs: &Path,
     ) -> anyhow::Result<()> {
         let index = self.started.len();
@@ -144,7 +146,7 @@ impl Servers {
                 "127.0.0.1:0",
                 "--until-stdin-closes",
             ])
-            .args(config.to_args())
+            .args(config)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log_file.try_clone().context("cannot share the log file")?);
@@ -194,7 +196,10 @@ impl Servers {
     }
 
     /// Wait until every server listens; `(kind, url)` of each, in order.
-    fn wait_listening(&mut self, timeout: Duration) -> anyhow::Result<Vec<(&'static str, String)>> {
+    pub(crate) fn wait_listening(
+        &mut self,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<(&'static str, String)>> {
         let deadline = Instant::now() + timeout;
         let mut urls: Vec<Option<String>> = vec![None; self.started.len()];
         let Some((_, rx)) = &self.listening else {
@@ -239,7 +244,7 @@ impl Servers {
     }
 
     /// Stop every server: close its input, give it a few seconds, then kill it.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         for server in &mut self.started {
             server.stdin.take();
         }

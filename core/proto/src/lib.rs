@@ -379,13 +379,28 @@ pub fn weights_sha256(tensors: &[NamedTensor]) -> String {
     let mut hash = Sha256::new();
     let mut by_name: Vec<&NamedTensor> = tensors.iter().collect();
     by_name.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut buffer = Vec::with_capacity(HASH_BLOCK * 4);
     for t in by_name {
         hash_tensor_head(&mut hash, &t.name, t.shape.iter().map(|&d| d as u64));
-        for v in &t.data {
-            hash.update(v.to_le_bytes());
+        for block in t.data.chunks(HASH_BLOCK) {
+            buffer.clear();
+            le_bytes(block, &mut buffer);
+            hash.update(&buffer);
         }
     }
     hex(&hash.finalize())
+}
+
+/// Values hashed at once (a 64 KiB buffer: one call per block, not per value).
+const HASH_BLOCK: usize = 1 << 14;
+
+/// Append `values` as little-endian bytes.
+fn le_bytes(values: &[f32], out: &mut Vec<u8>) {
+    let start = out.len();
+    out.resize(start + values.len() * 4, 0);
+    for (bytes, v) in out[start..].chunks_exact_mut(4).zip(values) {
+        bytes.copy_from_slice(&v.to_le_bytes());
+    }
 }
 
 fn hash_tensor_head(hash: &mut Sha256, name: &str, shape: impl Iterator<Item = u64>) {
@@ -421,16 +436,14 @@ pub fn weight_chunks(update: &WeightUpdate, part_values: usize) -> Vec<pb::Weigh
         let mut offset = 0;
         loop {
             let end = (offset + part_values).min(t.data.len());
-            let data: prost::bytes::Bytes = t.data[offset..end]
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect();
+            let mut data = Vec::new();
+            le_bytes(&t.data[offset..end], &mut data);
             chunks.push(pb::WeightChunk {
                 chunk: Some(Chunk::Part(pb::TensorPart {
                     name: t.name.clone(),
                     shape: shape.clone(),
                     offset: offset as u64,
-                    data,
+                    data: data.into(),
                 })),
             });
             offset = end;

@@ -105,12 +105,20 @@ pub(crate) fn describe(status: &tonic::Status) -> String {
     }
 }
 
+/// HTTP/2 flow-control windows: the 64 KiB default makes a weight push wait for a round trip
+/// every 64 KiB (0.06 GB/s on loopback).
+pub(crate) const STREAM_WINDOW: u32 = 8 << 20;
+/// The window of a whole connection (every stream on it).
+pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;
+
 /// A lazily connecting channel to `url`; must be called inside a runtime.
 pub(crate) fn channel(url: &str, connect_timeout: Duration) -> Result<Channel, String> {
     Ok(Channel::from_shared(url.to_owned())
         .map_err(|e| format!("endpoint {url:?}: {e}"))?
         .connect_timeout(connect_timeout)
         .tcp_nodelay(true)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .connect_lazy())
 }
 

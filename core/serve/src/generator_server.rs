@@ -106,11 +106,17 @@ impl GeneratorService for GeneratorServer {
         request: Request<Streaming<pb::WeightChunk>>,
     ) -> Result<Response<pb::WeightsHeld>, Status> {
         let mut chunks = request.into_inner();
+        let started = std::time::Instant::now();
         let mut assembler = WeightAssembler::new();
         while let Some(chunk) = chunks.message().await? {
             assembler.push(chunk)?;
         }
-        self.load(assembler.finish()?).await
+        let received = started.elapsed();
+        let update = tokio::task::spawn_blocking(move || assembler.finish())
+            .await
+            .map_err(|e| Status::internal(format!("checking the weights failed: {e}")))??;
+        tracing::debug!(target: "areal::serve", version = update.version, receive_ms = received.as_secs_f64() * 1e3, check_ms = (started.elapsed() - received).as_secs_f64() * 1e3, "weights received");
+        self.load(update).await
     }
 
     async fn load_weights(
@@ -181,6 +187,8 @@ pub async fn serve_generator(
     tracing::info!(target: "areal::serve", %addr, "generator server listening");
     on_bound(addr);
     tonic::transport::Server::builder()
+        .initial_stream_window_size(crate::fleet::STREAM_WINDOW)
+        .initial_connection_window_size(crate::fleet::CONNECTION_WINDOW)
         .add_service(service)
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener),

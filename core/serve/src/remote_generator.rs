@@ -287,6 +287,7 @@ impl Shared {
     async fn update(&self, update: WeightUpdate) -> Result<(), PluginError> {
         let _one_at_a_time = self.sync.lock().await;
         let version = update.version;
+        let started = std::time::Instant::now();
         let payload = match &self.weights_dir {
             Some(dir) => {
                 let (dir, update) = (dir.clone(), update.clone());
@@ -319,6 +320,7 @@ impl Shared {
                 Payload::Chunks(Arc::new(chunks))
             }
         };
+        let encoded = started.elapsed();
         let current = Arc::new(Current { version, payload });
         *self.current.lock().expect("current lock") = Some(current.clone());
         let targets: Vec<usize> = (0..self.fleet.members().len())
@@ -343,6 +345,7 @@ impl Shared {
                 }
             }
         }
+        tracing::debug!(target: "areal::remote", version, servers = targets.len(), encode_ms = encoded.as_secs_f64() * 1e3, total_ms = started.elapsed().as_secs_f64() * 1e3, "weights sent");
         if !targets.is_empty() && refused.len() == targets.len() {
             return Err(PluginError::failed(
                 NAME,

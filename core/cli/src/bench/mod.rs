@@ -1,5 +1,5 @@
 //! `areal bench`: measured tables, never pass/fail. `sandbox` (the wasm sandbox against
-//! native, unsandboxed Python), `controller` (the engine alone), `async-vs-sync` (the paper's
+//! native, unsandboxed Python), `controller` (the engine alone), `fleet` (one trainer and many generator servers), `async-vs-sync` (the paper's
 //! claims) and `math` (the maths verifier). Every bench that trains builds its runs through
 //! [`areal_core::resolve`], as `areal train` does; their statistics come from [`stats`].
 
@@ -7,6 +7,7 @@ use clap::Subcommand;
 
 mod async_vs_sync;
 mod controller;
+mod fleet;
 mod math;
 mod sandbox;
 mod stats;
@@ -21,6 +22,11 @@ pub(crate) enum BenchCommand {
     /// loop on the testkit's near-zero-cost plugins (a bigram model, one generated token per
     /// rollout), with thousands of rollouts in flight; prints rollouts per second.
     Controller(controller::BenchControllerArgs),
+    /// One trainer driving N generator servers (child processes on loopback, each the
+    /// testkit bigram generator with a per-token delay standing for a GPU's decode step):
+    /// rollout throughput against N × one server's; and the time to push one weight update
+    /// to N servers for the built-in model and a random model of 0.5 B parameters.
+    Fleet(fleet::BenchFleetArgs),
     /// Asynchronous against synchronous RL on real workloads: time to a target accuracy,
     /// final accuracy, how busy each side is, for η = 0 (synchronous) and η > 0 over seeds,
     /// plus the naive-PPO staleness ablation; writes results.json, plots and a table.
@@ -35,6 +41,7 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Sandbox(args) => sandbox::run(args),
         BenchCommand::Controller(args) => controller::run(args),
+        BenchCommand::Fleet(args) => fleet::run(args),
         BenchCommand::AsyncVsSync(args) => async_vs_sync::run(args),
         BenchCommand::Math(args) => math::run(args),
     }

@@ -1,0 +1,285 @@
+//! `areal bench fleet`: one trainer driving N generator servers (child processes on loopback,
+//! each the testkit bigram generator with a per-token delay standing for a GPU's decode step):
+//! rollout throughput against N × one server's; and the time to push one weight update to N
+//! servers, for the built-in model and a random model of half a billion parameters.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use areal_sdk::{Generator, NamedTensor, WeightUpdate};
+use clap::Args;
+
+use crate::launch::Servers;
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchFleetArgs {
+    /// Generator server counts of the throughput table.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32,64")]
+    servers: Vec<usize>,
+    /// Milliseconds each server takes per token of a sample (a GPU's decode step).
+    #[arg(long, default_value_t = 50.0)]
+    token_delay_ms: f64,
+    /// Samples each server decodes at once (the trainer keeps N times this many in flight).
+    #[arg(long, default_value_t = 16)]
+    per_server: usize,
+    /// Tokens a sample may have.
+    #[arg(long, default_value_t = 16)]
+    max_new_tokens: usize,
+    /// Training steps per server count, at least 4 (the first two fill the pipeline and are
+    /// not timed).
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u64).range(4..))]
+    steps: u64,
+    /// Server counts of the weight-push table.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    push_servers: Vec<usize>,
+    /// Parameters of the random model whose push is timed (0 skips it).
+    #[arg(long, default_value_t = 500_000_000)]
+    push_params: u64,
+    /// Also write the report (markdown) to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// What the trainer saw of each step: (seconds since the first, rollouts accepted, tokens
+/// trained so far).
+#[derive(Default)]
+struct Trace {
+    steps: Mutex<Vec<(f64, u64, u64)>>,
+    started: std::sync::OnceLock<Instant>,
+}
+
+impl areal_core::Observer for Trace {
+    fn on_step(&self, metrics: &areal_core::StepMetrics) {
+        let t = self
+            .started
+            .get_or_init(Instant::now)
+            .elapsed()
+            .as_secs_f64();
+        let mut steps = self.steps.lock().expect("trace lock");
+        let tokens = steps.last().map_or(0, |s| s.2) + metrics.trained_tokens as u64;
+        steps.push((t, metrics.accepted_total, tokens));
+    }
+}
+
+fn start_servers(
+    n: usize,
+    config: &Path,
+    sets: &[String],
+    logs: &Path,
+) -> anyhow::Result<(Servers, Vec<String>)> {
+    let exe = std::env::current_exe().context("cannot find the areal binary")?;
+    let mut args: Vec<OsString> = vec!["--config".into(), config.into()];
+    for set in sets {
+        args.extend(["--set".into(), set.into()]);
+    }
+    let mut servers = Servers::default();
+    for _ in 0..n {
+        servers.start(&exe, "generator", &args, logs)?;
+    }
+    let urls = servers
+        .wait_listening(Duration::from_secs(300))?
+        .into_iter()
+        .map(|(_, url)| url)
+        .collect();
+    Ok((servers, urls))
+}
+
+fn endpoints(urls: &[String]) -> String {
+    let quoted: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+/// Rollouts and tokens per second with `n` servers.
+fn throughput(
+    args: &BenchFleetArgs,
+    n: usize,
+    config: &Path,
+    logs: &Path,
+) -> anyhow::Result<(f64, f64)> {
+    let delay_us = (args.token_delay_ms * 1e3).round() as u64;
+    let (mut servers, urls) = start_servers(
+        n,
+        config,
+        &[format!("generator.token_delay_us={delay_us}")],
+        logs,
+    )?;
+    let in_flight = args.per_server * n;
+    let loader = areal_core::ConfigLoader::new()
+        .toml(areal_testkit::CONFIG, Path::new("sdk/testkit/testkit.toml"))?
+        .set_all([
+            "generator.kind=remote".to_owned(),
+            format!("generator.endpoints={}", endpoints(&urls)),
+            "rollout.group_size=1".to_owned(),
+            format!("rollout.batch_size={in_flight}"),
+            format!("rollout.max_concurrent={in_flight}"),
+            "rollout.max_staleness=4".to_owned(),
+            format!("rollout.max_new_tokens={}", args.max_new_tokens),
+            format!("train.steps={}", args.steps),
+            "eval.enabled=false".to_owned(),
+        ])?;
+    let (config, plugins) = areal_core::resolve(&loader)?;
+    let trace = Arc::new(Trace::default());
+    let options = areal_core::RunOptions {
+        observer: trace.clone(),
+        ..areal_core::RunOptions::default()
+    };
+    crate::runtime()?.block_on(areal_core::run(config, plugins, options))?;
+    servers.stop();
+    let steps = trace.steps.lock().expect("trace lock");
+    let (t0, a0, k0) = steps[1];
+    let (t1, a1, k1) = steps[steps.len() - 1];
+    let seconds = (t1 - t0).max(1e-9);
+    Ok(((a1 - a0) as f64 / seconds, (k1 - k0) as f64 / seconds))
+}
+
+/// A square bigram table, so that the testkit servers accept the update.
+fn table() -> NamedTensor {
+    NamedTensor {
+        name: areal_testkit::TABLE.into(),
+        shape: vec![4, 4],
+        data: vec![-(4f32.ln()); 16],
+    }
+}
+
+/// `params` random values in tensors of at most 2^24.
+fn random_model(params: u64) -> Vec<NamedTensor> {
+    const PART: u64 = 1 << 24;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut tensors = Vec::new();
+    let mut left = params;
+    while left > 0 {
+        let n = left.min(PART);
+        left -= n;
+        let data = (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04
+            })
+            .collect();
+        tensors.push(NamedTensor {
+            name: format!("layers.{}.weight", tensors.len()),
+            shape: vec![n as usize],
+            data,
+        });
+    }
+    tensors
+}
+
+/// Seconds to push `tensors` to `n` servers (streamed, checked, loaded, acknowledged).
+fn push(
+    tensors: &Arc<Vec<NamedTensor>>,
+    n: usize,
+    config: &Path,
+    logs: &Path,
+) -> anyhow::Result<f64> {
+    let (mut servers, urls) = start_servers(n, config, &[], logs)?;
+    let runtime = crate::runtime()?;
+    let options: areal_serve::RemoteGeneratorOptions =
+        serde_json::from_value(serde_json::json!({ "endpoints": urls, "probe_interval_s": 0.05 }))?;
+    let remote = areal_serve::RemoteGenerator::new(&options, None)
+        .map_err(|(key, e)| anyhow::anyhow!("{key}: {e}"))?;
+    let seconds = runtime.block_on(async {
+        remote
+            .update_weights(WeightUpdate::new(0, vec![table()]))
+            .await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while remote.report().matches("holding version 0").count() < n {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the servers never took the first weights: {}",
+                remote.report()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let update = WeightUpdate {
+            version: 1,
+            tensors: tensors.clone(),
+            architecture: Arc::new(serde_json::Value::Null),
+        };
+        let started = Instant::now();
+        remote.update_weights(update).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        anyhow::ensure!(
+            remote.report().matches("holding version 1").count() == n,
+            "not every server took the weights: {}",
+            remote.report()
+        );
+        Ok(seconds)
+    })?;
+    drop(remote);
+    servers.stop();
+    Ok(seconds)
+}
+
+#[allow(clippy::print_stderr, clippy::print_stdout)]
+pub(super) fn run(args: BenchFleetArgs) -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = scratch.path().join("testkit.toml");
+    std::fs::write(&config, areal_testkit::CONFIG)?;
+    let logs = scratch.path().join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let mut report = String::new();
+    let mut emit = |line: String| {
+        println!("{line}");
+        let _ = writeln!(report, "{line}");
+    };
+    eprintln!(
+        "each server: the testkit bigram generator, {} ms a token, {} samples at once, up to {} \
+         tokens a sample; one trainer (testkit bigram policy, one sample per group, η = 4), \
+         {} steps per row, the first two not timed",
+        args.token_delay_ms, args.per_server, args.max_new_tokens, args.steps
+    );
+    emit("| generator servers | samples in flight | rollouts/s | tokens/s | ideal tokens/s (N × one server) | of ideal |".into());
+    emit("|---|---|---|---|---|---|".into());
+    let mut one: Option<f64> = None;
+    for &n in &args.servers {
+        let (rollouts, tokens) = throughput(&args, n, &config, &logs)
+            .with_context(|| format!("the run with {n} servers"))?;
+        let single = *one.get_or_insert(tokens / n as f64);
+        let ideal = single * n as f64;
+        emit(format!(
+            "| {n} | {} | {rollouts:.0} | {tokens:.0} | {ideal:.0} | {:.2} |",
+            n * args.per_server,
+            tokens / ideal
+        ));
+    }
+
+    emit(String::new());
+    emit("| model | parameters | MB | servers | seconds | GB/s sent (all servers) |".into());
+    emit("|---|---|---|---|---|---|".into());
+    let (default_config, plugins) = areal_core::resolve(&areal_core::ConfigLoader::new())?;
+    drop(default_config);
+    let mut built_in = plugins.policy.weights();
+    built_in.push(table());
+    let mut models = vec![("built-in transformer", Arc::new(built_in))];
+    if args.push_params > 0 {
+        eprintln!("making a random model of {} parameters", args.push_params);
+        let mut random = random_model(args.push_params);
+        random.push(table());
+        models.push(("random", Arc::new(random)));
+    }
+    for (name, tensors) in &models {
+        let params: usize = tensors.iter().map(|t| t.data.len()).sum();
+        let bytes = params as f64 * 4.0;
+        for &n in &args.push_servers {
+            let seconds = push(tensors, n, &config, &logs)
+                .with_context(|| format!("pushing the {name} model to {n} servers"))?;
+            emit(format!(
+                "| {name} | {params} | {:.1} | {n} | {seconds:.3} | {:.2} |",
+                bytes / 1e6,
+                bytes * n as f64 / seconds / 1e9
+            ));
+        }
+    }
+    if let Some(path) = &args.out {
+        std::fs::write(path, &report)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
