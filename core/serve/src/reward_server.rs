@@ -130,7 +130,7 @@ pub async fn serve_reward(
         .initial_connection_window_size(crate::fleet::CONNECTION_WINDOW)
         .add_service(service)
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )
         .await

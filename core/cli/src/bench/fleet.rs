@@ -29,6 +29,10 @@ pub(crate) struct BenchFleetArgs {
     /// Tokens a sample may have.
     #[arg(long, default_value_t = 16)]
     max_new_tokens: usize,
+    /// Samples per training step, in units of the samples in flight (a step every so many
+    /// sample times: the weight-update protocol runs once per step).
+    #[arg(long, default_value_t = 1)]
+    batch_factor: usize,
     /// Training steps per server count, at least 4 (the first two fill the pipeline and are
     /// not timed).
     #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u64).range(4..))]
@@ -45,10 +49,10 @@ pub(crate) struct BenchFleetArgs {
 }
 
 /// What the trainer saw of each step: (seconds since the first, rollouts accepted, tokens
-/// trained so far).
+/// trained so far, milliseconds of the weight-update protocol).
 #[derive(Default)]
 struct Trace {
-    steps: Mutex<Vec<(f64, u64, u64)>>,
+    steps: Mutex<Vec<(f64, u64, u64, f64)>>,
     started: std::sync::OnceLock<Instant>,
 }
 
@@ -61,8 +65,55 @@ impl areal_core::Observer for Trace {
             .as_secs_f64();
         let mut steps = self.steps.lock().expect("trace lock");
         let tokens = steps.last().map_or(0, |s| s.2) + metrics.trained_tokens as u64;
-        steps.push((t, metrics.accepted_total, tokens));
+        steps.push((t, metrics.accepted_total, tokens, metrics.weight_sync_ms));
     }
+}
+
+/// One row of the throughput table.
+struct Throughput {
+    rollouts_per_s: f64,
+    tokens_per_s: f64,
+    step_s: f64,
+    sync_ms: f64,
+    /// Cores the trainer process used (its controller, transport and training).
+    trainer_cores: f64,
+    /// Fraction of the machine's cores busy (the trainer and every server).
+    machine_busy: f64,
+}
+
+/// CPU seconds this process has used (Linux `/proc/self/stat`; 0 elsewhere).
+fn process_cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // fields after the command name, which ends with the last ')'
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// (busy, total) jiffies of the whole machine (Linux `/proc/stat`).
+fn machine_jiffies() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let values: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let total: f64 = values.iter().take(8).sum();
+    let idle = values.get(3).unwrap_or(&0.0) + values.get(4).unwrap_or(&0.0);
+    (total - idle, total)
 }
 
 fn start_servers(
@@ -99,7 +150,7 @@ fn throughput(
     n: usize,
     config: &Path,
     logs: &Path,
-) -> anyhow::Result<(f64, f64)> {
+) -> anyhow::Result<Throughput> {
     let delay_us = (args.token_delay_ms * 1e3).round() as u64;
     let (mut servers, urls) = start_servers(
         n,
@@ -114,7 +165,7 @@ fn throughput(
             "generator.kind=remote".to_owned(),
             format!("generator.endpoints={}", endpoints(&urls)),
             "rollout.group_size=1".to_owned(),
-            format!("rollout.batch_size={in_flight}"),
+            format!("rollout.batch_size={}", in_flight * args.batch_factor),
             format!("rollout.max_concurrent={in_flight}"),
             "rollout.max_staleness=4".to_owned(),
             format!("rollout.max_new_tokens={}", args.max_new_tokens),
@@ -127,13 +178,23 @@ fn throughput(
         observer: trace.clone(),
         ..areal_core::RunOptions::default()
     };
+    let (cpu0, machine0, wall0) = (process_cpu_s(), machine_jiffies(), Instant::now());
     crate::runtime()?.block_on(areal_core::run(config, plugins, options))?;
+    let (cpu1, machine1, wall) = (process_cpu_s(), machine_jiffies(), wall0.elapsed());
     servers.stop();
     let steps = trace.steps.lock().expect("trace lock");
-    let (t0, a0, k0) = steps[1];
-    let (t1, a1, k1) = steps[steps.len() - 1];
+    let (t0, a0, k0, _) = steps[1];
+    let (t1, a1, k1, _) = steps[steps.len() - 1];
     let seconds = (t1 - t0).max(1e-9);
-    Ok(((a1 - a0) as f64 / seconds, (k1 - k0) as f64 / seconds))
+    let timed = &steps[2..];
+    Ok(Throughput {
+        rollouts_per_s: (a1 - a0) as f64 / seconds,
+        tokens_per_s: (k1 - k0) as f64 / seconds,
+        step_s: seconds / timed.len() as f64,
+        sync_ms: timed.iter().map(|s| s.3).sum::<f64>() / timed.len() as f64,
+        trainer_cores: (cpu1 - cpu0) / wall.as_secs_f64().max(1e-9),
+        machine_busy: (machine1.0 - machine0.0) / (machine1.1 - machine0.1).max(1.0),
+    })
 }
 
 /// A square bigram table, so that the testkit servers accept the update.
@@ -231,22 +292,28 @@ pub(super) fn run(args: BenchFleetArgs) -> anyhow::Result<()> {
     };
     eprintln!(
         "each server: the testkit bigram generator, {} ms a token, {} samples at once, up to {} \
-         tokens a sample; one trainer (testkit bigram policy, one sample per group, η = 4), \
-         {} steps per row, the first two not timed",
-        args.token_delay_ms, args.per_server, args.max_new_tokens, args.steps
+         tokens a sample; one trainer (testkit bigram policy, one sample per group, η = 4, \
+         {}× the samples in flight per step), {} steps per row, the first two not timed",
+        args.token_delay_ms, args.per_server, args.max_new_tokens, args.batch_factor, args.steps
     );
-    emit("| generator servers | samples in flight | rollouts/s | tokens/s | ideal tokens/s (N × one server) | of ideal |".into());
-    emit("|---|---|---|---|---|---|".into());
+    emit("| generator servers | samples in flight | rollouts/s | tokens/s | ideal tokens/s (N × one server) | of ideal | seconds a step | weight update (ms) | trainer cores | machine busy |".into());
+    emit("|---|---|---|---|---|---|---|---|---|---|".into());
     let mut one: Option<f64> = None;
     for &n in &args.servers {
-        let (rollouts, tokens) = throughput(&args, n, &config, &logs)
+        let row = throughput(&args, n, &config, &logs)
             .with_context(|| format!("the run with {n} servers"))?;
-        let single = *one.get_or_insert(tokens / n as f64);
+        let single = *one.get_or_insert(row.tokens_per_s / n as f64);
         let ideal = single * n as f64;
         emit(format!(
-            "| {n} | {} | {rollouts:.0} | {tokens:.0} | {ideal:.0} | {:.2} |",
+            "| {n} | {} | {:.0} | {:.0} | {ideal:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0}% |",
             n * args.per_server,
-            tokens / ideal
+            row.rollouts_per_s,
+            row.tokens_per_s,
+            row.tokens_per_s / ideal,
+            row.step_s,
+            row.sync_ms,
+            row.trainer_cores,
+            100.0 * row.machine_busy,
         ));
     }
 
