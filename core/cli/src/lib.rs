@@ -62,7 +62,7 @@ enum Command {
         json: bool,
     },
     /// Print the resolved config (defaults, file and overrides merged) as TOML.
-    Config(ConfigArgs),
+    Config(ConfigCommandArgs),
     /// Evaluate a checkpoint on the task's held-out split: greedy pass@1, or pass@k sampled.
     Eval(EvalArgs),
     /// Grade answers outside training (code: LiveCodeBench records in the wasm sandbox;
@@ -103,6 +103,16 @@ struct EvalArgs {
     /// Print this many graded completions.
     #[arg(long, default_value_t = 0)]
     show: usize,
+}
+
+#[derive(Debug, Args)]
+struct ConfigCommandArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Also build every plugin, as `areal train` would, so that plugin options are checked
+    /// too (a remote plugin's endpoints are not contacted).
+    #[arg(long)]
+    check: bool,
 }
 
 #[derive(Debug, Args)]
@@ -211,7 +221,12 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Config(args) => {
-            let config = loader(&args)?.load()?;
+            let loader = loader(&args.config)?;
+            let config = if args.check {
+                areal_core::resolve(&loader)?.0
+            } else {
+                loader.load()?
+            };
             print!("{}", config.to_toml());
             Ok(())
         }

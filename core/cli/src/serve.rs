@@ -9,31 +9,44 @@ use clap::{Args, Subcommand};
 
 use crate::{ConfigArgs, loader, runtime};
 
-/// The port `areal serve generator` listens on by default.
-pub(crate) const GENERATOR_PORT: u16 = 50051;
-/// The port `areal serve reward` listens on by default.
-pub(crate) const REWARD_PORT: u16 = 50061;
-
 #[derive(Debug, Subcommand)]
 pub(crate) enum ServeCommand {
     /// Serve the config's `[generator]` plugin (any registered generator); runs use
     /// `[generator] kind = "remote"` with `endpoints = ["http://ADDR", ...]`. Runs until
     /// SIGINT or SIGTERM.
-    Generator(ServeArgs<GENERATOR_PORT>),
+    Generator(GeneratorArgs),
     /// Serve the config's `[reward]` plugin (any registered reward) on its
     /// `reward_service.threads` threads; runs use `[reward] kind = "remote"` with
     /// `endpoints = ["http://ADDR", ...]`. Runs until SIGINT or SIGTERM.
-    Reward(ServeArgs<REWARD_PORT>),
+    Reward(RewardArgs),
+}
+
+// Two structs with literal defaults: clap keeps a derived default in one static per field,
+// which a const-generic struct would share between its kinds.
+#[derive(Debug, Args)]
+pub(crate) struct GeneratorArgs {
+    /// Address to listen on (port 0 picks a free one). Any address but loopback needs a
+    /// shared token.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    common: ServeArgs,
 }
 
 #[derive(Debug, Args)]
-pub(crate) struct ServeArgs<const PORT: u16> {
-    #[command(flatten)]
-    pub(crate) config: ConfigArgs,
+pub(crate) struct RewardArgs {
     /// Address to listen on (port 0 picks a free one). Any address but loopback needs a
     /// shared token.
-    #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], PORT)))]
-    pub(crate) listen: SocketAddr,
+    #[arg(long, default_value = "127.0.0.1:50061")]
+    listen: SocketAddr,
+    #[command(flatten)]
+    common: ServeArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) config: ConfigArgs,
     /// A file holding the shared token (else `AREAL_TOKEN`); every call must carry it.
     #[arg(long)]
     pub(crate) token_file: Option<PathBuf>,
@@ -59,9 +72,9 @@ fn token(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {
     Ok(Some(token.trim().to_owned()).filter(|t| !t.is_empty()))
 }
 
-fn listen<const PORT: u16>(args: &ServeArgs<PORT>) -> anyhow::Result<Listen> {
+fn listen(addr: SocketAddr, args: &ServeArgs) -> anyhow::Result<Listen> {
     let listen = Listen {
-        addr: args.listen,
+        addr,
         token: token(args.token_file.as_ref())?,
     };
     // refuse a bad address before building anything
@@ -112,8 +125,13 @@ fn shutdown(until_stdin_closes: bool) -> impl Future<Output = ()> + Send + 'stat
 }
 
 #[allow(clippy::print_stdout)]
-fn serve_generator(args: ServeArgs<GENERATOR_PORT>) -> anyhow::Result<()> {
-    let listen = listen(&args)?;
+fn serve_generator(
+    GeneratorArgs {
+        listen: addr,
+        common: args,
+    }: GeneratorArgs,
+) -> anyhow::Result<()> {
+    let listen = listen(addr, &args)?;
     let (_config, generator) = areal_core::resolve_generator(&loader(&args.config)?)?;
     let name = generator.name().to_owned();
     let runtime = runtime()?;
@@ -134,8 +152,13 @@ fn serve_generator(args: ServeArgs<GENERATOR_PORT>) -> anyhow::Result<()> {
 }
 
 #[allow(clippy::print_stdout)]
-fn serve_reward(args: ServeArgs<REWARD_PORT>) -> anyhow::Result<()> {
-    let listen = listen(&args)?;
+fn serve_reward(
+    RewardArgs {
+        listen: addr,
+        common: args,
+    }: RewardArgs,
+) -> anyhow::Result<()> {
+    let listen = listen(addr, &args)?;
     let (config, verifier) = areal_core::resolve_reward(&loader(&args.config)?)?;
     let threads = config.reward_service.threads;
     let name = verifier.name().to_owned();
