@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use areal_serve::{Listen, token_from_env};
+use areal_serve::{Listen, ServerTls, token_from_env};
 use clap::{Args, Subcommand};
 
 use crate::{ConfigArgs, loader, runtime};
@@ -50,6 +50,13 @@ pub(crate) struct ServeArgs {
     /// A file holding the shared token (else `AREAL_TOKEN`); every call must carry it.
     #[arg(long)]
     pub(crate) token_file: Option<PathBuf>,
+    /// Serve TLS with this certificate chain (PEM); clients use `https://` endpoints and
+    /// `tls_ca_file`.
+    #[arg(long, requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
     /// Also stop when standard input closes (a launcher's pipe: the server ends with the
     /// launcher, however that ends).
     #[arg(long, hide = true)]
@@ -73,9 +80,14 @@ fn token(file: Option<&PathBuf>) -> anyhow::Result<Option<String>> {
 }
 
 fn listen(addr: SocketAddr, args: &ServeArgs) -> anyhow::Result<Listen> {
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTls::from_files(cert, key)?),
+        _ => None,
+    };
     let listen = Listen {
         addr,
         token: token(args.token_file.as_ref())?,
+        tls,
     };
     // refuse a bad address before building anything
     listen.check()?;

@@ -111,11 +111,59 @@ pub(crate) const STREAM_WINDOW: u32 = 8 << 20;
 /// The window of a whole connection (every stream on it).
 pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;
 
+/// How a client reaches its servers: the connection time-out, and for `https://` endpoints
+/// the certificate authority that signed the servers' certificates.
+pub(crate) struct Connect {
+    pub(crate) timeout: Duration,
+    pub(crate) tls: Option<tonic::transport::ClientTlsConfig>,
+}
+
+impl Connect {
+    /// `timeout`, and TLS trusting the PEM certificate authority in `ca_file` if given.
+    pub(crate) fn new(
+        timeout: Duration,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Self, (&'static str, String)> {
+        let tls = ca_file
+            .map(|path| {
+                let pem = std::fs::read(path).map_err(|e| {
+                    (
+                        "tls_ca_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                if !String::from_utf8_lossy(&pem).contains("CERTIFICATE") {
+                    return Err((
+                        "tls_ca_file",
+                        format!("{} holds no PEM certificate", path.display()),
+                    ));
+                }
+                Ok(tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(pem)))
+            })
+            .transpose()?;
+        Ok(Self { timeout, tls })
+    }
+}
+
 /// A lazily connecting channel to `url`; must be called inside a runtime.
-pub(crate) fn channel(url: &str, connect_timeout: Duration) -> Result<Channel, String> {
-    Ok(Channel::from_shared(url.to_owned())
-        .map_err(|e| format!("endpoint {url:?}: {e}"))?
-        .connect_timeout(connect_timeout)
+pub(crate) fn channel(url: &str, connect: &Connect) -> Result<Channel, String> {
+    let mut endpoint =
+        Channel::from_shared(url.to_owned()).map_err(|e| format!("endpoint {url:?}: {e}"))?;
+    if url.starts_with("https://") {
+        let tls = connect.tls.clone().ok_or_else(|| {
+            format!("endpoint {url:?} is https: give tls_ca_file, the certificate authority of its server")
+        })?;
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| format!("endpoint {url:?}: {e}"))?;
+    } else if !url.starts_with("http://") {
+        return Err(format!(
+            "endpoint {url:?} must start with http:// or https://"
+        ));
+    }
+    Ok(endpoint
+        .connect_timeout(connect.timeout)
         .tcp_nodelay(true)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)

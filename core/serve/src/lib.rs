@@ -21,4 +21,4 @@ pub use generator_server::serve_generator;
 pub use remote_generator::{RemoteGenerator, RemoteGeneratorOptions};
 pub use remote_reward::{NAME as REMOTE, RemoteRewardOptions, RemoteVerifier};
 pub use reward_server::serve_reward;
-pub use security::{Listen, ServeError, TOKEN_ENV, token_from_env};
+pub use security::{Listen, ServeError, ServerTls, TOKEN_ENV, token_from_env};

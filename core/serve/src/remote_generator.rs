@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::fleet::{CallError, ClientRuntime, Fleet, channel, check_options};
+use crate::fleet::{CallError, ClientRuntime, Connect, Fleet, channel, check_options};
 use crate::remote_reward::{default_connect_timeout_s, default_grace_s, default_probe_interval_s};
 use crate::security::{SendToken, token_from_env};
 use crate::weights_folder;
@@ -51,6 +51,10 @@ pub struct RemoteGeneratorOptions {
     /// Seconds no server may take work before the run stops. By default 60.
     #[serde(default = "default_grace_s")]
     pub grace_s: f64,
+    /// A PEM file of the certificate authority that signed the servers' certificates, for
+    /// `https://` endpoints (servers started with `--tls-cert` and `--tls-key`).
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
     /// Seconds between health checks of each server. By default 0.5.
     #[serde(default = "default_probe_interval_s")]
     pub probe_interval_s: f64,
@@ -110,6 +114,9 @@ struct Shared {
     sync: tokio::sync::Mutex<()>,
     /// Set between `pause` and `resume`: new samples wait here.
     paused: watch::Sender<bool>,
+    /// The last `resume` broadcast, still going: the next `pause` waits for it, so that a
+    /// server never sees a pause overtaken by the resume before it.
+    resuming: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     call_timeout: Duration,
     weights_timeout: Duration,
     probe_timeout: Duration,
@@ -120,7 +127,7 @@ struct Shared {
 pub struct RemoteGenerator {
     shared: Arc<Shared>,
     // last: its probes and channels stop with it
-    _runtime: ClientRuntime,
+    runtime: ClientRuntime,
 }
 
 impl std::fmt::Debug for RemoteGenerator {
@@ -182,6 +189,7 @@ impl RemoteGenerator {
         let runtime = ClientRuntime::new("areal-remote-gen", 2).map_err(|e| ("endpoints", e))?;
         let send_token = SendToken::new(token).map_err(|e| ("endpoints", e))?;
         let connect_timeout = Duration::from_secs_f64(options.connect_timeout_s);
+        let connect = Connect::new(connect_timeout, options.tls_ca_file.as_deref())?;
         let members = {
             let _in_runtime = runtime.get().enter();
             options
@@ -189,7 +197,7 @@ impl RemoteGenerator {
                 .iter()
                 .map(|url| {
                     let client = GeneratorClient::with_interceptor(
-                        channel(url, connect_timeout)?,
+                        channel(url, &connect)?,
                         send_token.clone(),
                     )
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -210,6 +218,7 @@ impl RemoteGenerator {
             current: Mutex::new(None),
             sync: tokio::sync::Mutex::new(()),
             paused: watch::Sender::new(false),
+            resuming: tokio::sync::Mutex::new(None),
             call_timeout: Duration::from_secs_f64(options.call_timeout_s),
             weights_timeout: Duration::from_secs_f64(options.weights_timeout_s),
             probe_timeout: connect_timeout,
@@ -219,10 +228,7 @@ impl RemoteGenerator {
         for index in 0..n {
             runtime.get().spawn(probe(shared.clone(), index, interval));
         }
-        Ok(Self {
-            shared,
-            _runtime: runtime,
-        })
+        Ok(Self { shared, runtime })
     }
 
     /// Samples sent again to another server after theirs failed.
@@ -566,6 +572,9 @@ impl Generator for RemoteGenerator {
     }
 
     async fn pause(&self) -> Result<(), PluginError> {
+        if let Some(resuming) = self.shared.resuming.lock().await.take() {
+            let _ = resuming.await;
+        }
         self.shared.paused.send_replace(true);
         if self.shared.broadcast("pause", true).await {
             // a server that cannot pause: none is held, the engine updates while they run
@@ -576,9 +585,16 @@ impl Generator for RemoteGenerator {
         Ok(())
     }
 
+    /// Samples held here go at once; the servers are resumed in the background (a sample
+    /// that reaches a server before its resume waits there for it), so that the run does not
+    /// wait for the slowest server's answer.
     async fn resume(&self) -> Result<(), PluginError> {
         self.shared.paused.send_replace(false);
-        self.shared.broadcast("resume", false).await;
+        let shared = self.shared.clone();
+        let resuming = self.runtime.get().spawn(async move {
+            shared.broadcast("resume", false).await;
+        });
+        *self.shared.resuming.lock().await = Some(resuming);
         Ok(())
     }
 

@@ -1,5 +1,6 @@
 //! The `remote` reward: each sample verified by one of a set of reward servers.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use serde::Deserialize;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::fleet::{CallError, ClientRuntime, Fleet, channel, check_options};
+use crate::fleet::{CallError, ClientRuntime, Connect, Fleet, channel, check_options};
 use crate::security::{SendToken, token_from_env};
 
 /// The name the plugin is registered under (`[reward] kind = "remote"`).
@@ -35,6 +36,10 @@ pub struct RemoteRewardOptions {
     /// Seconds every server may be gone before the run stops. By default 60.
     #[serde(default = "default_grace_s")]
     pub grace_s: f64,
+    /// A PEM file of the certificate authority that signed the servers' certificates, for
+    /// `https://` endpoints (servers started with `--tls-cert` and `--tls-key`).
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
     /// Seconds between health checks of each server (how soon a dead one is noticed and a
     /// restarted one takes work again). By default 0.5.
     #[serde(default = "default_probe_interval_s")]
@@ -97,6 +102,7 @@ impl RemoteVerifier {
         let runtime = ClientRuntime::new("areal-remote-reward", 1).map_err(|e| ("endpoints", e))?;
         let send_token = SendToken::new(token).map_err(|e| ("endpoints", e))?;
         let connect_timeout = Duration::from_secs_f64(options.connect_timeout_s);
+        let connect = Connect::new(connect_timeout, options.tls_ca_file.as_deref())?;
         let members = {
             let _in_runtime = runtime.get().enter();
             options
@@ -104,7 +110,7 @@ impl RemoteVerifier {
                 .iter()
                 .map(|url| {
                     let client = VerifierClient::with_interceptor(
-                        channel(url, connect_timeout)?,
+                        channel(url, &connect)?,
                         send_token.clone(),
                     )
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -125,7 +125,8 @@ pub async fn serve_reward(
     );
     tracing::info!(target: "areal::serve", %addr, "reward server listening");
     on_bound(addr);
-    tonic::transport::Server::builder()
+    let builder = crate::security::with_tls(tonic::transport::Server::builder(), &listen)?;
+    builder
         .initial_stream_window_size(crate::fleet::STREAM_WINDOW)
         .initial_connection_window_size(crate::fleet::CONNECTION_WINDOW)
         .add_service(service)

@@ -1,6 +1,7 @@
 //! Where a server may listen, and the shared token that guards any address but loopback.
 
 use std::net::SocketAddr;
+use std::path::Path;
 
 use tonic::{Request, Status};
 
@@ -22,6 +23,81 @@ pub struct Listen {
     pub addr: SocketAddr,
     /// The token every call must carry; required unless `addr` is loopback.
     pub token: Option<String>,
+    /// Serve TLS with this certificate and key; plain HTTP/2 when `None`.
+    pub tls: Option<ServerTls>,
+}
+
+impl Listen {
+    /// Plain HTTP/2 on `addr`, with `token` if any.
+    pub fn new(addr: SocketAddr, token: Option<String>) -> Self {
+        Self {
+            addr,
+            token,
+            tls: None,
+        }
+    }
+}
+
+/// A server's TLS identity: its certificate chain and private key (PEM).
+#[derive(Clone)]
+pub struct ServerTls {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls").finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Read the certificate chain and the key (PEM files).
+    pub fn from_files(cert: &Path, key: &Path) -> Result<Self, ServeError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|source| ServeError::Tls {
+                message: format!("cannot read {}", path.display()),
+                source: Some(source),
+            })
+        };
+        let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+        for (what, path, pem, tag) in [
+            ("certificate", cert, &cert_pem, "CERTIFICATE"),
+            ("private key", key, &key_pem, "PRIVATE KEY"),
+        ] {
+            if !String::from_utf8_lossy(pem).contains(tag) {
+                return Err(ServeError::Tls {
+                    message: format!("{} holds no PEM {what}", path.display()),
+                    source: None,
+                });
+            }
+        }
+        Ok(Self {
+            cert: cert_pem,
+            key: key_pem,
+        })
+    }
+
+    pub(crate) fn config(&self) -> tonic::transport::ServerTlsConfig {
+        tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(&self.cert, &self.key))
+    }
+}
+
+/// Apply `listen`'s TLS, if any, to a server builder.
+pub(crate) fn with_tls(
+    builder: tonic::transport::Server,
+    listen: &Listen,
+) -> Result<tonic::transport::Server, ServeError> {
+    match &listen.tls {
+        None => Ok(builder),
+        Some(tls) => builder
+            .tls_config(tls.config())
+            .map_err(|e| ServeError::Tls {
+                message: format!("the certificate and key do not make a TLS identity: {e}"),
+                source: None,
+            }),
+    }
 }
 
 /// Why a server cannot start or stopped.
@@ -45,6 +121,15 @@ pub enum ServeError {
         /// Why.
         #[source]
         source: std::io::Error,
+    },
+    /// The TLS certificate or key cannot be used.
+    #[error("TLS: {message}")]
+    Tls {
+        /// What is wrong.
+        message: String,
+        /// The I/O error, if reading failed.
+        #[source]
+        source: Option<std::io::Error>,
     },
     /// The transport failed while serving.
     #[error("serving on {addr} failed")]

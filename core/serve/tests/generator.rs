@@ -33,7 +33,7 @@ impl Server {
     fn start_on(addr: SocketAddr, token_delay_us: u64) -> Self {
         let (bound_tx, bound_rx) = std::sync::mpsc::channel();
         let (kill, killed) = tokio::sync::oneshot::channel::<()>();
-        let listen = Listen { addr, token: None };
+        let listen = Listen::new(addr, None);
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)

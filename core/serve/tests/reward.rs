@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use areal_sdk::{FinishReason, RewardInput, RewardVerifier, VerifyContext};
-use areal_serve::{Listen, RemoteRewardOptions, RemoteVerifier, ServeError, serve_reward};
+use areal_serve::{
+    Listen, RemoteRewardOptions, RemoteVerifier, ServeError, ServerTls, serve_reward,
+};
 use areal_testkit::{SuccessorVerifier, conformance};
 use serde_json::json;
 
@@ -19,12 +21,15 @@ struct Server {
 
 impl Server {
     fn start(token: Option<&str>) -> Self {
+        Self::start_listening(Listen::new(
+            "127.0.0.1:0".parse().unwrap(),
+            token.map(str::to_owned),
+        ))
+    }
+
+    fn start_listening(listen: Listen) -> Self {
         let (bound_tx, bound_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let listen = Listen {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            token: token.map(str::to_owned),
-        };
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
@@ -179,10 +184,7 @@ fn the_token_guards_a_server_and_non_loopback_needs_one() {
     let with = RemoteVerifier::new(&options(vec![server.url()]), Some("s3cret")).unwrap();
     assert_eq!(with.verify(&input(1, "defg"), &ctx()).unwrap().value, 1.0);
 
-    let open = Listen {
-        addr: "0.0.0.0:0".parse().unwrap(),
-        token: None,
-    };
+    let open = Listen::new("0.0.0.0:0".parse().unwrap(), None);
     assert!(matches!(
         open.check(),
         Err(ServeError::TokenRequired { .. })
@@ -208,4 +210,39 @@ fn bad_endpoints_are_refused_up_front() {
     let (key, error) = RemoteVerifier::new(&slow, None).unwrap_err();
     assert_eq!(key, "grace_s");
     assert!(error.contains("-1"), "{error}");
+}
+
+/// With a certificate a server speaks TLS: a client that trusts its authority verifies through
+/// `https://`, a plain-HTTP client gets nothing, and an `https://` endpoint without an
+/// authority to trust is refused when the plugin is built.
+#[test]
+fn a_tls_server_answers_clients_that_trust_its_authority() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+    let tls =
+        ServerTls::from_files(&fixtures.join("server.pem"), &fixtures.join("server.key")).unwrap();
+    let server = Server::start_listening(Listen {
+        tls: Some(tls),
+        ..Listen::new("127.0.0.1:0".parse().unwrap(), None)
+    });
+    let url = format!("https://localhost:{}", server.addr.port());
+    let mut trusting = options(vec![url.clone()]);
+    trusting.tls_ca_file = Some(fixtures.join("ca.pem"));
+    let remote = RemoteVerifier::new(&trusting, None).unwrap();
+    assert_eq!(remote.verify(&input(1, "defg"), &ctx()).unwrap().value, 1.0);
+
+    let plain = RemoteVerifier::new(&options(vec![server.url()]), None).unwrap();
+    assert!(plain.verify(&input(2, "defg"), &ctx()).is_err());
+
+    let (key, error) = RemoteVerifier::new(&options(vec![url]), None).unwrap_err();
+    assert_eq!(key, "endpoints");
+    assert!(error.contains("tls_ca_file"), "{error}");
+    let mut missing = trusting.clone();
+    missing.tls_ca_file = Some(fixtures.join("none.pem"));
+    let (key, error) = RemoteVerifier::new(&missing, None).unwrap_err();
+    assert_eq!(key, "tls_ca_file");
+    assert!(error.contains("none.pem"), "{error}");
+    let error = ServerTls::from_files(&fixtures.join("ca.pem"), &fixtures.join("ca.pem"))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("no PEM private key"), "{error}");
 }
