@@ -27,6 +27,8 @@ pub(crate) struct Member<C> {
 struct MemberState {
     /// Takes work.
     ready: bool,
+    /// Alive but taking no work for now (loading weights): neither failed nor gone.
+    loading: bool,
     /// Refused us for good (a wrong token, another protocol): waiting will not help.
     refused: bool,
     /// What it last said.
@@ -183,6 +185,7 @@ impl<C> Fleet<C> {
                     in_flight: AtomicUsize::new(0),
                     state: Mutex::new(MemberState {
                         ready: false,
+                        loading: false,
                         refused: false,
                         said: "not contacted yet".into(),
                     }),
@@ -219,6 +222,7 @@ impl<C> Fleet<C> {
             }
             *s = MemberState {
                 ready: true,
+                loading: false,
                 refused: false,
                 said: match held {
                     Some(version) => format!("ready, holding version {version}"),
@@ -234,17 +238,19 @@ impl<C> Fleet<C> {
         {
             let mut s = self.state(index);
             s.ready = false;
+            s.loading = true;
             s.said = said;
         }
         self.update_gone();
     }
 
-    /// Member `index` failed; counted when it was taking work.
+    /// Member `index` failed; counted when it was taking work (or loading weights to).
     pub(crate) fn set_down(&self, index: usize, said: String) {
         let was_ready = {
             let mut s = self.state(index);
-            let was = s.ready;
+            let was = s.ready || s.loading;
             s.ready = false;
+            s.loading = false;
             s.refused = false;
             s.said = said.clone();
             was
@@ -264,6 +270,7 @@ impl<C> Fleet<C> {
                 tracing::error!(target: "areal::remote", kind = self.kind, endpoint = %self.members[index].url, said, "server refuses us");
             }
             s.ready = false;
+            s.loading = false;
             s.refused = true;
             s.said = said;
         }
@@ -284,7 +291,11 @@ impl<C> Fleet<C> {
     }
 
     fn update_gone(&self) {
-        let any_ready = (0..self.members.len()).any(|i| self.state(i).ready);
+        // a server loading weights is alive: a long load must not use up the grace period
+        let any_ready = (0..self.members.len()).any(|i| {
+            let s = self.state(i);
+            s.ready || s.loading
+        });
         {
             let mut gone = self.gone.lock().expect("gone lock");
             if any_ready {
@@ -321,7 +332,6 @@ impl<C> Fleet<C> {
                 if let Some(lease) = self.least_loaded() {
                     return Ok(lease);
                 }
-                let since = *gone.0.get_or_insert_with(Instant::now);
                 let refused = (0..self.members.len()).all(|i| self.state(i).refused);
                 if refused {
                     return Err(format!(
@@ -330,23 +340,33 @@ impl<C> Fleet<C> {
                         self.report()
                     ));
                 }
-                let deadline = since + self.grace;
-                if Instant::now() >= deadline {
-                    let verdict = format!(
-                        "no {} server has taken work for {:.0} s (the grace period): {}",
-                        self.kind,
-                        self.grace.as_secs_f64(),
-                        self.report()
-                    );
-                    tracing::error!(target: "areal::remote", kind = self.kind, verdict, "giving up on the servers");
-                    gone.1 = Some(verdict.clone());
-                    return Err(verdict);
+                let loading = (0..self.members.len()).any(|i| self.state(i).loading);
+                if loading {
+                    // alive, busy with weights: wait for it without a deadline
+                    None
+                } else {
+                    let since = *gone.0.get_or_insert_with(Instant::now);
+                    let deadline = since + self.grace;
+                    if Instant::now() >= deadline {
+                        let verdict = format!(
+                            "no {} server has taken work for {:.0} s (the grace period): {}",
+                            self.kind,
+                            self.grace.as_secs_f64(),
+                            self.report()
+                        );
+                        tracing::error!(target: "areal::remote", kind = self.kind, verdict, "giving up on the servers");
+                        gone.1 = Some(verdict.clone());
+                        return Err(verdict);
+                    }
+                    Some(deadline)
                 }
-                deadline
             };
-            tokio::select! {
-                () = &mut changed => {}
-                () = tokio::time::sleep_until(deadline.into()) => {}
+            match deadline {
+                Some(deadline) => tokio::select! {
+                    () = &mut changed => {}
+                    () = tokio::time::sleep_until(deadline.into()) => {}
+                },
+                None => changed.await,
             }
         }
     }

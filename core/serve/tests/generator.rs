@@ -356,3 +356,48 @@ fn tokio_stream_iter(
 ) -> impl tokio_stream::Stream<Item = pb::WeightChunk> + Send + 'static {
     tokio_stream::iter(chunks)
 }
+
+/// A weight load that takes longer than the grace period does not count as every server gone:
+/// a sample asked for meanwhile waits for the load and then runs on the new weights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_longer_than_the_grace_period_is_not_taken_for_dead_servers() {
+    let server = Server::start(0);
+    let generator = Arc::new(remote(vec![server.url()], json!({ "grace_s": 0.05 })));
+    let policy = policy();
+    generator
+        .update_weights(WeightUpdate::new(0, policy.weights()))
+        .await
+        .unwrap();
+    eventually("the server holds version 0", async || {
+        generator.report().contains("holding version 0")
+    })
+    .await;
+    // 128 MB: long enough to load that a sample comes in the middle
+    let mut tensors = policy.weights();
+    tensors.push(areal_sdk::NamedTensor {
+        name: "padding".into(),
+        shape: vec![1 << 25],
+        data: vec![0.25; 1 << 25],
+    });
+    let loading = {
+        let generator = generator.clone();
+        tokio::spawn(async move {
+            generator
+                .update_weights(WeightUpdate::new(1, tensors))
+                .await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !generator.report().contains("loading weights of version 1") {
+        assert!(
+            Instant::now() < deadline,
+            "never loading: {}",
+            generator.report()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let c = generator.generate(request(1, 4)).await.unwrap();
+    assert_eq!(c.versions, vec![1; 4], "it waited for the new weights");
+    loading.await.unwrap().unwrap();
+    assert_eq!(generator.endpoint_failures(), 0);
+}

@@ -17,11 +17,20 @@ pub(super) fn path(config: &Config) -> Option<PathBuf> {
     }
     let mut warmup = config.warmup.clone();
     warmup.cache_dir.clear();
+    // A remote reward's section says where its servers are, not what they grade (which the
+    // servers' own config decides): `areal launch local` picks new ports for every run, so
+    // the endpoints and the connection settings are left out of the key.
+    let mut reward = config.reward.clone();
+    if let Some(section) = reward.as_object_mut()
+        && section.get("kind").and_then(|k| k.as_str()) == Some("remote")
+    {
+        section.retain(|key, _| key == "kind");
+    }
     // everything that decides the warmed-up weights and the plateau
     let key = serde_json::json!({
         "policy": config.policy,
         "task": config.task,
-        "reward": config.reward,
+        "reward": reward,
         "warmup": warmup,
         "seed": config.seed,
         "max_new_tokens": config.rollout.max_new_tokens,
@@ -118,4 +127,31 @@ pub(super) async fn write(
     staged
         .commit()
         .map_err(|e| EngineError::io(e.path, e.source))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::ConfigLoader;
+
+    fn path(sets: &[&str]) -> std::path::PathBuf {
+        let config = ConfigLoader::new().set_all(sets).unwrap().load().unwrap();
+        super::path(&config).expect("caching is on by default")
+    }
+
+    /// A remote reward's endpoints change with every launch; what it grades does not.
+    #[test]
+    fn remote_endpoints_do_not_change_the_key_but_the_reward_does() {
+        let remote = |url: &str| {
+            path(&[
+                "reward.kind=remote",
+                &format!("reward.endpoints=[\"{url}\"]"),
+            ])
+        };
+        assert_eq!(
+            remote("http://127.0.0.1:4001"),
+            remote("http://10.0.0.9:50061")
+        );
+        assert_ne!(remote("http://127.0.0.1:4001"), path(&[]));
+        assert_ne!(path(&[]), path(&["reward.kind=math"]));
+    }
 }
