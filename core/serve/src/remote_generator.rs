@@ -297,21 +297,18 @@ impl Shared {
         let payload = match &self.weights_dir {
             Some(dir) => {
                 let (dir, update) = (dir.clone(), update.clone());
-                let sha256 = areal_proto::weights_sha256(&update.tensors);
-                let path =
-                    tokio::task::spawn_blocking(move || weights_folder::write(&dir, &update))
-                        .await
-                        .map_err(|e| {
-                            PluginError::failed(NAME, format!("writing the weights: {e}"))
-                        })?
-                        .map_err(|e| {
-                            PluginError::failed(
-                                NAME,
-                                format!(
-                                    "cannot write weights of version {version} to weights_dir: {e}"
-                                ),
-                            )
-                        })?;
+                let (path, sha256) = tokio::task::spawn_blocking(move || {
+                    let sha256 = areal_proto::weights_sha256(&update.tensors);
+                    weights_folder::write(&dir, &update).map(|path| (path, sha256))
+                })
+                .await
+                .map_err(|e| PluginError::failed(NAME, format!("writing the weights: {e}")))?
+                .map_err(|e| {
+                    PluginError::failed(
+                        NAME,
+                        format!("cannot write weights of version {version} to weights_dir: {e}"),
+                    )
+                })?;
                 Payload::Folder {
                     path: path.to_string_lossy().into_owned(),
                     sha256,
