@@ -45,6 +45,13 @@ pub fn header() -> pb::Header {
     }
 }
 
+/// A call that carries nothing but its header.
+pub fn ping() -> pb::Ping {
+    pb::Ping {
+        header: Some(header()),
+    }
+}
+
 /// Refuse a request from another protocol version (or without a header), naming both.
 pub fn check_header(header: Option<&pb::Header>) -> Result<(), tonic::Status> {
     match header {

@@ -13,7 +13,10 @@ use std::time::{Duration, Instant};
 
 use areal_sdk::FaultStats;
 use tokio::sync::Notify;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
+
+use crate::security::SendToken;
 
 /// One server.
 pub(crate) struct Member<C> {
@@ -98,6 +101,13 @@ impl CallError {
     }
 }
 
+/// `message` as a request whose server must answer within `timeout`.
+pub(crate) fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
 /// A status as a short phrase for logs and errors.
 pub(crate) fn describe(status: &tonic::Status) -> String {
     match status.code() {
@@ -107,11 +117,26 @@ pub(crate) fn describe(status: &tonic::Status) -> String {
     }
 }
 
+pub(crate) fn default_connect_timeout_s() -> f64 {
+    5.0
+}
+
+pub(crate) fn default_grace_s() -> f64 {
+    60.0
+}
+
+pub(crate) fn default_probe_interval_s() -> f64 {
+    0.5
+}
+
 /// HTTP/2 flow-control windows: the 64 KiB default makes a weight push wait for a round trip
 /// every 64 KiB (0.06 GB/s on loopback).
 pub(crate) const STREAM_WINDOW: u32 = 8 << 20;
 /// The window of a whole connection (every stream on it).
 pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;
+
+/// A bad option of a remote plugin: its key and what is wrong.
+pub(crate) type OptionError = (&'static str, String);
 
 /// How a client reaches its servers: the connection time-out, and for `https://` endpoints
 /// the certificate authority that signed the servers' certificates.
@@ -125,7 +150,7 @@ impl Connect {
     pub(crate) fn new(
         timeout: Duration,
         ca_file: Option<&std::path::Path>,
-    ) -> Result<Self, (&'static str, String)> {
+    ) -> Result<Self, OptionError> {
         let tls = ca_file
             .map(|path| {
                 let pem = std::fs::read(path).map_err(|e| {
@@ -170,6 +195,34 @@ pub(crate) fn channel(url: &str, connect: &Connect) -> Result<Channel, String> {
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .connect_lazy())
+}
+
+/// A client runtime named `name` of `threads` threads, and a client per endpoint, made by
+/// `client` on a lazily connecting channel that sends `token` with every call. The error names
+/// the option at fault.
+pub(crate) fn connect_all<C>(
+    name: &str,
+    threads: usize,
+    endpoints: &[String],
+    connect: &Connect,
+    token: Option<&str>,
+    client: impl Fn(InterceptedService<Channel, SendToken>) -> C,
+) -> Result<(ClientRuntime, Vec<(String, C)>), OptionError> {
+    let runtime = ClientRuntime::new(name, threads).map_err(|e| ("endpoints", e))?;
+    let send_token = SendToken::new(token).map_err(|e| ("endpoints", e))?;
+    let members = {
+        let _in_runtime = runtime.get().enter();
+        endpoints
+            .iter()
+            .map(|url| {
+                let channel = channel(url, connect)?;
+                let guarded = InterceptedService::new(channel, send_token.clone());
+                Ok((url.clone(), client(guarded)))
+            })
+            .collect::<Result<Vec<_>, String>>()
+            .map_err(|e| ("endpoints", e))?
+    };
+    Ok((runtime, members))
 }
 
 impl<C> Fleet<C> {
@@ -371,6 +424,55 @@ impl<C> Fleet<C> {
         }
     }
 
+    /// Run `call` for sample `sample_id` on the least-loaded member that takes work (after
+    /// `before`, each time). A member that fails is taken out and the call goes once more to
+    /// another; a refusal is final. The answer and the endpoint that gave it, or why there is
+    /// none, naming every failure on the way.
+    pub(crate) async fn call_reissuing_once<T, Before, Fut>(
+        &self,
+        sample_id: u64,
+        mut before: impl FnMut() -> Before,
+        mut call: impl FnMut(C) -> Fut,
+    ) -> Result<(T, String), String>
+    where
+        C: Clone,
+        Before: Future<Output = ()>,
+        Fut: Future<Output = Result<T, CallError>>,
+    {
+        let mut failures: Vec<String> = Vec::new();
+        let fail = |failures: &[String], why: String| {
+            let before = if failures.is_empty() {
+                String::new()
+            } else {
+                format!(" after {}", failures.join("; "))
+            };
+            format!("sample {sample_id}: {why}{before}")
+        };
+        loop {
+            before().await;
+            let lease = self.acquire().await.map_err(|why| fail(&failures, why))?;
+            let url = lease.member.url.clone();
+            match call(lease.member.client.clone()).await {
+                Ok(answer) => return Ok((answer, url)),
+                Err(CallError::Refused(said)) => {
+                    return Err(fail(&failures, format!("{url} refused: {said}")));
+                }
+                Err(CallError::Fault(said)) => {
+                    tracing::debug!(target: "areal::remote", kind = self.kind, endpoint = %url, sample_id, said, "call failed; sending the sample elsewhere");
+                    self.set_down(lease.index, said.clone());
+                    failures.push(format!("{url}: {said}"));
+                    if failures.len() > 1 {
+                        return Err(fail(
+                            &[],
+                            format!("no {} server answered ({})", self.kind, failures.join("; ")),
+                        ));
+                    }
+                    self.count_reissue();
+                }
+            }
+        }
+    }
+
     fn least_loaded(&self) -> Option<Lease<'_, C>> {
         let n = self.members.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
@@ -425,7 +527,7 @@ impl Drop for ClientRuntime {
 pub(crate) fn check_options(
     endpoints: &[String],
     seconds: &[(&'static str, f64)],
-) -> Result<(), (&'static str, String)> {
+) -> Result<(), OptionError> {
     if endpoints.is_empty() {
         return Err((
             "endpoints",

@@ -17,7 +17,8 @@ use tokio::sync::Mutex;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::security::{Listen, RequireToken, ServeError};
+use crate::security::{Listen, ServeError};
+use crate::server::{guarded, serve_on};
 use crate::weights_folder;
 
 struct GeneratorServer {
@@ -82,7 +83,7 @@ impl GeneratorService for GeneratorServer {
         match self.generator.pause().await {
             Ok(()) => {
                 self.paused.store(true, Ordering::SeqCst);
-                Ok(Response::new(ping()))
+                Ok(Response::new(areal_proto::ping()))
             }
             Err(e) if e.is_unsupported() => Err(Status::unimplemented(e.to_string())),
             Err(e) => Err(plugin_failed("pausing", &e)),
@@ -94,7 +95,7 @@ impl GeneratorService for GeneratorServer {
         match self.generator.resume().await {
             Ok(()) => {
                 self.paused.store(false, Ordering::SeqCst);
-                Ok(Response::new(ping()))
+                Ok(Response::new(areal_proto::ping()))
             }
             Err(e) if e.is_unsupported() => Err(Status::unimplemented(e.to_string())),
             Err(e) => Err(plugin_failed("resuming", &e)),
@@ -157,12 +158,6 @@ impl GeneratorService for GeneratorServer {
     }
 }
 
-fn ping() -> pb::Ping {
-    pb::Ping {
-        header: Some(areal_proto::header()),
-    }
-}
-
 /// Serve `generator` until `shutdown` completes. `on_bound` gets the address actually bound
 /// (port 0 picks one) once the server accepts calls.
 pub async fn serve_generator(
@@ -171,30 +166,18 @@ pub async fn serve_generator(
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let (listener, addr) = crate::security::bind(&listen).await?;
     let server = GeneratorServer {
         generator,
         held: std::sync::Mutex::new(None),
         paused: AtomicBool::new(false),
         loading: Mutex::new(()),
     };
-    let service = tonic::service::interceptor::InterceptedService::new(
-        Service::new(server)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        RequireToken(listen.token.clone()),
-    );
-    tracing::info!(target: "areal::serve", %addr, "generator server listening");
-    on_bound(addr);
-    let builder = crate::security::with_tls(tonic::transport::Server::builder(), &listen)?;
-    builder
-        .initial_stream_window_size(crate::fleet::STREAM_WINDOW)
-        .initial_connection_window_size(crate::fleet::CONNECTION_WINDOW)
-        .add_service(service)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await
-        .map_err(|source| ServeError::Transport { addr, source })
+    let service = Service::new(server)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let service = guarded(service, &listen);
+    serve_on(&listen, "generator", on_bound, shutdown, |server| {
+        server.add_service(service)
+    })
+    .await
 }

@@ -15,6 +15,7 @@ mod remote_generator;
 mod remote_reward;
 mod reward_server;
 mod security;
+mod server;
 mod weights_folder;
 
 pub use generator_server::serve_generator;

@@ -25,8 +25,10 @@ use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::fleet::{CallError, ClientRuntime, Connect, Fleet, channel, check_options};
-use crate::remote_reward::{default_connect_timeout_s, default_grace_s, default_probe_interval_s};
+use crate::fleet::{
+    CallError, ClientRuntime, Connect, Fleet, check_options, connect_all,
+    default_connect_timeout_s, default_grace_s, default_probe_interval_s, request,
+};
 use crate::security::{SendToken, token_from_env};
 use crate::weights_folder;
 
@@ -138,18 +140,6 @@ impl std::fmt::Debug for RemoteGenerator {
     }
 }
 
-fn ping() -> pb::Ping {
-    pb::Ping {
-        header: Some(areal_proto::header()),
-    }
-}
-
-fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    request
-}
-
 /// `call` bounded by `timeout` on this side too (a server that stopped answering).
 async fn bounded<T>(
     timeout: Duration,
@@ -186,27 +176,20 @@ impl RemoteGenerator {
                 ("probe_interval_s", options.probe_interval_s),
             ],
         )?;
-        let runtime = ClientRuntime::new("areal-remote-gen", 2).map_err(|e| ("endpoints", e))?;
-        let send_token = SendToken::new(token).map_err(|e| ("endpoints", e))?;
         let connect_timeout = Duration::from_secs_f64(options.connect_timeout_s);
         let connect = Connect::new(connect_timeout, options.tls_ca_file.as_deref())?;
-        let members = {
-            let _in_runtime = runtime.get().enter();
-            options
-                .endpoints
-                .iter()
-                .map(|url| {
-                    let client = GeneratorClient::with_interceptor(
-                        channel(url, &connect)?,
-                        send_token.clone(),
-                    )
+        let (runtime, members) = connect_all(
+            "areal-remote-gen",
+            2,
+            &options.endpoints,
+            &connect,
+            token,
+            |guarded| {
+                GeneratorClient::new(guarded)
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES);
-                    Ok((url.clone(), client))
-                })
-                .collect::<Result<Vec<_>, String>>()
-                .map_err(|e| ("endpoints", e))?
-        };
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            },
+        )?;
         let n = members.len();
         let shared = Arc::new(Shared {
             fleet: Fleet::new(
@@ -371,9 +354,13 @@ impl Shared {
             let mut client = self.client(i);
             let result = bounded(self.call_timeout, async {
                 let r = if pause {
-                    client.pause(request(ping(), self.call_timeout)).await
+                    client
+                        .pause(request(areal_proto::ping(), self.call_timeout))
+                        .await
                 } else {
-                    client.resume(request(ping(), self.call_timeout)).await
+                    client
+                        .resume(request(areal_proto::ping(), self.call_timeout))
+                        .await
                 };
                 r.map(drop).map_err(|s| {
                     if s.code() == tonic::Code::Unimplemented {
@@ -401,72 +388,57 @@ impl Shared {
     }
 
     async fn generate(&self, request: &GenerateRequest) -> Result<Completion, PluginError> {
-        let mut failures: Vec<String> = Vec::new();
-        let fail = |failures: &[String], why: String| {
-            let before = if failures.is_empty() {
-                String::new()
-            } else {
-                format!(" after {}", failures.join("; "))
-            };
-            PluginError::failed(NAME, format!("sample {}: {why}{before}", request.sample_id))
-        };
-        let mut paused = self.paused.subscribe();
-        loop {
-            // while paused for new weights, samples wait here
-            let _ = paused.wait_for(|p| !*p).await;
-            let lease = self
-                .fleet
-                .acquire()
+        let (completion, _) = self
+            .fleet
+            .call_reissuing_once(
+                request.sample_id,
+                // while paused for new weights, samples wait here
+                || {
+                    let mut paused = self.paused.subscribe();
+                    async move {
+                        let _ = paused.wait_for(|p| !*p).await;
+                    }
+                },
+                |client| self.generate_on(client, request),
+            )
+            .await
+            .map_err(|why| PluginError::failed(NAME, why))?;
+        Ok(completion)
+    }
+
+    /// One call of `request` on `client`'s server.
+    async fn generate_on(
+        &self,
+        mut client: Client,
+        request: &GenerateRequest,
+    ) -> Result<Completion, CallError> {
+        let message = areal_proto::generate_request(request);
+        bounded(self.call_timeout, async {
+            let mut stream = client
+                .generate(self::request(message, self.call_timeout))
                 .await
-                .map_err(|why| fail(&failures, why))?;
-            let url = lease.member.url.clone();
-            let mut client = lease.member.client.clone();
-            let message = areal_proto::generate_request(request);
-            let result = bounded(self.call_timeout, async {
-                let mut stream = client
-                    .generate(self::request(message, self.call_timeout))
-                    .await
-                    .map_err(status)?
-                    .into_inner();
-                let mut builder = CompletionBuilder::default();
-                loop {
-                    match stream.message().await.map_err(status)? {
-                        Some(event) => {
-                            let done = builder.push(event).map_err(|e| {
-                                CallError::Refused(format!("sent a malformed answer: {e}"))
-                            })?;
-                            if let Some(completion) = done {
-                                return Ok(completion);
-                            }
-                        }
-                        None => {
-                            return Err(CallError::Fault(
-                                "the stream ended before the sample finished".into(),
-                            ));
+                .map_err(status)?
+                .into_inner();
+            let mut builder = CompletionBuilder::default();
+            loop {
+                match stream.message().await.map_err(status)? {
+                    Some(event) => {
+                        let done = builder.push(event).map_err(|e| {
+                            CallError::Refused(format!("sent a malformed answer: {e}"))
+                        })?;
+                        if let Some(completion) = done {
+                            return Ok(completion);
                         }
                     }
-                }
-            })
-            .await;
-            match result {
-                Ok(completion) => return Ok(completion),
-                Err(CallError::Refused(said)) => {
-                    return Err(fail(&failures, format!("{url} refused: {said}")));
-                }
-                Err(CallError::Fault(said)) => {
-                    tracing::debug!(target: "areal::remote", endpoint = %url, sample_id = request.sample_id, said, "generate call failed; sending the sample elsewhere");
-                    self.fleet.set_down(lease.index, said.clone());
-                    failures.push(format!("{url}: {said}"));
-                    if failures.len() > 1 {
-                        return Err(fail(
-                            &[],
-                            format!("no generator server finished it ({})", failures.join("; ")),
+                    None => {
+                        return Err(CallError::Fault(
+                            "the stream ended before the sample finished".into(),
                         ));
                     }
-                    self.fleet.count_reissue();
                 }
             }
-        }
+        })
+        .await
     }
 
     fn record_stats(&self, index: usize, stats: GeneratorStats) {
@@ -498,7 +470,10 @@ async fn probe(shared: Arc<Shared>, index: usize, interval: Duration) {
     loop {
         let mut client = shared.client(index);
         if fleet.is_ready(index) {
-            match client.stats(request(ping(), shared.probe_timeout)).await {
+            match client
+                .stats(request(areal_proto::ping(), shared.probe_timeout))
+                .await
+            {
                 Ok(s) => shared.record_stats(index, areal_proto::from_stats(s.get_ref())),
                 Err(s) => match status(s) {
                     CallError::Fault(said) => fleet.set_down(index, said),
@@ -506,7 +481,10 @@ async fn probe(shared: Arc<Shared>, index: usize, interval: Duration) {
                 },
             }
         } else {
-            match client.health(request(ping(), shared.probe_timeout)).await {
+            match client
+                .health(request(areal_proto::ping(), shared.probe_timeout))
+                .await
+            {
                 Ok(health) => catch_up(&shared, index, health.into_inner()).await,
                 Err(s) => match status(s) {
                     CallError::Fault(said) => fleet.set_down(index, said),
@@ -541,17 +519,15 @@ async fn catch_up(shared: &Shared, index: usize, health: pb::GeneratorHealth) {
     if health.paused && !*shared.paused.borrow() {
         // paused by a client that lost it: new work would wait there for ever
         let mut client = shared.client(index);
-        if let Err(s) = client.resume(request(ping(), shared.probe_timeout)).await
+        if let Err(s) = client
+            .resume(request(areal_proto::ping(), shared.probe_timeout))
+            .await
             && s.code() != tonic::Code::Unimplemented
         {
-            return fleet.set_down(index, describe_status(&s));
+            return fleet.set_down(index, crate::fleet::describe(&s));
         }
     }
     fleet.set_ready(index, held);
-}
-
-fn describe_status(s: &tonic::Status) -> String {
-    crate::fleet::describe(s)
 }
 
 #[areal_sdk::async_trait]

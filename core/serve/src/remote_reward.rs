@@ -14,7 +14,10 @@ use serde::Deserialize;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::fleet::{CallError, ClientRuntime, Connect, Fleet, channel, check_options};
+use crate::fleet::{
+    CallError, ClientRuntime, Connect, Fleet, check_options, connect_all,
+    default_connect_timeout_s, default_grace_s, default_probe_interval_s, request,
+};
 use crate::security::{SendToken, token_from_env};
 
 /// The name the plugin is registered under (`[reward] kind = "remote"`).
@@ -46,20 +49,8 @@ pub struct RemoteRewardOptions {
     pub probe_interval_s: f64,
 }
 
-pub(crate) fn default_connect_timeout_s() -> f64 {
-    5.0
-}
-
 fn default_call_margin_s() -> f64 {
     30.0
-}
-
-pub(crate) fn default_grace_s() -> f64 {
-    60.0
-}
-
-pub(crate) fn default_probe_interval_s() -> f64 {
-    0.5
 }
 
 type Client = VerifierClient<InterceptedService<Channel, SendToken>>;
@@ -99,27 +90,20 @@ impl RemoteVerifier {
                 ("probe_interval_s", options.probe_interval_s),
             ],
         )?;
-        let runtime = ClientRuntime::new("areal-remote-reward", 1).map_err(|e| ("endpoints", e))?;
-        let send_token = SendToken::new(token).map_err(|e| ("endpoints", e))?;
         let connect_timeout = Duration::from_secs_f64(options.connect_timeout_s);
         let connect = Connect::new(connect_timeout, options.tls_ca_file.as_deref())?;
-        let members = {
-            let _in_runtime = runtime.get().enter();
-            options
-                .endpoints
-                .iter()
-                .map(|url| {
-                    let client = VerifierClient::with_interceptor(
-                        channel(url, &connect)?,
-                        send_token.clone(),
-                    )
+        let (runtime, members) = connect_all(
+            "areal-remote-reward",
+            1,
+            &options.endpoints,
+            &connect,
+            token,
+            |guarded| {
+                VerifierClient::new(guarded)
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(MAX_MESSAGE_BYTES);
-                    Ok((url.clone(), client))
-                })
-                .collect::<Result<Vec<_>, String>>()
-                .map_err(|e| ("endpoints", e))?
-        };
+                    .max_encoding_message_size(MAX_MESSAGE_BYTES)
+            },
+        )?;
         let fleet = Arc::new(Fleet::new(
             "reward",
             members,
@@ -149,22 +133,24 @@ impl RemoteVerifier {
     }
 
     async fn call(
-        client: &Client,
+        mut client: Client,
         sample: pb::RewardInput,
         timeout: Duration,
-    ) -> Result<pb::VerifyResult, tonic::Status> {
-        let mut client = client.clone();
-        let mut request = tonic::Request::new(pb::VerifyBatch {
+    ) -> Result<pb::VerifyResult, CallError> {
+        let batch = pb::VerifyBatch {
             header: Some(areal_proto::header()),
             samples: vec![sample],
-        });
-        request.set_timeout(timeout);
-        let mut results = client.verify(request).await?.into_inner().results;
+        };
+        let answer = client.verify(request(batch, timeout)).await;
+        let mut results = answer
+            .map_err(|s| CallError::from_status(&s))?
+            .into_inner()
+            .results;
         match (results.pop(), results.is_empty()) {
             (Some(one), true) => Ok(one),
-            _ => Err(tonic::Status::internal(
+            _ => Err(CallError::from_status(&tonic::Status::internal(
                 "the server answered a one-sample batch with another number of results",
-            )),
+            ))),
         }
     }
 
@@ -173,47 +159,20 @@ impl RemoteVerifier {
         input: &RewardInput,
         ctx: &VerifyContext,
     ) -> Result<Reward, PluginError> {
-        let mut failures: Vec<String> = Vec::new();
-        let fail = |failures: &[String], why: String| {
-            let before = if failures.is_empty() {
-                String::new()
-            } else {
-                format!(" after {}", failures.join("; "))
-            };
-            PluginError::failed(NAME, format!("sample {}: {why}{before}", input.sample_id))
-        };
-        loop {
-            let lease = self
-                .fleet
-                .acquire()
-                .await
-                .map_err(|why| fail(&failures, why))?;
-            let deadline = ctx.remaining().max(Duration::from_millis(1));
-            let sample = areal_proto::reward_input(input, deadline);
-            let url = lease.member.url.clone();
-            let result =
-                Self::call(&lease.member.client, sample, deadline + self.call_margin).await;
-            match result {
-                Ok(result) => return outcome(result, &url),
-                Err(status) => match CallError::from_status(&status) {
-                    CallError::Refused(said) => {
-                        return Err(fail(&failures, format!("{url} refused: {said}")));
-                    }
-                    CallError::Fault(said) => {
-                        tracing::debug!(target: "areal::remote", endpoint = %url, sample_id = input.sample_id, said, "reward call failed; sending the sample elsewhere");
-                        self.fleet.set_down(lease.index, said.clone());
-                        failures.push(format!("{url}: {said}"));
-                        if failures.len() > 1 {
-                            return Err(fail(
-                                &[],
-                                format!("no reward server answered ({})", failures.join("; ")),
-                            ));
-                        }
-                        self.fleet.count_reissue();
-                    }
+        let (result, url) = self
+            .fleet
+            .call_reissuing_once(
+                input.sample_id,
+                || std::future::ready(()),
+                |client| {
+                    let deadline = ctx.remaining().max(Duration::from_millis(1));
+                    let sample = areal_proto::reward_input(input, deadline);
+                    Self::call(client, sample, deadline + self.call_margin)
                 },
-            }
-        }
+            )
+            .await
+            .map_err(|why| PluginError::failed(NAME, why))?;
+        outcome(result, &url)
     }
 }
 
@@ -221,11 +180,7 @@ impl RemoteVerifier {
 async fn probe(fleet: Arc<Fleet<Client>>, index: usize, interval: Duration, timeout: Duration) {
     loop {
         let mut client = fleet.members()[index].client.clone();
-        let mut request = tonic::Request::new(pb::Ping {
-            header: Some(areal_proto::header()),
-        });
-        request.set_timeout(timeout);
-        match client.health(request).await {
+        match client.health(request(areal_proto::ping(), timeout)).await {
             Ok(_) => {
                 if !fleet.is_ready(index) {
                     fleet.set_ready(index, None);

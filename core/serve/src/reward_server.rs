@@ -12,7 +12,8 @@ use areal_proto::{MAX_MESSAGE_BYTES, PROTOCOL_VERSION, check_header, pb};
 use areal_sdk::RewardVerifier;
 use tonic::{Request, Response, Status};
 
-use crate::security::{Listen, RequireToken, ServeError};
+use crate::security::{Listen, ServeError};
+use crate::server::{guarded, serve_on};
 
 /// The most samples one `Verify` call may carry.
 const MAX_BATCH: usize = 4096;
@@ -110,30 +111,18 @@ pub async fn serve_reward(
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    let (listener, addr) = crate::security::bind(&listen).await?;
     // the default deadline is never used: every sample carries its own
     let service = RewardService::new(verifier, threads, Duration::from_secs(60));
     let server = RewardServer {
         service: Arc::new(service),
         threads,
     };
-    let service = tonic::service::interceptor::InterceptedService::new(
-        VerifierServer::new(server)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        RequireToken(listen.token.clone()),
-    );
-    tracing::info!(target: "areal::serve", %addr, "reward server listening");
-    on_bound(addr);
-    let builder = crate::security::with_tls(tonic::transport::Server::builder(), &listen)?;
-    builder
-        .initial_stream_window_size(crate::fleet::STREAM_WINDOW)
-        .initial_connection_window_size(crate::fleet::CONNECTION_WINDOW)
-        .add_service(service)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await
-        .map_err(|source| ServeError::Transport { addr, source })
+    let service = VerifierServer::new(server)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let service = guarded(service, &listen);
+    serve_on(&listen, "reward", on_bound, shutdown, |server| {
+        server.add_service(service)
+    })
+    .await
 }

@@ -84,22 +84,6 @@ impl ServerTls {
     }
 }
 
-/// Apply `listen`'s TLS, if any, to a server builder.
-pub(crate) fn with_tls(
-    builder: tonic::transport::Server,
-    listen: &Listen,
-) -> Result<tonic::transport::Server, ServeError> {
-    match &listen.tls {
-        None => Ok(builder),
-        Some(tls) => builder
-            .tls_config(tls.config())
-            .map_err(|e| ServeError::Tls {
-                message: format!("the certificate and key do not make a TLS identity: {e}"),
-                source: None,
-            }),
-    }
-}
-
 /// Why a server cannot start or stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
