@@ -79,19 +79,16 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
         servers.start(&exe, kind, &args.train.config.to_args(), &logs)?;
     }
     let urls = servers.wait_listening(Duration::from_secs_f64(args.start_timeout_s))?;
-    let endpoints = |kind: &str| {
-        let list: Vec<String> = urls
+    let set = &mut args.train.config.set;
+    for kind in ["generator", "reward"] {
+        let of_kind: Vec<&str> = urls
             .iter()
             .filter(|(k, _)| *k == kind)
-            .map(|(_, url)| format!("\"{url}\""))
+            .map(|(_, url)| url.as_str())
             .collect();
-        format!("[{}]", list.join(", "))
-    };
-    let set = &mut args.train.config.set;
-    for (kind, section) in [("generator", "generator"), ("reward", "reward")] {
-        if urls.iter().any(|(k, _)| *k == kind) {
-            set.push(format!("{section}.kind=remote"));
-            set.push(format!("{section}.endpoints={}", endpoints(kind)));
+        if !of_kind.is_empty() {
+            set.push(format!("{kind}.kind=remote"));
+            set.push(format!("{kind}.endpoints={}", endpoints(&of_kind)));
         }
     }
     tracing::info!(target: "areal::launch", servers = urls.len(), "servers listening; training");
@@ -99,6 +96,12 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
     let result = crate::train(args.train, started);
     servers.stop();
     result
+}
+
+/// `urls` as the TOML list of an `endpoints` key.
+pub(crate) fn endpoints(urls: &[&str]) -> String {
+    let quoted: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    format!("[{}]", quoted.join(", "))
 }
 
 /// A started server.

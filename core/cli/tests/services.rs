@@ -166,6 +166,16 @@ impl Drop for ServerProcess {
     }
 }
 
+/// `areal launch local` with two generator servers and one reward server.
+const LAUNCH: [&str; 6] = [
+    "launch",
+    "local",
+    "--generators",
+    "2",
+    "--reward-servers",
+    "1",
+];
+
 fn train_args<'a>(config: &'a Path, run: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "train",
@@ -208,14 +218,7 @@ fn launch_local_learns_as_in_process_and_leaves_no_process_behind() {
     let out = areal(&train_args(&config, &local, &[]));
     assert!(out.status.success(), "{}", text(&out.stderr));
     let launched = dir.path().join("launched");
-    let mut args = vec![
-        "launch",
-        "local",
-        "--generators",
-        "2",
-        "--reward-servers",
-        "1",
-    ];
+    let mut args = LAUNCH.to_vec();
     args.extend(&train_args(&config, &launched, &[])[1..]);
     let out = areal(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -261,14 +264,7 @@ fn launch_local_leaves_no_process_behind_on_ctrl_c_or_sigkill() {
     let config = testkit_config(dir.path(), "token_delay_us = 20000\n");
     for (signal, run) in [("INT", "interrupted"), ("KILL", "killed")] {
         let run = dir.path().join(run);
-        let mut args = vec![
-            "launch",
-            "local",
-            "--generators",
-            "2",
-            "--reward-servers",
-            "1",
-        ];
+        let mut args = LAUNCH.to_vec();
         args.extend(&train_args(&config, &run, &["--set", "train.steps=100000"])[1..]);
         let child = spawn_train(&args);
         wait_for_steps(&run, 3);
@@ -329,6 +325,47 @@ fn a_generator_server_killed_mid_run_costs_reissues_and_rejoins_when_restarted()
     assert!(
         log.contains("version=60"),
         "it held the last weights: {log}"
+    );
+}
+
+/// The testkit job with its reward on a server in another process learns as it does in
+/// process: same seed, same rewards (the successor reward is exact), so the same final
+/// accuracy within the noise of asynchronous generation. With the server gone past the grace
+/// period every sample fails, and the run stops naming the endpoint.
+#[test]
+fn the_testkit_job_learns_with_its_reward_served_by_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit_config(dir.path(), "");
+    let server = ServerProcess::start("reward", &config, "127.0.0.1:0");
+    let local = dir.path().join("local");
+    let out = areal(&train_args(&config, &local, &[]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let remote = dir.path().join("remote");
+    let endpoints = format!("reward.endpoints=[\"{}\"]", server.url());
+    let remote_args = ["--set", "reward.kind=remote", "--set", &endpoints];
+    let out = areal(&train_args(&config, &remote, &remote_args));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (local, remote) = (summary(&local), summary(&remote));
+    assert_eq!(remote["reward_failures"], 0, "{remote}");
+    let accuracy = |s: &Value| s["final_accuracy"].as_f64().unwrap();
+    assert!(accuracy(&local) > 0.5, "the job learns in process: {local}");
+    assert!(
+        (accuracy(&remote) - accuracy(&local)).abs() <= 0.15,
+        "in process {} against remote {}",
+        accuracy(&local),
+        accuracy(&remote)
+    );
+
+    let url = server.url();
+    server.kill();
+    let mut gone_args = remote_args.to_vec();
+    gone_args.extend(["--set", "reward.grace_s=1"]);
+    let out = areal(&train_args(&config, &dir.path().join("gone"), &gone_args));
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(&url) && stderr.contains("no reward server has taken work for 1 s"),
+        "{stderr}"
     );
 }
 
@@ -450,14 +487,7 @@ fn the_built_in_job_through_launched_servers_evaluates_exactly_as_in_process() {
     args.extend(&sets);
     let out = areal(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let mut args = vec![
-        "launch",
-        "local",
-        "--generators",
-        "2",
-        "--reward-servers",
-        "1",
-    ];
+    let mut args = LAUNCH.to_vec();
     args.extend(["-q", "--seed", "5", "--out", launched.to_str().unwrap()]);
     args.extend(&sets);
     let out = areal(&args);

@@ -13,7 +13,7 @@ use anyhow::Context;
 use areal_sdk::{Generator, NamedTensor, WeightUpdate};
 use clap::Args;
 
-use crate::launch::Servers;
+use crate::launch::{Servers, endpoints};
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchFleetArgs {
@@ -139,11 +139,6 @@ fn start_servers(
     Ok((servers, urls))
 }
 
-fn endpoints(urls: &[String]) -> String {
-    let quoted: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
-    format!("[{}]", quoted.join(", "))
-}
-
 /// Rollouts and tokens per second with `n` servers.
 fn throughput(
     args: &BenchFleetArgs,
@@ -163,7 +158,10 @@ fn throughput(
         .toml(areal_testkit::CONFIG, Path::new("sdk/testkit/testkit.toml"))?
         .set_all([
             "generator.kind=remote".to_owned(),
-            format!("generator.endpoints={}", endpoints(&urls)),
+            format!(
+                "generator.endpoints={}",
+                endpoints(&urls.iter().map(String::as_str).collect::<Vec<_>>())
+            ),
             "rollout.group_size=1".to_owned(),
             format!("rollout.batch_size={}", in_flight * args.batch_factor),
             format!("rollout.max_concurrent={in_flight}"),
