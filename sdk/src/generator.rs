@@ -30,6 +30,18 @@ pub trait Generator: Send + Sync + 'static {
     /// Generate one completion for `request`.
     async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError>;
 
+    /// Generate a completion for each of `requests`, answers in their order. The engine's
+    /// deterministic mode hands each round's requests over together this way, so that a
+    /// generator whose numbers depend on what it batches together (a batched model's
+    /// rounding) can batch them the same way every time. By default they run concurrently
+    /// through [`generate`](Generator::generate).
+    async fn generate_batch(
+        &self,
+        requests: Vec<GenerateRequest>,
+    ) -> Vec<Result<Completion, PluginError>> {
+        futures_util::future::join_all(requests.into_iter().map(|r| self.generate(r))).await
+    }
+
     /// Load new weights; subsequent tokens are sampled with them and carry `update.version`.
     async fn update_weights(&self, update: WeightUpdate) -> Result<(), PluginError>;
 

@@ -152,7 +152,7 @@ impl Completion {
 }
 
 /// One rewarded sample.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Trajectory {
     /// Unique id of the sample within a run.
     pub sample_id: u64,
@@ -170,7 +170,7 @@ impl Trajectory {
 }
 
 /// The samples generated for one prompt; the unit of admission, buffering and training.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrajectoryGroup {
     /// Submission order of the group: the replay buffer hands out the smallest first.
     pub group_id: u64,

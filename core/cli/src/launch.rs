@@ -62,12 +62,18 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
             args.start_timeout_s
         );
     }
+    // servers of a resumed run serve the run's own config
+    let mut server_config = args.train.config.clone();
+    if let Some(run) = &args.train.resume {
+        server_config.config = Some(run.join("config.toml"));
+    }
     // a bad config fails here, before any server starts
-    loader(&args.train.config)?.load()?;
+    loader(&server_config)?.load()?;
     let out = args
         .train
-        .out
+        .resume
         .clone()
+        .or_else(|| args.train.out.clone())
         .unwrap_or_else(|| Path::new("runs").join(utc_timestamp()));
     let logs = out.join("servers");
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
@@ -76,7 +82,7 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
     let kinds = std::iter::repeat_n("generator", args.generators)
         .chain(std::iter::repeat_n("reward", args.reward_servers));
     for kind in kinds {
-        servers.start(&exe, kind, &args.train.config.to_args(), &logs)?;
+        servers.start(&exe, kind, &server_config.to_args(), &logs)?;
     }
     let urls = servers.wait_listening(Duration::from_secs_f64(args.start_timeout_s))?;
     let set = &mut args.train.config.set;
@@ -92,7 +98,9 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
         }
     }
     tracing::info!(target: "areal::launch", servers = urls.len(), "servers listening; training");
-    args.train.out = Some(out);
+    if args.train.resume.is_none() {
+        args.train.out = Some(out);
+    }
     let result = crate::train(args.train, started);
     servers.stop();
     result

@@ -115,7 +115,7 @@ struct ConfigCommandArgs {
     check: bool,
 }
 
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 struct ConfigArgs {
     /// A TOML config file merged over the built-in defaults.
     #[arg(long, short)]
@@ -153,8 +153,17 @@ struct TrainArgs {
     #[command(flatten)]
     config: ConfigArgs,
     /// Run folder; by default `runs/<UTC timestamp>`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resume")]
     out: Option<PathBuf>,
+    /// Go on with the run in this folder from its newest sound checkpoint, with its own
+    /// `config.toml` (a run killed, or stopped by a signal).
+    #[arg(long, value_name = "RUN_DIR")]
+    resume: Option<PathBuf>,
+    /// With --resume: apply --config/--set although they change the run's config (each change
+    /// is listed; `policy` and `rollout.group_size` can never change), and go on although the
+    /// task's data changed.
+    #[arg(long, requires = "resume")]
+    allow_config_change: bool,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -277,6 +286,62 @@ fn loader(args: &ConfigArgs) -> Result<ConfigLoader, ConfigError> {
     Ok(loader)
 }
 
+/// The config of the run in `dir` (its `config.toml`), with `args` on top only if they change
+/// nothing, or `allow` says the changes are meant (then each is logged); `policy` and
+/// `rollout.group_size` never change.
+fn resume_loader(dir: &Path, args: &ConfigArgs, allow: bool) -> anyhow::Result<ConfigLoader> {
+    let own = dir.join("config.toml");
+    if !own.exists() {
+        anyhow::bail!(
+            "{} is not a run folder (it has no config.toml): --resume takes the folder of a run",
+            dir.display()
+        );
+    }
+    let run = ConfigLoader::new().file(&own)?;
+    let run_config = run.load()?;
+    let mut loader = run;
+    if let Some(path) = &args.config {
+        loader = loader.file(path)?;
+    }
+    loader = loader.set_all(&args.set)?;
+    if let Some(seed) = args.seed {
+        loader = loader.set(&format!("seed={seed}"))?;
+    }
+    // where a remote plugin's servers are is placement, not the experiment: `areal launch
+    // local` picks new ports every time
+    let changes: Vec<_> = areal_core::config_changes(&run_config, &loader.load()?)
+        .into_iter()
+        .filter(|c| c.key != "generator.endpoints" && c.key != "reward.endpoints")
+        .collect();
+    let list = |changes: &[&areal_core::ConfigChange]| {
+        changes
+            .iter()
+            .map(|c| format!("  {c}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let fixed: Vec<_> = changes.iter().filter(|c| c.is_fixed_on_resume()).collect();
+    if !fixed.is_empty() {
+        anyhow::bail!(
+            "resuming {} cannot change what its checkpoints were trained with:\n{}",
+            dir.display(),
+            list(&fixed)
+        );
+    }
+    if !changes.is_empty() && !allow {
+        let all: Vec<_> = changes.iter().collect();
+        anyhow::bail!(
+            "the config given differs from the run's own ({}):\n{}\nresume without --config/--set, or add --allow-config-change to change it on purpose",
+            own.display(),
+            list(&all)
+        );
+    }
+    for change in &changes {
+        tracing::warn!(target: "areal::train", key = %change.key, before = %change.before, after = %change.after, "config changed on resume");
+    }
+    Ok(loader)
+}
+
 /// The async runtime of every command: two worker threads (the engine's own threads for
 /// rewards, training and decoding come on top).
 pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -289,10 +354,16 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
-    let (config, plugins) = areal_core::resolve(&loader(&args.config)?)?;
-    let out = args
-        .out
-        .unwrap_or_else(|| Path::new("runs").join(utc_timestamp()));
+    let loader = match &args.resume {
+        Some(dir) => resume_loader(dir, &args.config, args.allow_config_change)?,
+        None => loader(&args.config)?,
+    };
+    let (config, plugins) = areal_core::resolve(&loader)?;
+    let out = match (&args.resume, args.out) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(out)) => out,
+        (None, None) => Path::new("runs").join(utc_timestamp()),
+    };
     let steps = config.train.steps;
     let observer: Arc<dyn Observer> = if args.quiet {
         Arc::new(areal_core::Quiet)
@@ -315,6 +386,8 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
             observer: observer.clone(),
             started,
             stop,
+            resume: args.resume.is_some(),
+            allow_changes: args.allow_config_change,
         },
     ))?;
     drop(observer);
@@ -338,11 +411,19 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
             summary.reward_mean_first,
             summary.reward_mean_last,
         );
+        if summary.resumes > 0 {
+            println!(
+                "resumed {} time{}",
+                summary.resumes,
+                if summary.resumes == 1 { "" } else { "s" }
+            );
+        }
         println!("run folder: {}", out.display());
     }
     if summary.interrupted {
         return Err(Interrupted {
             steps: summary.steps,
+            dir: out,
         }
         .into());
     }
@@ -351,9 +432,10 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
 
 /// A run stopped by a signal, its checkpoint and summary saved: exit status 130.
 #[derive(Debug, thiserror::Error)]
-#[error("interrupted after {steps} steps; the checkpoint and summary are saved")]
+#[error("interrupted after {steps} steps; the checkpoint and summary are saved; go on with `areal train --resume {}`", dir.display())]
 struct Interrupted {
     steps: u64,
+    dir: PathBuf,
 }
 
 /// SIGINT or SIGTERM stop the run cleanly (the step in progress finishes, the checkpoint and

@@ -18,6 +18,54 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     sync_dir(dir)
 }
 
+/// A file of whole records appended one by one (`metrics.jsonl`, TensorBoard events), which a
+/// resumed run cuts back to the length its checkpoint recorded.
+#[derive(Debug)]
+pub struct AppendFile {
+    path: PathBuf,
+    out: std::io::BufWriter<File>,
+}
+
+impl AppendFile {
+    /// Create (truncate) `path`.
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            path: path.to_owned(),
+            out: std::io::BufWriter::new(File::create(path)?),
+        })
+    }
+
+    /// Open `path` to go on after its first `bytes` bytes (what follows is cut off).
+    pub fn resume(path: &Path, bytes: u64) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
+        file.set_len(bytes)?;
+        let mut out = std::io::BufWriter::new(file);
+        std::io::Seek::seek(&mut out, std::io::SeekFrom::End(0))?;
+        Ok(Self {
+            path: path.to_owned(),
+            out,
+        })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where records are written (buffered: [`Write::flush`] after each whole record).
+    pub fn writer(&mut self) -> &mut std::io::BufWriter<File> {
+        &mut self.out
+    }
+
+    /// Put everything written on disk; the file's length.
+    pub fn sync(&mut self) -> std::io::Result<u64> {
+        self.out.flush()?;
+        let file = self.out.get_ref();
+        file.sync_data()?;
+        Ok(file.metadata()?.len())
+    }
+}
+
 /// A folder being written beside its `target`: fill [`StagedDir::path`], then
 /// [`StagedDir::commit`] syncs every file and puts the folder at `target` (a previous `target`
 /// is kept until the new one is complete, then removed). Dropped without a commit, the

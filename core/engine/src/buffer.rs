@@ -1,16 +1,15 @@
 //! The replay buffer: accepted groups wait here; the trainer takes the oldest first.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use areal_sdk::TrajectoryGroup;
-use tokio::sync::Notify;
 
-/// Accepted groups keyed by submission order. Nothing is dropped for being stale.
-#[derive(Debug, Default)]
+/// Accepted groups keyed by submission order. Nothing is dropped for being stale. Plain data:
+/// the controller keeps it under its lock with the rest of the rollout state, and a
+/// checkpoint holds it whole.
+#[derive(Clone, Debug, Default)]
 pub struct ReplayBuffer {
-    groups: Mutex<BTreeMap<u64, TrajectoryGroup>>,
-    added: Notify,
+    groups: BTreeMap<u64, TrajectoryGroup>,
 }
 
 impl ReplayBuffer {
@@ -20,46 +19,36 @@ impl ReplayBuffer {
     }
 
     /// Add an accepted group.
-    pub fn push(&self, group: TrajectoryGroup) {
-        let mut groups = self.groups.lock().expect("buffer lock poisoned");
-        let previous = groups.insert(group.group_id, group);
+    pub fn push(&mut self, group: TrajectoryGroup) {
+        let previous = self.groups.insert(group.group_id, group);
         assert!(previous.is_none(), "group ids are unique");
-        drop(groups);
-        self.added.notify_waiters();
     }
 
     /// Groups waiting.
     pub fn len(&self) -> usize {
-        self.groups.lock().expect("buffer lock poisoned").len()
+        self.groups.len()
     }
 
     /// Whether no group is waiting.
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.groups.is_empty()
     }
 
     /// Take the `n` oldest groups (smallest submission order) if at least `n` are waiting.
-    pub fn try_take(&self, n: usize) -> Option<Vec<TrajectoryGroup>> {
-        let mut groups = self.groups.lock().expect("buffer lock poisoned");
-        if groups.len() < n {
+    pub fn try_take(&mut self, n: usize) -> Option<Vec<TrajectoryGroup>> {
+        if self.groups.len() < n {
             return None;
         }
         Some(
             (0..n)
-                .filter_map(|_| groups.pop_first().map(|(_, g)| g))
+                .filter_map(|_| self.groups.pop_first().map(|(_, g)| g))
                 .collect(),
         )
     }
 
-    /// Wait until `n` groups are waiting, then take the oldest `n`.
-    pub async fn take(&self, n: usize) -> Vec<TrajectoryGroup> {
-        loop {
-            let added = self.added.notified();
-            if let Some(groups) = self.try_take(n) {
-                return groups;
-            }
-            added.await;
-        }
+    /// Every group waiting, oldest first.
+    pub fn groups(&self) -> impl Iterator<Item = &TrajectoryGroup> {
+        self.groups.values()
     }
 }
 
@@ -77,20 +66,20 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn oldest_first_whatever_the_arrival_order() {
-        let buffer = std::sync::Arc::new(ReplayBuffer::new());
+    #[test]
+    fn oldest_first_whatever_the_arrival_order() {
+        let mut buffer = ReplayBuffer::new();
         for id in [5, 2, 9, 1] {
             buffer.push(group(id));
         }
-        let waiter = {
-            let buffer = buffer.clone();
-            tokio::spawn(async move { buffer.take(5).await })
-        };
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
+        assert!(buffer.try_take(5).is_none());
         buffer.push(group(3));
-        let ids: Vec<u64> = waiter.await.unwrap().iter().map(|g| g.group_id).collect();
+        let ids: Vec<u64> = buffer
+            .try_take(5)
+            .unwrap()
+            .iter()
+            .map(|g| g.group_id)
+            .collect();
         assert_eq!(ids, vec![1, 2, 3, 5, 9]);
         assert!(buffer.is_empty());
         buffer.push(group(7));

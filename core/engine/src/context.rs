@@ -12,6 +12,7 @@ use crate::error::EngineError;
 use crate::eval::{EvalSpec, evaluate};
 use crate::metrics::EvalMetrics;
 use crate::observer::{Observer, StopRequest};
+use crate::resume::CheckpointStats;
 use crate::runlog::RunLog;
 use crate::worker::ComputeWorker;
 
@@ -25,18 +26,27 @@ pub(crate) struct RunContext {
     pub(crate) worker: ComputeWorker,
     pub(crate) observer: Arc<dyn Observer>,
     pub(crate) log: RunLog,
-    /// When the run started (`wall_s` of every record).
+    /// When this process started the run (`wall_s` of every record counts from it, after
+    /// `elapsed_before`).
     pub(crate) started: Instant,
+    /// Seconds the run had run before this process (when resumed).
+    pub(crate) elapsed_before: f64,
     /// A clean stop asked from outside (a signal).
     pub(crate) interrupt: StopRequest,
     /// Every held-out evaluation so far.
     pub(crate) evals: Vec<EvalMetrics>,
+    /// The sha256 of the task's data (the warm-up cache and checkpoints are keyed by it).
+    pub(crate) task_fingerprint: String,
+    /// How many times the run was resumed.
+    pub(crate) resumes: u64,
+    /// The resume checkpoints written so far.
+    pub(crate) checkpoints: CheckpointStats,
 }
 
 impl RunContext {
-    /// Seconds since the run started.
+    /// Seconds since the run started (earlier processes of a resumed run included).
     pub(crate) fn wall_s(&self) -> f64 {
-        self.started.elapsed().as_secs_f64()
+        self.elapsed_before + self.started.elapsed().as_secs_f64()
     }
 
     /// Load the worker's weights into the generator as `version`, outside RL (no pause: no

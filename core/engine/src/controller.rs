@@ -3,23 +3,25 @@
 //! new weights to the generators through the interruption protocol.
 //!
 //! What crosses its boundary is plain data: batches of [`TrajectoryGroup`]s out, a
-//! [`WeightUpdate`] in.
+//! [`WeightUpdate`] in, and the [`RolloutSnapshot`] a checkpoint holds. Every group, with
+//! the progress of each of its samples, lives in one [`RolloutState`] under one lock.
+//!
+//! By default groups run as tasks of their own, as fast as the generator serves them. In
+//! deterministic mode they run in rounds instead ([`crate::lockstep`]), over the same state.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use areal_sdk::{PluginError, SamplingParams, Split, Task, TrajectoryGroup, WeightUpdate};
+use areal_sdk::{Completion, PluginError, Reward, Split, Task, TrajectoryGroup, WeightUpdate};
 use areal_sdk_train::Algorithm;
 use tokio::sync::{Notify, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::buffer::ReplayBuffer;
 use crate::config::Config;
 use crate::error::EngineError;
-use crate::group_runner::{GroupRunner, GroupSpec};
+use crate::group_runner::{GroupRunner, Progress};
 use crate::observer::{Observer, StopRequest};
-use crate::order::DataOrder;
-use crate::staleness::{AdmissionCounts, StalenessManager};
+use crate::rollout::{Outcome, RolloutSnapshot, RolloutState, RunningGroup, SampleLedger};
+use crate::staleness::AdmissionCounts;
 
 /// The controller of one run. Dropping it stops its admission loop.
 pub(crate) struct Controller {
@@ -27,37 +29,31 @@ pub(crate) struct Controller {
     admission_loop: Mutex<Option<JoinHandle<()>>>,
 }
 
-struct Inner {
-    config: Config,
-    runner: Arc<GroupRunner>,
-    task: Arc<dyn Task>,
-    algorithm: Arc<dyn Algorithm>,
-    observer: Arc<dyn Observer>,
-    admission: Mutex<StalenessManager>,
-    admission_changed: Notify,
-    buffer: ReplayBuffer,
+pub(crate) struct Inner {
+    pub(crate) config: Config,
+    pub(crate) runner: Arc<GroupRunner>,
+    pub(crate) task: Arc<dyn Task>,
+    pub(crate) algorithm: Arc<dyn Algorithm>,
+    pub(crate) observer: Arc<dyn Observer>,
+    state: Mutex<RolloutState>,
+    /// The state changed: a slot freed, a version published, a group buffered.
+    changed: Notify,
     /// Set when the run ends or fails: the admission loop and a waiting batch stop.
     stop: watch::Sender<bool>,
     fatal: Mutex<Option<EngineError>>,
-    consecutive_failures: AtomicUsize,
 }
 
 impl Controller {
-    /// A controller for `config`'s `[rollout]` section; nothing is admitted before
-    /// [`Controller::start`].
+    /// A controller for `config`'s `[rollout]` section, starting from `state` (fresh, or a
+    /// checkpoint's); nothing is admitted before [`Controller::start`].
     pub(crate) fn new(
         config: &Config,
         runner: Arc<GroupRunner>,
         task: Arc<dyn Task>,
         algorithm: Arc<dyn Algorithm>,
         observer: Arc<dyn Observer>,
+        state: RolloutState,
     ) -> Self {
-        let r = &config.rollout;
-        let admission = StalenessManager::new(
-            r.batch_size as u64,
-            r.max_staleness,
-            r.max_concurrent as u64,
-        );
         Self {
             inner: Arc::new(Inner {
                 config: config.clone(),
@@ -65,12 +61,10 @@ impl Controller {
                 task,
                 algorithm,
                 observer,
-                admission: Mutex::new(admission),
-                admission_changed: Notify::new(),
-                buffer: ReplayBuffer::new(),
+                state: Mutex::new(state),
+                changed: Notify::new(),
                 stop: watch::Sender::new(false),
                 fatal: Mutex::new(None),
-                consecutive_failures: AtomicUsize::new(0),
             }),
             admission_loop: Mutex::new(None),
         }
@@ -83,16 +77,26 @@ impl Controller {
 
     /// The admission counters now.
     pub(crate) fn counts(&self) -> AdmissionCounts {
-        self.inner.counts()
+        self.inner.state().counts()
     }
 
     /// Groups waiting in the replay buffer.
     pub(crate) fn buffered(&self) -> usize {
-        self.inner.buffer.len()
+        self.inner.state().buffered()
     }
 
-    /// Start admitting groups (RL starts): generation may run ahead from here.
+    /// What became of the samples admitted so far.
+    pub(crate) fn ledger(&self) -> SampleLedger {
+        self.inner.state().ledger()
+    }
+
+    /// Start admitting groups (RL starts): generation may run ahead from here. The groups a
+    /// checkpoint had in flight go on first. In deterministic mode nothing runs until a batch
+    /// is asked for.
     pub(crate) fn start(&self) {
+        if self.inner.config.deterministic {
+            return;
+        }
         let task = tokio::spawn(admission_loop(self.inner.clone()));
         *self.admission_loop.lock().expect("controller lock") = Some(task);
     }
@@ -113,30 +117,37 @@ impl Controller {
         interrupt: &StopRequest,
     ) -> Result<Option<Vec<TrajectoryGroup>>, EngineError> {
         let inner = &self.inner;
+        if inner.config.deterministic {
+            return crate::lockstep::next_batch(inner, interrupt).await;
+        }
         let mut stop = inner.stop.subscribe();
-        tokio::select! {
-            groups = inner.buffer.take(inner.config.rollout.batch_size) => Ok(Some(groups)),
-            () = interrupt.requested() => Ok(None),
-            _ = stop.wait_for(|s| *s) => Err(inner
-                .fatal
-                .lock()
-                .expect("fatal lock poisoned")
-                .take()
-                .unwrap_or_else(|| EngineError::internal("the rollout controller was stopped"))),
+        let batch = inner.config.rollout.batch_size;
+        loop {
+            let changed = inner.changed.notified();
+            if let Some(groups) = inner.state().take(batch) {
+                return Ok(Some(groups));
+            }
+            tokio::select! {
+                () = changed => {}
+                () = interrupt.requested() => return Ok(None),
+                _ = stop.wait_for(|s| *s) => return Err(inner.take_fatal()),
+            }
         }
     }
 
     /// The interruption protocol: pause the generator (in-flight samples come back
     /// interrupted and are resubmitted), load the weights, resume, and open admission for
-    /// the new version.
-    pub(crate) async fn publish(&self, weights: WeightUpdate) -> Result<(), EngineError> {
+    /// the new version. With `snapshot`, the rollout state is copied while the generator is
+    /// paused, so that it holds the partial samples (and is returned, at the new version).
+    pub(crate) async fn publish(
+        &self,
+        weights: WeightUpdate,
+        snapshot: bool,
+    ) -> Result<Option<RolloutSnapshot>, EngineError> {
         let version = weights.version;
         let generator = self.inner.runner.generator();
-        let paused = match generator.pause().await {
-            Ok(()) => true,
-            Err(e) if e.is_unsupported() => false,
-            Err(e) => return Err(EngineError::plugin("pausing the generator", e)),
-        };
+        let paused = self.pause().await?;
+        let taken = snapshot.then(|| self.inner.state().snapshot());
         generator.update_weights(weights).await.map_err(|e| {
             EngineError::plugin(
                 format!("loading weights of version {version} into the generator"),
@@ -149,13 +160,37 @@ impl Controller {
                 .await
                 .map_err(|e| EngineError::plugin("resuming the generator", e))?;
         }
-        self.inner
-            .admission
-            .lock()
-            .expect("admission lock poisoned")
-            .set_version(version);
-        self.inner.admission_changed.notify_waiters();
-        Ok(())
+        self.inner.state().set_version(version);
+        self.inner.changed.notify_waiters();
+        Ok(taken.map(|mut s| {
+            s.counts.version = version;
+            s
+        }))
+    }
+
+    /// A copy of the rollout state now.
+    pub(crate) fn snapshot(&self) -> RolloutSnapshot {
+        self.inner.state().snapshot()
+    }
+
+    /// The rollout state as the run stops: the generator is paused first, so that the
+    /// samples in flight hand back what they have (it is not resumed).
+    pub(crate) async fn final_snapshot(&self) -> Result<RolloutSnapshot, EngineError> {
+        self.pause().await?;
+        Ok(self.inner.state().snapshot())
+    }
+
+    /// Pause the generator, unless the run is deterministic (then nothing generates between
+    /// batches) or the generator cannot pause; whether it was paused.
+    async fn pause(&self) -> Result<bool, EngineError> {
+        if self.inner.config.deterministic {
+            return Ok(false);
+        }
+        match self.inner.runner.generator().pause().await {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_unsupported() => Ok(false),
+            Err(e) => Err(EngineError::plugin("pausing the generator", e)),
+        }
     }
 }
 
@@ -167,11 +202,8 @@ impl Drop for Controller {
 }
 
 impl Inner {
-    fn counts(&self) -> AdmissionCounts {
-        self.admission
-            .lock()
-            .expect("admission lock poisoned")
-            .counts()
+    pub(crate) fn state(&self) -> MutexGuard<'_, RolloutState> {
+        self.state.lock().expect("rollout state lock poisoned")
     }
 
     fn fail(&self, error: EngineError) {
@@ -183,33 +215,86 @@ impl Inner {
         drop(fatal);
         self.stop.send_replace(true);
     }
+
+    /// The error that stopped the controller, if it was stopped.
+    pub(crate) fn stopped(&self) -> Option<EngineError> {
+        let stopped = *self.stop.borrow();
+        stopped.then(|| self.take_fatal())
+    }
+
+    /// The error that stopped the controller.
+    pub(crate) fn take_fatal(&self) -> EngineError {
+        self.fatal
+            .lock()
+            .expect("fatal lock poisoned")
+            .take()
+            .unwrap_or_else(|| EngineError::internal("the rollout controller was stopped"))
+    }
+
+    /// Admit a group if the staleness rule allows it.
+    pub(crate) fn admit(&self) -> Option<RunningGroup> {
+        let admitted = {
+            let mut state = self.state();
+            state.admit().map(|group| (group, state.counts()))
+        };
+        let (group, counts) = admitted?;
+        self.observer.on_admission(&counts);
+        Some(group)
+    }
+
+    /// Group `group_id` ended with `result` (the group, `None` if the algorithm filtered it,
+    /// or why it failed): settle its slot; too many failures in a row stop the run.
+    pub(crate) fn settle(
+        &self,
+        group_id: u64,
+        result: Result<Option<TrajectoryGroup>, PluginError>,
+    ) {
+        let (outcome, error) = match result {
+            Ok(Some(group)) => (Outcome::Accepted(group), None),
+            Ok(None) => (Outcome::Filtered, None),
+            Err(e) => (Outcome::Failed, Some(e)),
+        };
+        let failures = self.state().settle(group_id, outcome);
+        if let Some(e) = error {
+            tracing::warn!(target: "areal::rollout", group_id, error = %crate::error::chain(&e), failures, "group failed; rejected");
+            if failures >= self.config.rollout.max_consecutive_failures {
+                self.fail(EngineError::plugin(
+                    format!("{failures} groups in a row failed (rollout.max_consecutive_failures); the last error"),
+                    e,
+                ));
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The algorithm's verdict on a finished group: kept, or filtered (`None`).
+    pub(crate) fn keep(&self, group: TrajectoryGroup) -> Option<TrajectoryGroup> {
+        let kept = self.algorithm.keep_group(&group);
+        if !kept {
+            tracing::debug!(target: "areal::rollout", group_id = group.group_id, "group filtered by the algorithm");
+        }
+        kept.then_some(group)
+    }
 }
 
 /// Admit a group whenever the staleness rule allows, each on its own task, until stopped.
 async fn admission_loop(inner: Arc<Inner>) {
     let mut stop = inner.stop.subscribe();
     let mut tasks = JoinSet::new();
-    let mut order = DataOrder::new(
-        inner.task.len(Split::Train),
-        areal_sdk::mix_seed(inner.config.seed, 6),
-    );
-    let r = inner.config.rollout.clone();
-    let mut next_group = 0u64;
+    let restored: Vec<RunningGroup> = inner.state().running().cloned().collect();
+    for group in restored {
+        tasks.spawn(group_task(inner.clone(), group));
+    }
     loop {
         while tasks.try_join_next().is_some() {}
         if *stop.borrow() {
             tasks.abort_all();
             return;
         }
-        let version = loop {
-            let changed = inner.admission_changed.notified();
-            let admitted = {
-                let mut admission = inner.admission.lock().expect("admission lock poisoned");
-                admission.try_admit().then(|| admission.counts())
-            };
-            if let Some(counts) = admitted {
-                inner.observer.on_admission(&counts);
-                break counts.version;
+        let group = loop {
+            let changed = inner.changed.notified();
+            if let Some(group) = inner.admit() {
+                break group;
             }
             tokio::select! {
                 _ = changed => {}
@@ -220,82 +305,59 @@ async fn admission_loop(inner: Arc<Inner>) {
                 Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             }
         };
-        let group_id = next_group;
-        next_group += 1;
-        let index = order.next_index();
-        let spec = GroupSpec {
-            group_id,
-            group_size: r.group_size,
-            max_new_tokens: r.max_new_tokens,
-            sampling: SamplingParams {
-                temperature: r.temperature,
-                top_p: r.top_p,
-                seed: inner.config.seed,
-            },
-            admitted_at: version,
-        };
-        tasks.spawn(group_task(inner.clone(), spec, index));
+        tasks.spawn(group_task(inner.clone(), group));
     }
 }
 
 /// Run one group to its end and settle its admission slot, whatever happens to it.
-async fn group_task(inner: Arc<Inner>, spec: GroupSpec, index: u64) {
-    let group_id = spec.group_id;
+async fn group_task(inner: Arc<Inner>, group: RunningGroup) {
+    let group_id = group.spec.group_id;
     // A separate task, so that a panicking plugin costs this group and not its slot.
-    let group = tokio::spawn(run_group(inner.clone(), spec, index));
-    let _abort = AbortOnDrop(group.abort_handle());
-    let outcome = match group.await {
-        Ok(outcome) => outcome,
+    let run = tokio::spawn(run_group(inner.clone(), group));
+    let _abort = AbortOnDrop(run.abort_handle());
+    let result = match run.await {
+        Ok(result) => result,
         Err(e) => Err(PluginError::failed(
             "rollout",
             format!("the group's task failed: {e}"),
         )),
     };
-    let accepted = match outcome {
-        Ok(Some(group)) => {
-            inner.consecutive_failures.store(0, Ordering::SeqCst);
-            inner.buffer.push(group);
-            true
-        }
-        Ok(None) => {
-            inner.consecutive_failures.store(0, Ordering::SeqCst);
-            false
-        }
-        Err(e) => {
-            let failures = inner.consecutive_failures.fetch_add(1, Ordering::SeqCst) + 1;
-            tracing::warn!(target: "areal::rollout", group_id, error = %crate::error::chain(&e), failures, "group failed; rejected");
-            if failures >= inner.config.rollout.max_consecutive_failures {
-                inner.fail(EngineError::plugin(
-                    format!("{failures} groups in a row failed (rollout.max_consecutive_failures); the last error"),
-                    e,
-                ));
-            }
-            false
-        }
-    };
-    inner
-        .admission
-        .lock()
-        .expect("admission lock poisoned")
-        .finish(accepted);
-    inner.admission_changed.notify_waiters();
+    inner.settle(group_id, result);
 }
 
-/// Generate and reward a group; `None` when the algorithm filtered it. A group whose every
-/// sample lost its reward is an error (see [`GroupRunner::run_group`]).
+/// Generate and reward a group from where its samples are; `None` when the algorithm
+/// filtered it. A group whose every sample lost its reward is an error (see
+/// [`GroupRunner::run_group`]).
 async fn run_group(
     inner: Arc<Inner>,
-    spec: GroupSpec,
-    index: u64,
+    group: RunningGroup,
 ) -> Result<Option<TrajectoryGroup>, PluginError> {
-    let group_id = spec.group_id;
-    let item = inner.task.item(Split::Train, index)?;
-    let group = inner.runner.run_group(spec, item).await?;
-    let kept = inner.algorithm.keep_group(&group);
-    if !kept {
-        tracing::debug!(target: "areal::rollout", group_id, "group filtered by the algorithm");
+    let item = inner.task.item(Split::Train, group.item_index)?;
+    let progress = Arc::new(Recorder {
+        inner: inner.clone(),
+        group_id: group.spec.group_id,
+    });
+    let trained = inner
+        .runner
+        .run_group_from(group.spec, Arc::new(item), group.samples, progress)
+        .await?;
+    Ok(inner.keep(trained))
+}
+
+/// Records a group's progress in the rollout state.
+struct Recorder {
+    inner: Arc<Inner>,
+    group_id: u64,
+}
+
+impl Progress for Recorder {
+    fn generated(&self, j: usize, part: &Completion, done: bool) {
+        self.inner.state().generated(self.group_id, j, part, done);
     }
-    Ok(kept.then_some(group))
+
+    fn rewarded(&self, j: usize, reward: &Reward) {
+        self.inner.state().rewarded(self.group_id, j, reward);
+    }
 }
 
 /// Aborts a task when dropped (when the task awaiting it is aborted at the end of a run).

@@ -63,6 +63,13 @@ pub enum EngineError {
         /// What is wrong and what to change.
         message: String,
     },
+    /// A run folder cannot be resumed as asked (no run there, a config that differs, records
+    /// shorter than its checkpoint): the message says why and what to do.
+    #[error("{message}")]
+    Resume {
+        /// Why, and what to do.
+        message: String,
+    },
     /// Data handed between parts of the run is inconsistent: a bug in a plugin (the message
     /// names it) or in the engine.
     #[error("{message}")]
@@ -92,6 +99,13 @@ impl EngineError {
     /// A problem of the user's setup.
     pub fn setup(message: impl Into<String>) -> Self {
         Self::Setup {
+            message: message.into(),
+        }
+    }
+
+    /// A run that cannot be resumed as asked.
+    pub fn resume(message: impl Into<String>) -> Self {
+        Self::Resume {
             message: message.into(),
         }
     }

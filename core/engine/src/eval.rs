@@ -3,14 +3,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use areal_sdk::{SamplingParams, Split, Task, Verdict, WeightUpdate};
+use areal_sdk::{FinishReason, SamplingParams, Split, Task, Verdict, WeightUpdate};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::config::Config;
 use crate::error::EngineError;
-use crate::group_runner::GroupRunner;
+use crate::group_runner::{Ask, GroupRunner};
 use crate::plugins::Plugins;
 use crate::reward_service::RewardService;
 use crate::worker::weight_update;
@@ -30,6 +30,10 @@ pub struct EvalSpec {
     pub max_new_tokens: usize,
     /// Completions generated at once.
     pub concurrency: usize,
+    /// Hand every request to the generator in one batch ([`areal_sdk::Generator::
+    /// generate_batch`]), so that it batches them the same way every time (deterministic
+    /// mode), instead of `concurrency` at a time as they finish.
+    pub batched: bool,
 }
 
 impl EvalSpec {
@@ -44,6 +48,7 @@ impl EvalSpec {
             sampling: SamplingParams::greedy(),
             max_new_tokens: r.max_new_tokens,
             concurrency: r.max_concurrent * r.group_size,
+            batched: config.deterministic,
         }
     }
 }
@@ -109,6 +114,28 @@ pub async fn evaluate(
         max => total.min(max),
     };
     let samples = spec.samples.max(1);
+    let graded = if spec.batched {
+        generate_batched(task, runner, spec, items, samples).await?
+    } else {
+        generate_concurrently(task, runner, spec, items, samples).await?
+    };
+    summarise(task, spec, graded)
+}
+
+/// The id of completion `j` of eval item `index` (apart from the ids of training samples).
+fn eval_sample_id(index: usize, j: usize, samples: usize) -> u64 {
+    u64::MAX / 2 + (index * samples + j) as u64
+}
+
+/// Every completion of `items` items, `samples` each, graded: at most `spec.concurrency` at a
+/// time, each on a task of its own.
+async fn generate_concurrently(
+    task: &Arc<dyn Task>,
+    runner: &Arc<GroupRunner>,
+    spec: &EvalSpec,
+    items: usize,
+    samples: usize,
+) -> Result<Vec<Vec<Graded>>, EngineError> {
     let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
     let mut jobs = JoinSet::new();
     for index in 0..items {
@@ -121,7 +148,7 @@ pub async fn evaluate(
             let (sampling, max_new_tokens) = (spec.sampling.clone(), spec.max_new_tokens);
             jobs.spawn(async move {
                 let _permit = permits.acquire().await.expect("semaphore is never closed");
-                let sample_id = u64::MAX / 2 + (index * samples + j) as u64;
+                let sample_id = eval_sample_id(index, j, samples);
                 let prompt = runner.tokenizer().encode(&item.prompt)?;
                 let completion = runner
                     .generate(sample_id, &prompt, max_new_tokens, &sampling)
@@ -143,6 +170,93 @@ pub async fn evaluate(
             verdict: reward.verdict,
         });
     }
+    Ok(graded
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|g| g.expect("every completion was graded"))
+                .collect()
+        })
+        .collect())
+}
+
+/// Every completion of `items` items, `samples` each, graded: all handed to the generator
+/// in one batch, in item order.
+async fn generate_batched(
+    task: &Arc<dyn Task>,
+    runner: &Arc<GroupRunner>,
+    spec: &EvalSpec,
+    items: usize,
+    samples: usize,
+) -> Result<Vec<Vec<Graded>>, EngineError> {
+    let evaluating = |e| EngineError::plugin("evaluating", e);
+    let mut asks = Vec::with_capacity(items * samples);
+    let mut held = Vec::with_capacity(items);
+    for index in 0..items {
+        let item = task.item(spec.split, index as u64).map_err(|e| {
+            EngineError::plugin(format!("reading {} item {index}", spec.split.as_str()), e)
+        })?;
+        let prompt = runner
+            .tokenizer()
+            .encode(&item.prompt)
+            .map_err(evaluating)?;
+        for j in 0..samples {
+            asks.push(Ask {
+                sample_id: eval_sample_id(index, j, samples),
+                input: prompt.clone(),
+                max_new_tokens: spec.max_new_tokens,
+                sampling: spec.sampling.clone(),
+            });
+        }
+        held.push(item);
+    }
+    let parts = runner.parts(&asks).await;
+    let mut completions = Vec::with_capacity(asks.len());
+    for (ask, part) in asks.iter().zip(parts) {
+        let part = part.map_err(evaluating)?;
+        // interrupted (the generator was paused): the rest as any sample gets it
+        let completion = if part.finish_reason == FinishReason::Interrupted {
+            let (prompt, max) = (&ask.input, ask.max_new_tokens);
+            runner
+                .generate_from(ask.sample_id, prompt, part, max, &ask.sampling, |_, _| {})
+                .await
+                .map_err(evaluating)?
+        } else {
+            part
+        };
+        completions.push(completion);
+    }
+    let grades = completions
+        .iter()
+        .zip(&asks)
+        .enumerate()
+        .map(|(n, (c, ask))| {
+            let item = &held[n / samples];
+            async move {
+                let verified = runner.reward(ask.sample_id, item, c).await?;
+                let text = runner.tokenizer().decode(&c.token_ids)?;
+                Ok::<_, areal_sdk::PluginError>(Graded {
+                    completion: text,
+                    reward: verified.reward.value,
+                    verdict: verified.reward.verdict,
+                })
+            }
+        });
+    let graded = futures_util::future::join_all(grades)
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(evaluating)?;
+    Ok(graded.chunks(samples).map(<[Graded]>::to_vec).collect())
+}
+
+/// The outcome of graded completions, `graded[item][j]`.
+fn summarise(
+    task: &Arc<dyn Task>,
+    spec: &EvalSpec,
+    graded: Vec<Vec<Graded>>,
+) -> Result<EvalOutcome, EngineError> {
+    let (items, samples) = (graded.len(), spec.samples.max(1));
     let (mut accuracy, mut solved, mut reward_sum, mut failures) = (0.0, 0usize, 0.0, 0usize);
     let mut results = Vec::with_capacity(items);
     for (index, row) in graded.into_iter().enumerate() {
@@ -152,10 +266,7 @@ pub async fn evaluate(
         let outcome = ItemOutcome {
             item_id: item.id,
             prompt: item.prompt,
-            completions: row
-                .into_iter()
-                .map(|g| g.expect("every completion was graded"))
-                .collect(),
+            completions: row,
         };
         let accepted = outcome
             .completions

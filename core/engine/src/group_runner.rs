@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use areal_sdk::{
-    Completion, FinishReason, GenerateRequest, Generator, PluginError, PolicyVersion, RewardInput,
-    SamplingParams, TaskItem, Tokenizer, Trajectory, TrajectoryGroup,
+    Completion, FinishReason, GenerateRequest, Generator, PluginError, PolicyVersion, Reward,
+    RewardInput, SamplingParams, TaskItem, Tokenizer, Trajectory, TrajectoryGroup,
 };
+use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
 use crate::reward_service::{RewardService, Verified};
@@ -93,47 +94,136 @@ impl GroupRunner {
         max_new_tokens: usize,
         sampling: &SamplingParams,
     ) -> Result<Completion, PluginError> {
-        let mut completion = Completion::empty(FinishReason::Length);
+        let empty = Completion::empty(FinishReason::Length);
+        self.generate_from(
+            sample_id,
+            prompt_ids,
+            empty,
+            max_new_tokens,
+            sampling,
+            |_, _| {},
+        )
+        .await
+    }
+
+    /// [`generate`](Self::generate) continuing `completion` (what the sample had when it was
+    /// last interrupted: a resumed run's partial sample). `on_part` sees every part the
+    /// generator returns, with whether the completion is final after it.
+    pub(crate) async fn generate_from(
+        &self,
+        sample_id: u64,
+        prompt_ids: &[u32],
+        mut completion: Completion,
+        max_new_tokens: usize,
+        sampling: &SamplingParams,
+        mut on_part: impl FnMut(&Completion, bool) + Send,
+    ) -> Result<Completion, PluginError> {
         let mut input = prompt_ids.to_vec();
+        input.extend(&completion.token_ids);
         loop {
-            let remaining = max_new_tokens - completion.len();
-            let request = GenerateRequest {
-                sample_id,
-                input_ids: input.clone(),
-                max_new_tokens: remaining,
-                sampling: sampling.clone(),
-                stop_token_ids: self.stop_token_ids.clone(),
-            };
-            let part = self.generator.generate(request).await?;
-            part.check().map_err(|e| {
-                PluginError::failed(self.generator.name(), format!("malformed completion: {e}"))
-            })?;
-            if part.len() > remaining {
-                return Err(PluginError::failed(
-                    self.generator.name(),
-                    format!("returned {} tokens for a budget of {remaining}", part.len()),
-                ));
+            if completion.len() >= max_new_tokens {
+                completion.finish_reason = FinishReason::Length;
+                return Ok(completion);
             }
-            self.counters
-                .generated_tokens
-                .fetch_add(part.len() as u64, Ordering::Relaxed);
+            let part = self
+                .part(
+                    sample_id,
+                    &input,
+                    max_new_tokens - completion.len(),
+                    sampling,
+                )
+                .await?;
             let interrupted = part.finish_reason == FinishReason::Interrupted;
             let empty = part.is_empty();
             input.extend(&part.token_ids);
+            let done = !interrupted || completion.len() + part.len() >= max_new_tokens;
+            on_part(&part, done);
             completion.extend(part);
             if !interrupted {
                 return Ok(completion);
             }
             self.counters.interruptions.fetch_add(1, Ordering::Relaxed);
-            if completion.len() >= max_new_tokens {
-                completion.finish_reason = FinishReason::Length;
-                return Ok(completion);
-            }
             if empty {
                 // A generator that returns at once while paused must not make us spin.
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
+    }
+
+    /// One call to the generator: up to `max_new_tokens` tokens after `input`, checked.
+    pub(crate) async fn part(
+        &self,
+        sample_id: u64,
+        input: &[u32],
+        max_new_tokens: usize,
+        sampling: &SamplingParams,
+    ) -> Result<Completion, PluginError> {
+        let ask = Ask {
+            sample_id,
+            input: input.to_vec(),
+            max_new_tokens,
+            sampling: sampling.clone(),
+        };
+        let part = self.generator.generate(self.request(&ask)).await;
+        self.checked(part, max_new_tokens)
+    }
+
+    /// Every one of `asks` in one call to the generator ([`Generator::generate_batch`]),
+    /// checked; answers in their order.
+    pub(crate) async fn parts(&self, asks: &[Ask]) -> Vec<Result<Completion, PluginError>> {
+        let requests = asks.iter().map(|ask| self.request(ask)).collect();
+        let parts = self.generator.generate_batch(requests).await;
+        if parts.len() != asks.len() {
+            let message = format!(
+                "answered {} of a batch of {} requests",
+                parts.len(),
+                asks.len()
+            );
+            return asks
+                .iter()
+                .map(|_| Err(PluginError::failed(self.generator.name(), message.clone())))
+                .collect();
+        }
+        parts
+            .into_iter()
+            .zip(asks)
+            .map(|(part, ask)| self.checked(part, ask.max_new_tokens))
+            .collect()
+    }
+
+    fn request(&self, ask: &Ask) -> GenerateRequest {
+        GenerateRequest {
+            sample_id: ask.sample_id,
+            input_ids: ask.input.clone(),
+            max_new_tokens: ask.max_new_tokens,
+            sampling: ask.sampling.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
+        }
+    }
+
+    /// A generator's answer, refused if malformed or over its budget; counted.
+    fn checked(
+        &self,
+        part: Result<Completion, PluginError>,
+        max_new_tokens: usize,
+    ) -> Result<Completion, PluginError> {
+        let part = part?;
+        part.check().map_err(|e| {
+            PluginError::failed(self.generator.name(), format!("malformed completion: {e}"))
+        })?;
+        if part.len() > max_new_tokens {
+            return Err(PluginError::failed(
+                self.generator.name(),
+                format!(
+                    "returned {} tokens for a budget of {max_new_tokens}",
+                    part.len()
+                ),
+            ));
+        }
+        self.counters
+            .generated_tokens
+            .fetch_add(part.len() as u64, Ordering::Relaxed);
+        Ok(part)
     }
 
     /// Reward one completion.
@@ -178,33 +268,58 @@ impl GroupRunner {
         spec: GroupSpec,
         item: TaskItem,
     ) -> Result<TrajectoryGroup, PluginError> {
-        let prompt_ids = Arc::new(self.tokenizer.encode(&item.prompt)?);
-        if prompt_ids.is_empty() {
-            return Err(PluginError::failed(
-                "rollout",
-                format!("prompt of item {} encodes to no tokens", item.id),
-            ));
-        }
-        let item = Arc::new(item);
+        let start = vec![SampleProgress::default(); spec.group_size];
+        self.run_group_from(spec, Arc::new(item), start, Arc::new(NoProgress))
+            .await
+    }
+
+    /// [`run_group`](Self::run_group) from where each sample was (`start`: a resumed run's
+    /// partial samples, or nothing yet), telling `progress` of every step.
+    pub(crate) async fn run_group_from(
+        self: &Arc<Self>,
+        spec: GroupSpec,
+        item: Arc<TaskItem>,
+        start: Vec<SampleProgress>,
+        progress: Arc<dyn Progress>,
+    ) -> Result<TrajectoryGroup, PluginError> {
+        let prompt_ids = Arc::new(self.prompt_ids(&item)?);
         let mut samples = JoinSet::new();
-        for j in 0..spec.group_size {
+        for (j, start) in start.into_iter().enumerate() {
             let this = self.clone();
-            let (item, prompt_ids, sampling) =
-                (item.clone(), prompt_ids.clone(), spec.sampling.clone());
-            let sample_id = spec.group_id * spec.group_size as u64 + j as u64;
+            let (item, prompt_ids, sampling, progress) = (
+                item.clone(),
+                prompt_ids.clone(),
+                spec.sampling.clone(),
+                progress.clone(),
+            );
+            let sample_id = spec.sample_id(j);
             samples.spawn(async move {
-                let completion = this
-                    .generate(sample_id, &prompt_ids, spec.max_new_tokens, &sampling)
-                    .await?;
-                let verified = this.reward(sample_id, &item, &completion).await?;
-                Ok::<_, PluginError>((
-                    j,
-                    Trajectory {
+                let completion = if start.done {
+                    start.completion
+                } else {
+                    this.generate_from(
                         sample_id,
-                        completion,
-                        reward: verified.reward,
-                    },
-                ))
+                        &prompt_ids,
+                        start.completion,
+                        spec.max_new_tokens,
+                        &sampling,
+                        |part, done| progress.generated(j, part, done),
+                    )
+                    .await?
+                };
+                let reward = match start.reward {
+                    Some(reward) => reward,
+                    None => {
+                        let reward = this.reward(sample_id, &item, &completion).await?.reward;
+                        progress.rewarded(j, &reward);
+                        reward
+                    }
+                };
+                Ok::<_, PluginError>(Trajectory {
+                    sample_id,
+                    completion,
+                    reward,
+                })
             });
         }
         let mut done = Vec::with_capacity(spec.group_size);
@@ -213,47 +328,115 @@ impl GroupRunner {
                 .map_err(|e| PluginError::failed("rollout", format!("sample task failed: {e}")))?;
             done.push(result?);
         }
-        done.sort_by_key(|(j, _)| *j);
-        let failed = done
-            .iter()
-            .filter(|(_, t)| t.reward.verdict.is_failure())
-            .count();
-        if failed > 0 && failed == done.len() {
-            let first = &done[0].1.reward;
-            let why = first
-                .provenance
-                .details
-                .get("error")
-                .or_else(|| first.provenance.details.get("message"))
-                .map_or_else(String::new, |m| match m.as_str() {
-                    Some(text) => format!(": {text}"),
-                    None => format!(": {m}"),
-                });
+        assemble(&spec, &item, prompt_ids.to_vec(), done)
+    }
+
+    /// The prompt of `item` as token ids (never empty).
+    pub(crate) fn prompt_ids(&self, item: &TaskItem) -> Result<Vec<u32>, PluginError> {
+        let prompt_ids = self.tokenizer.encode(&item.prompt)?;
+        if prompt_ids.is_empty() {
             return Err(PluginError::failed(
-                first.provenance.verifier.clone(),
-                format!(
-                    "every one of the {failed} samples of item {} lost its reward (the first: {}{why})",
-                    item.id,
-                    first.verdict.as_str()
-                ),
+                "rollout",
+                format!("prompt of item {} encodes to no tokens", item.id),
             ));
         }
-        Ok(TrajectoryGroup {
-            group_id: spec.group_id,
-            item_id: item.id.clone(),
-            prompt_ids: prompt_ids.to_vec(),
-            admitted_at: spec.admitted_at,
-            samples: done
-                .into_iter()
-                .map(|(_, t)| t)
-                .filter(|t| !t.reward.verdict.is_failure())
-                .collect(),
-        })
+        Ok(prompt_ids)
     }
 }
 
-/// What a group rollout is asked to do.
+/// The group of `spec` from its rewarded samples (in any order): those whose verifier failed
+/// are left out; an error if every one did.
+pub(crate) fn assemble(
+    spec: &GroupSpec,
+    item: &TaskItem,
+    prompt_ids: Vec<u32>,
+    mut done: Vec<Trajectory>,
+) -> Result<TrajectoryGroup, PluginError> {
+    done.sort_by_key(|t| t.sample_id);
+    let failed = done
+        .iter()
+        .filter(|t| t.reward.verdict.is_failure())
+        .count();
+    if failed > 0 && failed == done.len() {
+        let first = &done[0].reward;
+        let why = first
+            .provenance
+            .details
+            .get("error")
+            .or_else(|| first.provenance.details.get("message"))
+            .map_or_else(String::new, |m| match m.as_str() {
+                Some(text) => format!(": {text}"),
+                None => format!(": {m}"),
+            });
+        return Err(PluginError::failed(
+            first.provenance.verifier.clone(),
+            format!(
+                "every one of the {failed} samples of item {} lost its reward (the first: {}{why})",
+                item.id,
+                first.verdict.as_str()
+            ),
+        ));
+    }
+    Ok(TrajectoryGroup {
+        group_id: spec.group_id,
+        item_id: item.id.clone(),
+        prompt_ids,
+        admitted_at: spec.admitted_at,
+        samples: done
+            .into_iter()
+            .filter(|t| !t.reward.verdict.is_failure())
+            .collect(),
+    })
+}
+
+/// One generator call to make: up to `max_new_tokens` tokens after `input`.
 #[derive(Clone, Debug)]
+pub(crate) struct Ask {
+    pub(crate) sample_id: u64,
+    pub(crate) input: Vec<u32>,
+    pub(crate) max_new_tokens: usize,
+    pub(crate) sampling: SamplingParams,
+}
+
+/// Where one sample of a group is: the tokens it has, whether they are final, its reward.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct SampleProgress {
+    /// What was generated so far (all of it once `done`).
+    pub(crate) completion: Completion,
+    /// The completion is final (stopped or at its budget).
+    pub(crate) done: bool,
+    /// Its reward, once verified.
+    pub(crate) reward: Option<Reward>,
+}
+
+impl Default for SampleProgress {
+    fn default() -> Self {
+        Self {
+            completion: Completion::empty(FinishReason::Length),
+            done: false,
+            reward: None,
+        }
+    }
+}
+
+/// Told of each step of a group's samples (the controller records them, so that a checkpoint
+/// holds the partial samples).
+pub(crate) trait Progress: Send + Sync {
+    /// Sample `j` got `part`; `done`: its completion is final.
+    fn generated(&self, j: usize, part: &Completion, done: bool);
+    /// Sample `j` was rewarded.
+    fn rewarded(&self, j: usize, reward: &Reward);
+}
+
+struct NoProgress;
+
+impl Progress for NoProgress {
+    fn generated(&self, _: usize, _: &Completion, _: bool) {}
+    fn rewarded(&self, _: usize, _: &Reward) {}
+}
+
+/// What a group rollout is asked to do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GroupSpec {
     /// Submission order.
     pub group_id: u64,
@@ -265,4 +448,11 @@ pub struct GroupSpec {
     pub sampling: SamplingParams,
     /// Generators' version at admission.
     pub admitted_at: PolicyVersion,
+}
+
+impl GroupSpec {
+    /// The id of sample `j` of the group: `group_id · group_size + j`, unique in the run.
+    pub fn sample_id(&self, j: usize) -> u64 {
+        self.group_id * self.group_size as u64 + j as u64
+    }
 }

@@ -30,15 +30,22 @@ mod context;
 mod controller;
 mod error;
 pub mod eval;
+mod failpoint;
+mod fingerprint;
 mod group_runner;
+mod ids;
+mod lockstep;
+mod manifest;
 pub mod metrics;
 mod observer;
 mod order;
 pub mod packing;
 pub mod plot;
 mod plugins;
+mod resume;
 mod reward_service;
 mod rl;
+mod rollout;
 mod run;
 mod runlog;
 mod staleness;
@@ -49,9 +56,13 @@ mod warmup;
 mod worker;
 
 pub use buffer::ReplayBuffer;
-pub use config::{Config, ConfigError, ConfigLoader, ConfigProblem, Origin, WarmupConfig};
+pub use config::{
+    Config, ConfigChange, ConfigError, ConfigLoader, ConfigProblem, FIXED_ON_RESUME, Origin,
+    WarmupConfig, config_changes,
+};
 pub use error::{EngineError, chain};
 pub use group_runner::{GroupCounters, GroupRunner, GroupSpec};
+pub use ids::IdRanges;
 pub use metrics::{EvalMetrics, StalenessStats, StepMetrics, WarmupMetrics, WarmupReport};
 pub use observer::{Observer, Quiet, RunOptions, StopRequest};
 pub use plugins::{Plugins, resolve, resolve_generator, resolve_reward};

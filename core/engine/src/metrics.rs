@@ -1,12 +1,13 @@
 //! Per-step, evaluation and warm-up metrics, staleness statistics and the `metrics.jsonl` writer.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::Path;
 
 use areal_sdk::{PolicyVersion, TrajectoryGroup};
 use serde::{Deserialize, Serialize};
+
+use crate::atomic::AppendFile;
 
 /// How stale the trained data was, relative to the trainer's version k.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -140,10 +141,12 @@ pub struct StepMetrics {
     pub on_policy_logprob_gap: f64,
     /// Statistics reported by the algorithm (clip fraction, ...).
     pub algorithm: BTreeMap<String, f64>,
+    /// The ids of the samples trained, as ranges `[start, end)`.
+    pub sample_ids: Vec<[u64; 2]>,
 }
 
 /// One held-out evaluation; a line of `metrics.jsonl` (`"event": "eval"`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EvalMetrics {
     /// Steps done before this evaluation.
     pub step: u64,
@@ -164,22 +167,28 @@ pub struct EvalMetrics {
 /// Appends events to `metrics.jsonl`.
 #[derive(Debug)]
 pub struct MetricsWriter {
-    path: std::path::PathBuf,
-    out: BufWriter<File>,
+    file: AppendFile,
 }
 
 impl MetricsWriter {
     /// Create (truncate) `path`.
     pub fn create(path: &Path) -> std::io::Result<Self> {
-        Ok(Self {
-            path: path.to_owned(),
-            out: BufWriter::new(File::create(path)?),
-        })
+        AppendFile::create(path).map(|file| Self { file })
+    }
+
+    /// Open `path` to go on after its first `bytes` bytes (what follows is cut off).
+    pub fn resume(path: &Path, bytes: u64) -> std::io::Result<Self> {
+        AppendFile::resume(path, bytes).map(|file| Self { file })
+    }
+
+    /// Put everything written on disk; the file's length.
+    pub fn sync(&mut self) -> std::io::Result<u64> {
+        self.file.sync()
     }
 
     /// The file written to.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     /// Write one event: the record's fields plus `"event": kind`.
@@ -188,9 +197,10 @@ impl MetricsWriter {
         if let serde_json::Value::Object(map) = &mut value {
             map.insert("event".into(), kind.into());
         }
-        serde_json::to_writer(&mut self.out, &value).map_err(std::io::Error::other)?;
-        self.out.write_all(b"\n")?;
-        self.out.flush()
+        let out = self.file.writer();
+        serde_json::to_writer(&mut *out, &value).map_err(std::io::Error::other)?;
+        out.write_all(b"\n")?;
+        out.flush()
     }
 }
 

@@ -69,6 +69,12 @@ pub struct RunOptions {
     pub started: Instant,
     /// Asks the run to stop cleanly (`areal train` requests it on SIGINT and SIGTERM).
     pub stop: StopRequest,
+    /// Go on with the run in `out_dir` from its newest sound checkpoint (from its start when it
+    /// has none) instead of starting a new one there. The config must be the run's own
+    /// (`areal train --resume` checks it: [`crate::config_changes`]).
+    pub resume: bool,
+    /// With `resume`: go on even though the task's data changed since the checkpoint.
+    pub allow_changes: bool,
 }
 
 impl Default for RunOptions {
@@ -78,6 +84,8 @@ impl Default for RunOptions {
             observer: Arc::new(Quiet),
             started: Instant::now(),
             stop: StopRequest::new(),
+            resume: false,
+            allow_changes: false,
         }
     }
 }

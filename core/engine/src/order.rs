@@ -9,7 +9,6 @@ use rand::seq::SliceRandom;
 pub(crate) struct DataOrder {
     len: Option<usize>,
     seed: u64,
-    next: u64,
     epoch: Option<u64>,
     permutation: Vec<u64>,
 }
@@ -20,16 +19,14 @@ impl DataOrder {
         Self {
             len,
             seed,
-            next: 0,
             epoch: None,
             permutation: Vec::new(),
         }
     }
 
-    /// The next item's index.
-    pub(crate) fn next_index(&mut self) -> u64 {
-        let n = self.next;
-        self.next += 1;
+    /// The index of the `n`-th item drawn (from 0): a function of the seed and `n` alone, so a
+    /// resumed run draws on from where it was.
+    pub(crate) fn index(&mut self, n: u64) -> u64 {
         let Some(len) = self.len else { return n };
         let epoch = n / len as u64;
         if self.epoch != Some(epoch) {
@@ -49,14 +46,20 @@ mod tests {
     #[test]
     fn each_epoch_is_a_permutation_and_unbounded_splits_go_in_order() {
         let mut order = DataOrder::new(Some(5), 3);
-        for _ in 0..3 {
-            let mut epoch: Vec<u64> = (0..5).map(|_| order.next_index()).collect();
+        let drawn: Vec<u64> = (0..15).map(|n| order.index(n)).collect();
+        for epoch in drawn.chunks(5) {
+            let mut epoch = epoch.to_vec();
             epoch.sort_unstable();
             assert_eq!(epoch, vec![0, 1, 2, 3, 4]);
         }
+        assert_ne!(drawn[..5], drawn[5..10], "each epoch is shuffled afresh");
+        // drawn in any order, an index is the same: a resumed run draws on where it was
+        let mut again = DataOrder::new(Some(5), 3);
+        assert_eq!(again.index(12), drawn[12]);
+        assert_eq!(again.index(1), drawn[1]);
         let mut unbounded = DataOrder::new(None, 3);
         assert_eq!(
-            (0..4).map(|_| unbounded.next_index()).collect::<Vec<_>>(),
+            (0..4).map(|n| unbounded.index(n)).collect::<Vec<_>>(),
             [0, 1, 2, 3]
         );
     }

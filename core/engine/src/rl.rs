@@ -1,53 +1,113 @@
 //! The RL stage: batches from the controller, steps on the compute worker, new weights back
-//! to the generators, evaluations on the way.
+//! to the generators, evaluations and resume checkpoints on the way.
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use areal_sdk::{Generator, GeneratorStats, PolicyVersion, TrajectoryGroup, Verdict};
+use serde::{Deserialize, Serialize};
 
 use crate::context::RunContext;
 use crate::error::EngineError;
-use crate::metrics::{StepMetrics, percentile, staleness};
+use crate::ids::IdRanges;
+use crate::metrics::{StepMetrics, WarmupReport, percentile, staleness};
+use crate::resume::{RlProgress, Stage};
 use crate::trainer::StepReport;
 
 /// What the RL stage did.
 pub(crate) struct RlOutcome {
-    /// Every step's metrics.
-    pub(crate) steps: Vec<StepMetrics>,
+    /// The totals of every step (those before a resume included; its clock and faults are
+    /// the earlier processes', [`RlOutcome::clock`] and the plugins' counters add this one's).
+    pub(crate) totals: RlTotals,
     /// The RL clock (stopped early or not).
     pub(crate) clock: RlClock,
     /// The last policy version.
     pub(crate) version: PolicyVersion,
     /// The id of every sample trained on.
-    pub(crate) trained: HashSet<u64>,
+    pub(crate) trained: IdRanges,
 }
 
-/// Train `train.steps` steps (fewer when `train.max_seconds` passes or a stop is asked).
-/// With `start` false (asked to stop before RL), nothing is admitted or trained.
-pub(crate) async fn train(ctx: &mut RunContext, start: bool) -> Result<RlOutcome, EngineError> {
+/// What the summary needs of the steps so far; a checkpoint carries it, so that the summary
+/// of a resumed run covers the whole run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RlTotals {
+    pub(crate) steps: u64,
+    pub(crate) trained_tokens: u64,
+    /// Σ token lag (token-weighted), for the mean.
+    pub(crate) token_lag_sum: f64,
+    pub(crate) token_lag_max: u64,
+    pub(crate) train_ms: f64,
+    pub(crate) weight_sync_ms: f64,
+    pub(crate) reward_failures: u64,
+    pub(crate) reward_mean_first: f64,
+    pub(crate) reward_mean_last: f64,
+    pub(crate) policy_version: PolicyVersion,
+    /// The RL clock of the run's earlier processes.
+    pub(crate) clock: ClockTotals,
+    /// Re-issued samples and failed endpoints of the earlier processes.
+    pub(crate) reissued_samples: u64,
+    pub(crate) endpoint_failures: u64,
+}
+
+impl RlTotals {
+    fn add(&mut self, m: &StepMetrics) {
+        if self.steps == 0 {
+            self.reward_mean_first = m.reward_mean;
+        }
+        self.steps += 1;
+        self.trained_tokens += m.trained_tokens as u64;
+        self.token_lag_sum += m.staleness.token_lag_mean * m.trained_tokens as f64;
+        self.token_lag_max = self.token_lag_max.max(m.staleness.token_lag_max);
+        self.train_ms += m.train_ms;
+        self.weight_sync_ms += m.weight_sync_ms;
+        self.reward_failures += m.reward_failures;
+        self.reward_mean_last = m.reward_mean;
+        self.policy_version = m.policy_version;
+    }
+}
+
+/// Train up to `train.steps` steps (fewer when `train.max_seconds` passes or a stop is asked),
+/// from `from` (a checkpoint's progress; the worker and the controller were restored to it)
+/// or from the start. With `start` false (asked to stop before RL), nothing is admitted or
+/// trained. `warmup` is the warm-up's report, for the checkpoints.
+pub(crate) async fn train(
+    ctx: &mut RunContext,
+    start: bool,
+    from: Option<RlProgress>,
+    warmup: Option<&WarmupReport>,
+) -> Result<RlOutcome, EngineError> {
     let t = ctx.config.train.clone();
+    let every = ctx.config.checkpoint.every;
     let runner = ctx.controller.runner().clone();
-    if start {
+    let resumed = from.is_some();
+    let (first_step, mut version, mut totals, mut trained_ids) = match from {
+        Some(p) => (p.step, p.version, p.totals, p.trained),
+        None => (0, 0, RlTotals::default(), IdRanges::new()),
+    };
+    if start && !resumed {
         ctx.worker.start_rl().await?;
     }
     // RL starts now: generation may run ahead from here.
-    let mut clock = RlClock::start(runner.generator().as_ref());
+    let mut clock = RlClock::start(runner.generator().as_ref(), totals.clock.clone());
     if start {
-        ctx.log.rl_started(ctx.wall_s());
-        ctx.observer.on_weights(&ctx.worker.weights(0).await?);
+        if !resumed {
+            ctx.log.rl_started(ctx.wall_s());
+        }
+        ctx.observer.on_weights(&ctx.worker.weights(version).await?);
+        if !resumed {
+            let rollout = ctx.controller.snapshot();
+            let progress = progress(first_step, version, warmup, &totals, &trained_ids, rollout);
+            crate::resume::save(ctx, progress, None).await?;
+        }
         ctx.controller.start();
     }
     let counters = &runner.counters;
-    let mut version: PolicyVersion = 0;
-    let mut steps = Vec::new();
-    let mut trained_ids = HashSet::new();
+    let mut steps_done = first_step;
     let mut generated = (
         Instant::now(),
         counters.generated_tokens.load(Ordering::Relaxed),
     );
-    for step in 1..=t.steps {
+    for step in first_step + 1..=t.steps {
         if !start || ctx.interrupt.is_requested() {
             break;
         }
@@ -62,8 +122,9 @@ pub(crate) async fn train(ctx: &mut RunContext, start: bool) -> Result<RlOutcome
         let trained = ctx.worker.train(groups, version).await?;
         ctx.observer.on_trained(&trained.groups, version);
 
+        let due = every > 0 && (step % every == 0 || step == t.steps);
         let sync = Instant::now();
-        ctx.controller.publish(trained.weights.clone()).await?;
+        let rollout = ctx.controller.publish(trained.weights.clone(), due).await?;
         let weight_sync_ms = sync.elapsed().as_secs_f64() * 1e3;
         ctx.observer.on_weights(&trained.weights);
         let (gen_busy, resume_ms) = clock.step(runner.generator().as_ref());
@@ -78,6 +139,7 @@ pub(crate) async fn train(ctx: &mut RunContext, start: bool) -> Result<RlOutcome
         let train_ms = trained.train_ms;
         let mut metrics = step_metrics(ctx, &trained.groups, version, trained.report);
         version += 1;
+        steps_done = step;
         metrics.step = step;
         metrics.gen_tokens_per_s = gen_tokens_per_s;
         metrics.train_tokens_per_s = metrics.packed_tokens as f64 / (train_ms / 1e3).max(1e-9);
@@ -95,28 +157,80 @@ pub(crate) async fn train(ctx: &mut RunContext, start: bool) -> Result<RlOutcome
         );
         ctx.log.record("step", &metrics)?;
         ctx.observer.on_step(&metrics);
-        steps.push(metrics);
-        if t.max_seconds > 0.0 && step < t.steps && clock.seconds() >= t.max_seconds {
+        totals.add(&metrics);
+        let out_of_time = t.max_seconds > 0.0 && step < t.steps && clock.seconds() >= t.max_seconds;
+        let every_eval = ctx.config.eval.every;
+        if !out_of_time
+            && ctx.config.eval.enabled
+            && every_eval > 0
+            && step % every_eval == 0
+            && step != t.steps
+        {
+            ctx.eval(step, version).await?;
+        }
+        if let Some(rollout) = rollout {
+            let so_far = so_far(ctx, &totals, &clock);
+            let progress = progress(step, version, warmup, &so_far, &trained_ids, rollout);
+            crate::resume::save(ctx, progress, None).await?;
+        }
+        if out_of_time {
             tracing::info!(target: "areal::train", step, seconds = clock.seconds(), "train.max_seconds reached; stopping");
             clock.stopped_early = true;
             break;
         }
-        let every = ctx.config.eval.every;
-        if ctx.config.eval.enabled && every > 0 && step % every == 0 && step != t.steps {
-            ctx.eval(step, version).await?;
-        }
+    }
+    // Stopped by a signal: the state as it is now, partial samples included, so that a resume
+    // goes on from here.
+    if start && ctx.interrupt.is_requested() {
+        let rollout = ctx.controller.final_snapshot().await?;
+        let so_far = so_far(ctx, &totals, &clock);
+        let progress = progress(steps_done, version, warmup, &so_far, &trained_ids, rollout);
+        crate::resume::save(ctx, progress, None).await?;
     }
     Ok(RlOutcome {
-        steps,
+        totals,
         clock,
         version,
         trained: trained_ids,
     })
 }
 
+/// `totals` (whose clock and faults are those of the run's earlier processes) with this
+/// process's added, as a checkpoint keeps them.
+fn so_far(ctx: &RunContext, totals: &RlTotals, clock: &RlClock) -> RlTotals {
+    let runner = ctx.controller.runner();
+    let faults = runner.generator().stats().faults + runner.rewards().verifier().faults();
+    RlTotals {
+        clock: clock.totals_so_far(),
+        reissued_samples: totals.reissued_samples + faults.reissued_samples,
+        endpoint_failures: totals.endpoint_failures + faults.endpoint_failures,
+        ..totals.clone()
+    }
+}
+
+/// A checkpoint's stage after `step` steps.
+fn progress(
+    step: u64,
+    version: PolicyVersion,
+    warmup: Option<&WarmupReport>,
+    totals: &RlTotals,
+    trained: &IdRanges,
+    rollout: crate::rollout::RolloutSnapshot,
+) -> Stage {
+    Stage::Rl(Box::new(RlProgress {
+        step,
+        version,
+        warmup: warmup.cloned(),
+        totals: totals.clone(),
+        trained: trained.clone(),
+        rollout,
+    }))
+}
+
 /// Record the sample ids of `groups`, refusing one already trained on: a sample re-issued
-/// after a server failed, or resubmitted after an interruption, must come back once.
-fn check_once(trained: &mut HashSet<u64>, groups: &[TrajectoryGroup]) -> Result<(), EngineError> {
+/// after a server failed, resubmitted after an interruption, or restored by a resume, must
+/// come back once.
+fn check_once(trained: &mut IdRanges, groups: &[TrajectoryGroup]) -> Result<(), EngineError> {
     for sample in groups.iter().flat_map(|g| &g.samples) {
         if !trained.insert(sample.sample_id) {
             return Err(EngineError::internal(format!(
@@ -128,20 +242,33 @@ fn check_once(trained: &mut HashSet<u64>, groups: &[TrajectoryGroup]) -> Result<
     Ok(())
 }
 
+/// The RL clock of a run's earlier processes: seconds of RL, and the generator's busy time and
+/// resumes in them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ClockTotals {
+    pub(crate) seconds: f64,
+    pub(crate) busy_seconds: Option<f64>,
+    pub(crate) resumes: u64,
+    pub(crate) resume_seconds: f64,
+}
+
 /// Wall time and generator counters since RL started, and since the previous step.
 pub(crate) struct RlClock {
     /// Stopped by `train.max_seconds`.
     pub(crate) stopped_early: bool,
+    /// The run's earlier processes.
+    before: ClockTotals,
     started: Instant,
     at_start: GeneratorStats,
     last: (Instant, GeneratorStats),
 }
 
 impl RlClock {
-    pub(crate) fn start(generator: &dyn Generator) -> Self {
+    pub(crate) fn start(generator: &dyn Generator, before: ClockTotals) -> Self {
         let (now, stats) = (Instant::now(), generator.stats());
         Self {
             stopped_early: false,
+            before,
             started: now,
             at_start: stats,
             last: (now, stats),
@@ -156,14 +283,35 @@ impl RlClock {
         since
     }
 
-    /// Seconds from the start of RL to the end of the last step.
+    /// Seconds of RL up to the end of the last step, earlier processes included.
     pub(crate) fn seconds(&self) -> f64 {
-        (self.last.0 - self.started).as_secs_f64()
+        self.before.seconds + (self.last.0 - self.started).as_secs_f64()
+    }
+
+    /// Everything so far, earlier processes included.
+    pub(crate) fn totals_so_far(&self) -> ClockTotals {
+        let (from, to) = (&self.at_start, &self.last.1);
+        let busy = to.busy_seconds.zip(from.busy_seconds).map(|(b, a)| b - a);
+        ClockTotals {
+            seconds: self.seconds(),
+            busy_seconds: match (self.before.busy_seconds, busy) {
+                (Some(a), Some(b)) => Some(a + b),
+                (None, b) if self.before.seconds == 0.0 => b,
+                _ => None,
+            },
+            resumes: self.before.resumes + to.resumes.saturating_sub(from.resumes),
+            resume_seconds: self.before.resume_seconds + (to.resume_seconds - from.resume_seconds),
+        }
     }
 
     /// Busy fraction and mean resume time over the whole of RL.
     pub(crate) fn totals(&self) -> (Option<f64>, Option<f64>) {
-        busy_and_resume(&(self.started, self.at_start), &self.last)
+        let t = self.totals_so_far();
+        let busy = t
+            .busy_seconds
+            .map(|b| (b / t.seconds.max(1e-9)).clamp(0.0, 1.0));
+        let resume = (t.resumes > 0).then(|| t.resume_seconds * 1e3 / t.resumes as f64);
+        (busy, resume)
     }
 }
 
@@ -226,6 +374,11 @@ pub(crate) fn step_metrics(
         microbatches: report.microbatches,
         on_policy_logprob_gap: report.on_policy_logprob_gap,
         algorithm: report.stats,
+        sample_ids: samples
+            .iter()
+            .map(|s| s.sample_id)
+            .collect::<IdRanges>()
+            .ranges(),
         ..StepMetrics::default()
     }
 }
@@ -255,7 +408,7 @@ mod tests {
 
     #[test]
     fn a_sample_id_trained_twice_stops_the_run_naming_it() {
-        let mut trained = HashSet::new();
+        let mut trained = IdRanges::new();
         check_once(&mut trained, &[group(0, &[0, 1]), group(1, &[4, 5])]).unwrap();
         check_once(&mut trained, &[group(2, &[8, 9])]).unwrap();
         assert_eq!(trained.len(), 6);

@@ -1,13 +1,16 @@
 //! A whole run, its stages in order: warm-up, baseline evaluation, RL (with its evaluations),
-//! final checkpoint, final evaluation, summary.
+//! final checkpoint, final evaluation, summary; or the same run resumed from a checkpoint,
+//! going on from the stage it was in.
 //!
 //! The run itself is async work on the caller's runtime; the policy lives on the compute
 //! worker's thread, generation and rewards behind the controller.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use areal_sdk::{Split, Task};
+use serde::Serialize;
 
 use crate::checkpoint;
 use crate::config::Config;
@@ -17,8 +20,10 @@ use crate::error::EngineError;
 use crate::group_runner::GroupRunner;
 use crate::observer::RunOptions;
 use crate::plugins::Plugins;
+use crate::resume::{self, Found, Stage};
 use crate::reward_service::RewardService;
 use crate::rl;
+use crate::rollout::RolloutState;
 use crate::runlog::RunLog;
 use crate::summary::{RunSummary, summarise};
 use crate::warmup;
@@ -38,19 +43,34 @@ pub async fn run(
         algorithm,
     } = plugins;
     check_task(task.as_ref(), &config)?;
-    let log = RunLog::new(options.out_dir.as_deref(), &config)?;
+    let task_fingerprint = crate::fingerprint::task_fingerprint(task.as_ref())?;
+    let out_dir = options.out_dir.as_deref();
+    let (found, log, resumes) = match (out_dir, options.resume) {
+        (Some(dir), true) => open_resumed(dir, &config, &task_fingerprint, options.allow_changes)?,
+        (None, true) => {
+            return Err(EngineError::resume(
+                "resuming a run needs its run folder (RunOptions::out_dir)",
+            ));
+        }
+        (dir, false) => (None, RunLog::new(dir, &config)?, 0),
+    };
     let rewards = RewardService::new(
         verifier,
         config.reward_service.threads,
         Duration::from_millis(config.reward_service.deadline_ms),
     );
     let runner = Arc::new(GroupRunner::new(generator, policy.tokenizer(), rewards));
+    let rollout = match found.as_ref().map(|f| &f.state.stage) {
+        Some(Stage::Rl(rl)) => RolloutState::restore(&config, task.as_ref(), rl.rollout.clone()),
+        _ => RolloutState::new(&config, task.as_ref()),
+    };
     let controller = Controller::new(
         &config,
         runner,
         task.clone(),
         algorithm.clone(),
         options.observer.clone(),
+        rollout,
     );
     let algorithm_name = algorithm.name().to_owned();
     let worker = ComputeWorker::start(&config, policy, algorithm)?;
@@ -63,12 +83,21 @@ pub async fn run(
         observer: options.observer,
         log,
         started: options.started,
+        elapsed_before: 0.0,
         interrupt: options.stop,
         evals: Vec::new(),
+        task_fingerprint,
+        resumes,
+        checkpoints: Default::default(),
     };
+    if let Some(found) = &found {
+        ctx.elapsed_before = found.state.elapsed_s;
+        ctx.evals = found.state.evals.clone();
+        ctx.checkpoints = found.state.checkpoints.clone();
+    }
     ctx.load_generator(0, "the initial weights").await?;
     ctx.observer.on_start(ctx.config.train.steps);
-    let result = stages(&mut ctx).await;
+    let result = stages(&mut ctx, found).await;
     ctx.controller.shutdown().await;
     let (summary, checkpoint_error) = result?;
     if let Some(dir) = ctx.log.dir() {
@@ -83,23 +112,141 @@ pub async fn run(
     }
 }
 
-/// The stages in order; the summary, and the checkpoint's failure if saving it failed (the
-/// summary is still written).
-async fn stages(ctx: &mut RunContext) -> Result<(RunSummary, Option<EngineError>), EngineError> {
-    let warmup = if ctx.config.warmup.enabled {
-        Some(warmup::warm_up(ctx).await?)
-    } else {
-        None
+/// A `"resume"` line of `metrics.jsonl`: where a resumed run went on from.
+#[derive(Serialize)]
+struct ResumeRecord {
+    /// The RL steps the checkpoint had done (0 in the warm-up).
+    step: u64,
+    /// Warm-up steps the checkpoint had done (its warm-up).
+    warmup_step: u64,
+    /// The checkpoint's folder name.
+    checkpoint: String,
+    /// Steps recorded after the checkpoint by the process that died, cut off (they are
+    /// trained again).
+    discarded_steps: u64,
+    /// Newer checkpoints passed over as damaged, with why.
+    skipped: Vec<String>,
+    /// Resumes so far, this one included.
+    resumes: u64,
+}
+
+/// The run folder `dir` opened to go on: its newest sound checkpoint (none: the run starts
+/// again from the beginning), its log cut back to that checkpoint, and the resume count.
+fn open_resumed(
+    dir: &Path,
+    config: &Config,
+    task_fingerprint: &str,
+    allow_changes: bool,
+) -> Result<(Option<Found>, RunLog, u64), EngineError> {
+    if !dir.join("config.toml").exists() {
+        return Err(EngineError::resume(format!(
+            "{} is not a run folder (it has no config.toml)",
+            dir.display()
+        )));
+    }
+    let before = resume::resumes(dir);
+    let Some(found) = resume::latest(dir)? else {
+        tracing::warn!(target: "areal::train", dir = %dir.display(), "the run has no checkpoint yet; starting it again from the beginning");
+        let log = RunLog::new(Some(dir), config)?;
+        let resumes = resume::count_resume(dir, before)?;
+        return Ok((None, log, resumes));
+    };
+    let name = found
+        .dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if found.state.task != task_fingerprint && !allow_changes {
+        return Err(EngineError::resume(format!(
+            "the task's data changed since checkpoint {name} (sha256 {} then, {} now); resume with --allow-config-change to train on the new data",
+            &found.state.task[..12.min(found.state.task.len())],
+            &task_fingerprint[..12.min(task_fingerprint.len())]
+        )));
+    }
+    let (step, warmup_step) = match &found.state.stage {
+        Stage::Rl(rl) => (rl.step, 0),
+        Stage::Warmup(w) => (0, w.steps),
+    };
+    if step >= config.train.steps && finished(dir) {
+        return Err(EngineError::resume(format!(
+            "the run in {} is complete ({step} of {} steps); to train it further, resume with --set train.steps=N --allow-config-change",
+            dir.display(),
+            config.train.steps
+        )));
+    }
+    let (mut log, discarded_steps) = RunLog::resume(dir, config, &found.state.log)?;
+    let resumes = resume::count_resume(dir, before)?;
+    let record = ResumeRecord {
+        step,
+        warmup_step,
+        checkpoint: name.clone(),
+        discarded_steps,
+        skipped: found
+            .skipped
+            .iter()
+            .map(|(name, why)| format!("{name}: {why}"))
+            .collect(),
+        resumes,
+    };
+    tracing::info!(target: "areal::train", checkpoint = %found.dir.display(), step, warmup_step, discarded_steps, "resuming");
+    log.record("resume", &record)?;
+    Ok((Some(found), log, resumes))
+}
+
+/// Whether the run in `dir` ended (its summary says it was not stopped before its end).
+fn finished(dir: &Path) -> bool {
+    std::fs::read(dir.join("summary.json"))
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .is_some_and(|s| s.get("interrupted") == Some(&serde_json::Value::Bool(false)))
+}
+
+/// The stages in order, from where `found` (a checkpoint) left the run; the summary, and the
+/// checkpoint's failure if saving it failed (the summary is still written).
+async fn stages(
+    ctx: &mut RunContext,
+    found: Option<Found>,
+) -> Result<(RunSummary, Option<EngineError>), EngineError> {
+    let (warmup, from) = match found {
+        None => {
+            let warmup = if ctx.config.warmup.enabled {
+                Some(warmup::warm_up(ctx, None).await?)
+            } else {
+                None
+            };
+            (warmup, None)
+        }
+        Some(Found { dir, state, .. }) => match state.stage {
+            Stage::Warmup(progress) => {
+                ctx.worker
+                    .load_state(resume::trainer_dir(&dir), state.trainer)
+                    .await?;
+                let best = resume::warmup_best(&dir)?;
+                (
+                    Some(warmup::warm_up(ctx, Some((progress, best))).await?),
+                    None,
+                )
+            }
+            Stage::Rl(rl) => {
+                ctx.worker.start_rl().await?;
+                ctx.worker
+                    .load_state(resume::trainer_dir(&dir), state.trainer)
+                    .await?;
+                ctx.load_generator(rl.version, "the checkpoint's weights")
+                    .await?;
+                (rl.warmup.clone(), Some(*rl))
+            }
+        },
     };
     // Asked to stop during the warm-up: no evaluation, no RL; what there is gets saved.
     let stop_before_rl = ctx.interrupt.is_requested();
-    if ctx.config.eval.enabled && !stop_before_rl {
+    if from.is_none() && ctx.config.eval.enabled && !stop_before_rl {
         ctx.eval(0, 0).await?;
     }
-    let rl = rl::train(ctx, !stop_before_rl).await?;
+    let rl = rl::train(ctx, !stop_before_rl, from, warmup.as_ref()).await?;
     let interrupted = ctx.interrupt.is_requested();
     if interrupted {
-        tracing::warn!(target: "areal::train", steps = rl.steps.len(), "stopped on request; saving the checkpoint and summary");
+        tracing::warn!(target: "areal::train", steps = rl.totals.steps, "stopped on request; saving the checkpoint and summary");
     }
     // The checkpoint first: the trained model is what a failure later must not cost.
     let (checkpoint, checkpoint_error) = match ctx.log.dir().map(ToOwned::to_owned) {
@@ -110,7 +257,7 @@ async fn stages(ctx: &mut RunContext) -> Result<(RunSummary, Option<EngineError>
         None => (None, None),
     };
     if ctx.config.eval.enabled && !interrupted {
-        ctx.eval(rl.steps.len() as u64, rl.version).await?;
+        ctx.eval(rl.totals.steps, rl.version).await?;
     }
     let mut summary = summarise(ctx, &rl, warmup);
     summary.interrupted = interrupted;

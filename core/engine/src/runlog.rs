@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::Config;
@@ -16,6 +16,21 @@ pub(crate) const PLOT_FILE: &str = "accuracy.png";
 
 /// Name of the lock file of a run folder.
 pub(crate) const LOCK_FILE: &str = "run.lock";
+
+/// Where a run folder's records had got to when a checkpoint was taken: the byte lengths of
+/// the append-only files (a resumed run cuts them back to these, so no record is there twice)
+/// and the points of the plot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct LogPosition {
+    /// Bytes of `metrics.jsonl`.
+    pub(crate) metrics_bytes: u64,
+    /// The TensorBoard event file (its name in the run folder) and its bytes.
+    pub(crate) events_file: String,
+    pub(crate) events_bytes: u64,
+    eval_points: Vec<(f64, f64)>,
+    warmup_points: Vec<(f64, f64)>,
+    rl_start: Option<f64>,
+}
 
 /// Everything a run writes as it goes; a no-op without a run folder.
 ///
@@ -36,17 +51,24 @@ pub(crate) struct RunLog {
 }
 
 impl RunLog {
-    /// Create the run folder with the resolved config, or a log that writes nothing.
+    /// Create the run folder with the resolved config, or a log that writes nothing. What a
+    /// previous run left in the folder (records, TensorBoard events, resume checkpoints) is
+    /// replaced.
     pub(crate) fn new(dir: Option<&Path>, config: &Config) -> Result<Self, EngineError> {
         let Some(dir) = dir else {
             return Ok(Self::default());
         };
         std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
         let lock = lock(dir)?;
-        let path = dir.join("config.toml");
-        crate::atomic::write(&path, config.to_toml().as_bytes())
-            .map_err(|e| EngineError::io(path, e))?;
-        let path = dir.join("metrics.jsonl");
+        let path = dir.join(crate::resume::DIR);
+        if path.exists() {
+            std::fs::remove_dir_all(&path).map_err(|e| EngineError::io(&path, e))?;
+        }
+        for old in event_files(dir)? {
+            std::fs::remove_file(&old).map_err(|e| EngineError::io(&old, e))?;
+        }
+        write_config(dir, config)?;
+        let path = dir.join(METRICS_FILE);
         let jsonl = MetricsWriter::create(&path).map_err(|e| EngineError::io(path, e))?;
         let events = EventWriter::create(dir).map_err(|e| EngineError::io(dir, e))?;
         Ok(Self {
@@ -56,6 +78,64 @@ impl RunLog {
             events: Some(events),
             ..Self::default()
         })
+    }
+
+    /// Go on with the run folder `dir` from `position` (a checkpoint's): the records written
+    /// after it are cut off, and how many steps they held is returned. `config` is written
+    /// again (it may have been changed on purpose).
+    pub(crate) fn resume(
+        dir: &Path,
+        config: &Config,
+        position: &LogPosition,
+    ) -> Result<(Self, u64), EngineError> {
+        let lock = lock(dir)?;
+        write_config(dir, config)?;
+        let path = dir.join(METRICS_FILE);
+        let discarded = steps_after(&path, position.metrics_bytes)?;
+        let jsonl = MetricsWriter::resume(&path, position.metrics_bytes)
+            .map_err(|e| EngineError::io(&path, e))?;
+        let path = dir.join(&position.events_file);
+        let events = EventWriter::resume(&path, position.events_bytes)
+            .map_err(|e| EngineError::io(&path, e))?;
+        // event files of segments that died before their first checkpoint
+        for other in event_files(dir)? {
+            if other != path {
+                std::fs::remove_file(&other).map_err(|e| EngineError::io(&other, e))?;
+            }
+        }
+        Ok((
+            Self {
+                dir: Some(dir.to_owned()),
+                _lock: Some(lock),
+                jsonl: Some(jsonl),
+                events: Some(events),
+                eval_points: position.eval_points.clone(),
+                warmup_points: position.warmup_points.clone(),
+                rl_start: position.rl_start,
+            },
+            discarded,
+        ))
+    }
+
+    /// Where the records are, with everything so far on disk (synced, so that a checkpoint
+    /// never points past what a crash leaves).
+    pub(crate) fn position(&mut self) -> Result<LogPosition, EngineError> {
+        let mut position = LogPosition {
+            eval_points: self.eval_points.clone(),
+            warmup_points: self.warmup_points.clone(),
+            rl_start: self.rl_start,
+            ..LogPosition::default()
+        };
+        if let Some(w) = &mut self.jsonl {
+            position.metrics_bytes = w.sync().map_err(|e| EngineError::io(w.path(), e))?;
+        }
+        if let Some(events) = &mut self.events {
+            position.events_bytes = events
+                .sync()
+                .map_err(|e| EngineError::io(events.path(), e))?;
+            position.events_file = file_name(events.path());
+        }
+        Ok(position)
     }
 
     /// The run folder, if there is one.
@@ -132,6 +212,53 @@ impl RunLog {
         )
         .map_err(|e| EngineError::io(path, e))
     }
+}
+
+/// Name of the records file of a run folder.
+pub(crate) const METRICS_FILE: &str = "metrics.jsonl";
+
+fn write_config(dir: &Path, config: &Config) -> Result<(), EngineError> {
+    let path = dir.join("config.toml");
+    crate::atomic::write(&path, config.to_toml().as_bytes()).map_err(|e| EngineError::io(path, e))
+}
+
+/// The TensorBoard event files areal wrote into `dir`.
+fn event_files(dir: &Path) -> Result<Vec<PathBuf>, EngineError> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| EngineError::io(dir, e))? {
+        let path = entry.map_err(|e| EngineError::io(dir, e))?.path();
+        let name = file_name(&path);
+        if name.starts_with("events.out.tfevents.") && name.ends_with(".areal") {
+            out.push(path);
+        }
+    }
+    Ok(out)
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// How many step records `path` holds after its first `bytes` bytes; an error naming the file
+/// if it is shorter than that (a checkpoint never points past what was synced).
+fn steps_after(path: &Path, bytes: u64) -> Result<u64, EngineError> {
+    let text = std::fs::read(path).map_err(|e| EngineError::io(path, e))?;
+    let Some(rest) = text.get(bytes as usize..) else {
+        return Err(EngineError::resume(format!(
+            "{} has {} bytes, fewer than the {bytes} its checkpoint recorded",
+            path.display(),
+            text.len()
+        )));
+    };
+    Ok(rest
+        .split(|&b| b == b'\n')
+        .filter(|line| {
+            serde_json::from_slice::<Value>(line)
+                .is_ok_and(|v| v.get("event").and_then(Value::as_str) == Some("step"))
+        })
+        .count() as u64)
 }
 
 /// Take the run folder's lock, or say who holds it.

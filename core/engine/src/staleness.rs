@@ -1,7 +1,7 @@
 //! Admission control: how far generation may run ahead of training (AReaL's staleness rule).
 
 use areal_sdk::PolicyVersion;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Counters of the admission rule.
 ///
@@ -22,7 +22,7 @@ pub struct StalenessManager {
 }
 
 /// A snapshot of the counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdmissionCounts {
     /// Rollouts accepted into the buffer so far (trained or not).
     pub accepted: u64,
@@ -50,12 +50,15 @@ impl StalenessManager {
         }
     }
 
-    /// The counters after resuming from a checkpoint at `version`: `accepted = version · B`,
-    /// nothing running.
-    pub fn resume_at(&mut self, version: u64) {
-        self.version = version;
-        self.accepted = version.saturating_mul(self.batch_size);
-        self.running = 0;
+    /// The counters of a checkpoint: what it had accepted and rejected at `version`, with its
+    /// `running` rollouts going on again. Restored exactly (rather than `accepted = version ·
+    /// B`), because a checkpoint keeps the groups accepted ahead of training and those in
+    /// flight, so the rule goes on holding as it held when the checkpoint was taken.
+    pub fn restore(&mut self, counts: AdmissionCounts) {
+        self.version = counts.version;
+        self.accepted = counts.accepted;
+        self.rejected = counts.rejected;
+        self.running = counts.running;
     }
 
     /// The most rollouts that may be accepted or running at the current version. The
@@ -134,8 +137,6 @@ mod tests {
             assert_eq!((0..100).filter(|_| s.try_admit()).count(), 16);
             s.set_version(u64::MAX);
             assert!(s.holds());
-            s.resume_at(u64::MAX);
-            assert_eq!(s.counts().accepted, u64::MAX);
         }
     }
 
@@ -179,19 +180,20 @@ mod tests {
     }
 
     #[test]
-    fn resume_restarts_counters_consistently() {
+    fn restored_counters_go_on_as_they_were() {
         let mut s = StalenessManager::new(8, 2, 64);
-        s.resume_at(5);
-        assert_eq!(
-            s.counts(),
-            AdmissionCounts {
-                accepted: 40,
-                running: 0,
-                rejected: 0,
-                version: 5
-            }
-        );
-        assert_eq!(s.capacity(), 24, "(2 + 5 + 1) * 8 - 40");
+        let counts = AdmissionCounts {
+            accepted: 40,
+            running: 3,
+            rejected: 2,
+            version: 5,
+        };
+        s.restore(counts);
+        assert_eq!(s.counts(), counts);
+        assert_eq!(s.capacity(), 21, "(2 + 5 + 1) * 8 - 40 - 3");
+        assert!(s.holds());
+        s.finish(true);
+        assert_eq!(s.counts().running, 2);
     }
 
     /// A simulated run: rollouts are admitted whenever the rule allows, finish in an order

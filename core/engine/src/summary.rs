@@ -79,6 +79,24 @@ pub struct RunSummary {
     pub reissued_samples: u64,
     /// Servers found dead, unreachable or out of time while taking work.
     pub endpoint_failures: u64,
+    /// Samples admitted (every group started); each is trained, dropped or pending:
+    /// `samples_admitted = samples_trained + samples_dropped + samples_pending`.
+    pub samples_admitted: u64,
+    /// Samples dropped: in groups that failed or were filtered, or whose reward was lost.
+    pub samples_dropped: u64,
+    /// Samples generated or generating but not trained when the run ended (generation runs
+    /// ahead of training).
+    pub samples_pending: u64,
+    /// How many times the run was resumed (`areal train --resume`).
+    pub resumes: u64,
+    /// Resume checkpoints written (`checkpoint.every`).
+    pub checkpoints_written: u64,
+    /// Mean milliseconds to write one.
+    pub checkpoint_ms_mean: f64,
+    /// Largest milliseconds to write one.
+    pub checkpoint_ms_max: f64,
+    /// Bytes of the last one.
+    pub checkpoint_bytes: u64,
 }
 
 /// The summary of a run whose RL stage did `outcome`.
@@ -87,58 +105,57 @@ pub(crate) fn summarise(
     outcome: &RlOutcome,
     warmup: Option<WarmupReport>,
 ) -> RunSummary {
-    let (config, steps, rl) = (&ctx.config, &outcome.steps, &outcome.clock);
+    let (config, t, rl) = (&ctx.config, &outcome.totals, &outcome.clock);
     let evals = ctx.evals.clone();
     let counts = ctx.controller.counts();
-    let tokens: usize = steps.iter().map(|m| m.trained_tokens).sum();
-    let lag_sum: f64 = steps
-        .iter()
-        .map(|m| m.staleness.token_lag_mean * m.trained_tokens as f64)
-        .sum();
+    let ledger = ctx.controller.ledger();
     let rl_seconds = rl.seconds();
-    let train_ms: f64 = steps.iter().map(|m| m.train_ms).sum();
     let (gen_busy, resume_ms_mean) = rl.totals();
     let runner = ctx.controller.runner();
     let faults = runner.generator().stats().faults + runner.rewards().verifier().faults();
+    let c = &ctx.checkpoints;
     RunSummary {
         baseline_accuracy: evals.first().map(|e| e.accuracy),
         final_accuracy: evals.last().map(|e| e.accuracy),
         wall_seconds: ctx.wall_s(),
-        steps: steps.len() as u64,
+        steps: t.steps,
         stopped_early: rl.stopped_early,
         interrupted: false,
         checkpoint: None,
-        policy_version: steps.last().map_or(0, |m| m.policy_version),
+        policy_version: t.policy_version,
         max_staleness: config.rollout.max_staleness,
         algorithm: ctx.algorithm.clone(),
         seed: config.seed,
-        reward_mean_first: steps.first().map_or(0.0, |m| m.reward_mean),
-        reward_mean_last: steps.last().map_or(0.0, |m| m.reward_mean),
-        token_lag_max: steps
-            .iter()
-            .map(|m| m.staleness.token_lag_max)
-            .max()
-            .unwrap_or(0),
-        token_lag_mean: if tokens > 0 {
-            lag_sum / tokens as f64
+        reward_mean_first: t.reward_mean_first,
+        reward_mean_last: t.reward_mean_last,
+        token_lag_max: t.token_lag_max,
+        token_lag_mean: if t.trained_tokens > 0 {
+            t.token_lag_sum / t.trained_tokens as f64
         } else {
             0.0
         },
         groups_accepted: counts.accepted,
         groups_rejected: counts.rejected,
-        reward_failures: steps.iter().map(|m| m.reward_failures).sum(),
+        reward_failures: t.reward_failures,
         warmup_seconds: warmup.as_ref().map_or(0.0, |w| w.seconds),
         warmup,
         evals,
         rl_seconds,
-        trained_tokens_per_s: tokens as f64 / rl_seconds.max(1e-9),
-        train_busy: (train_ms / 1e3 / rl_seconds.max(1e-9)).min(1.0),
+        trained_tokens_per_s: t.trained_tokens as f64 / rl_seconds.max(1e-9),
+        train_busy: (t.train_ms / 1e3 / rl_seconds.max(1e-9)).min(1.0),
         gen_busy,
-        weight_sync_ms_mean: steps.iter().map(|m| m.weight_sync_ms).sum::<f64>()
-            / steps.len().max(1) as f64,
+        weight_sync_ms_mean: t.weight_sync_ms / t.steps.max(1) as f64,
         resume_ms_mean,
-        samples_trained: outcome.trained.len() as u64,
-        reissued_samples: faults.reissued_samples,
-        endpoint_failures: faults.endpoint_failures,
+        samples_trained: outcome.trained.len(),
+        reissued_samples: t.reissued_samples + faults.reissued_samples,
+        endpoint_failures: t.endpoint_failures + faults.endpoint_failures,
+        samples_admitted: ledger.admitted,
+        samples_dropped: ledger.dropped,
+        samples_pending: ledger.pending,
+        resumes: ctx.resumes,
+        checkpoints_written: c.written,
+        checkpoint_ms_mean: c.ms_sum / c.written.max(1) as f64,
+        checkpoint_ms_max: c.ms_max,
+        checkpoint_bytes: c.bytes,
     }
 }

@@ -3,10 +3,11 @@
 //! The format is TFRecord framing (length, masked CRC-32C of the length, data, masked CRC-32C
 //! of the data) around `Event` protocol buffers; the few fields needed are encoded by hand.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::atomic::AppendFile;
 
 fn masked_crc(data: &[u8]) -> u32 {
     let crc = crc32c::crc32c(data);
@@ -58,32 +59,44 @@ fn now() -> f64 {
 /// Writes scalars to an event file in a run folder.
 #[derive(Debug)]
 pub struct EventWriter {
-    path: PathBuf,
-    out: BufWriter<File>,
+    file: AppendFile,
 }
 
 impl EventWriter {
     /// Create `dir/events.out.tfevents.<time>.areal`.
     pub fn create(dir: &Path) -> std::io::Result<Self> {
         let path = dir.join(format!("events.out.tfevents.{}.areal", now() as u64));
-        let out = BufWriter::new(File::create(&path)?);
-        let mut writer = Self { path, out };
+        let mut writer = Self {
+            file: AppendFile::create(&path)?,
+        };
         writer.record(&event(now(), 0, b"brain.Event:2", 3))?;
-        writer.out.flush()?;
+        writer.flush()?;
         Ok(writer)
+    }
+
+    /// Open the event file `path` to go on after its first `bytes` bytes (what follows is cut
+    /// off, so no step is recorded twice).
+    pub fn resume(path: &Path, bytes: u64) -> std::io::Result<Self> {
+        AppendFile::resume(path, bytes).map(|file| Self { file })
+    }
+
+    /// Put everything written on disk; the file's length.
+    pub fn sync(&mut self) -> std::io::Result<u64> {
+        self.file.sync()
     }
 
     /// The file written to.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     fn record(&mut self, data: &[u8]) -> std::io::Result<()> {
         let len = (data.len() as u64).to_le_bytes();
-        self.out.write_all(&len)?;
-        self.out.write_all(&masked_crc(&len).to_le_bytes())?;
-        self.out.write_all(data)?;
-        self.out.write_all(&masked_crc(data).to_le_bytes())
+        let out = self.file.writer();
+        out.write_all(&len)?;
+        out.write_all(&masked_crc(&len).to_le_bytes())?;
+        out.write_all(data)?;
+        out.write_all(&masked_crc(data).to_le_bytes())
     }
 
     /// Record `value` for `tag` at `step`.
@@ -93,7 +106,7 @@ impl EventWriter {
 
     /// Write buffered events to disk.
     pub fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
+        self.file.writer().flush()
     }
 }
 

@@ -6,7 +6,7 @@
 //! the run awaits its answers. What goes in and out is plain data (demonstrations, batches
 //! of groups, weight updates, folders), the boundary a separate trainer process will keep.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -69,7 +69,31 @@ enum Command {
         dir: PathBuf,
         reply: oneshot::Sender<Result<(), PluginError>>,
     },
+    /// Save everything training changed (policy, optimizer, reference) into a folder.
+    SaveState {
+        dir: PathBuf,
+        reply: Reply<TrainerState>,
+    },
+    /// Restore what `SaveState` wrote.
+    LoadState {
+        dir: PathBuf,
+        saved: TrainerState,
+        reply: Reply<()>,
+    },
 }
+
+/// What a saved trainer state holds besides the policy's parameters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct TrainerState {
+    /// The optimizer's state (there is none before the first step).
+    pub(crate) optimizer: bool,
+    /// The reference policy's parameters.
+    pub(crate) reference: bool,
+}
+
+/// Folders of a saved trainer state.
+const POLICY_DIR: &str = "policy";
+const REFERENCE_DIR: &str = "reference";
 
 /// The handle the run holds; dropping it ends the worker once its current command is done.
 pub(crate) struct ComputeWorker {
@@ -196,6 +220,22 @@ impl ComputeWorker {
         self.ask(|reply| Command::Load { dir, reply }).await
     }
 
+    /// Save the policy's parameters, the optimizer's state and the reference policy into
+    /// `dir`, for an exact resume.
+    pub(crate) async fn save_state(&self, dir: PathBuf) -> Result<TrainerState, EngineError> {
+        self.ask(|reply| Command::SaveState { dir, reply }).await?
+    }
+
+    /// Restore what [`save_state`](Self::save_state) wrote into `dir` (`saved`: what it held).
+    pub(crate) async fn load_state(
+        &self,
+        dir: PathBuf,
+        saved: TrainerState,
+    ) -> Result<(), EngineError> {
+        self.ask(|reply| Command::LoadState { dir, saved, reply })
+            .await?
+    }
+
     async fn ask<T>(
         &self,
         command: impl FnOnce(oneshot::Sender<T>) -> Command,
@@ -271,7 +311,61 @@ impl State {
             Command::Load { dir, reply } => {
                 let _ = reply.send(self.policy.load(&dir));
             }
+            Command::SaveState { dir, reply } => {
+                let _ = reply.send(self.save_state(&dir));
+            }
+            Command::LoadState { dir, saved, reply } => {
+                let _ = reply.send(self.load_state(&dir, saved));
+            }
         }
+    }
+
+    fn save_state(&self, dir: &Path) -> Result<TrainerState, EngineError> {
+        let saving =
+            |what: &str, e| EngineError::plugin(format!("saving the {what} for resume"), e);
+        let folder = |name: &str| {
+            let path = dir.join(name);
+            std::fs::create_dir_all(&path).map_err(|e| EngineError::io(&path, e))?;
+            Ok::<_, EngineError>(path)
+        };
+        self.policy
+            .save_state(self.optimizer.as_ref(), &folder(POLICY_DIR)?)
+            .map_err(|e| saving("policy and optimizer", e))?;
+        if let Some(reference) = &self.reference {
+            reference
+                .save_state(None, &folder(REFERENCE_DIR)?)
+                .map_err(|e| saving("reference policy", e))?;
+        }
+        Ok(TrainerState {
+            optimizer: self.optimizer.is_some(),
+            reference: self.reference.is_some(),
+        })
+    }
+
+    /// Restore a saved state; the reference policy, when there is one, must already exist
+    /// (`StartRl` made it), and is overwritten.
+    fn load_state(&mut self, dir: &Path, saved: TrainerState) -> Result<(), EngineError> {
+        let loading = |what: &str, e| EngineError::plugin(format!("restoring the {what}"), e);
+        if saved.reference {
+            let Some(reference) = self.reference.as_mut() else {
+                return Err(EngineError::resume(format!(
+                    "{} holds a reference policy, but {} uses none",
+                    dir.display(),
+                    self.algorithm.name()
+                )));
+            };
+            reference
+                .load_state(None, &dir.join(REFERENCE_DIR))
+                .map_err(|e| loading("reference policy", e))?;
+        }
+        let mut optimizer = saved.optimizer.then(|| adamw(&self.train));
+        self.policy
+            .load_state(optimizer.as_mut(), &dir.join(POLICY_DIR))
+            .map_err(|e| loading("policy and optimizer", e))?;
+        if optimizer.is_some() {
+            self.optimizer = optimizer;
+        }
+        Ok(())
     }
 
     fn start_rl(&mut self) -> Result<(), EngineError> {
@@ -309,6 +403,7 @@ impl State {
             version,
             &self.settings,
         )?;
+        crate::failpoint::hit("train");
         let train_ms = started.elapsed().as_secs_f64() * 1e3;
         let weights = weight_update(self.policy.as_ref(), version + 1);
         Ok(Trained {

@@ -148,6 +148,30 @@ impl Generator for BurnGenerator {
         rx.await.map_err(|_| gone())?
     }
 
+    /// All in one command: the decoding thread sees them at once, in order, and (with nothing
+    /// else running) batches them the same way every time, so their tokens and logprobs are
+    /// the same bit for bit.
+    async fn generate_batch(
+        &self,
+        requests: Vec<GenerateRequest>,
+    ) -> Vec<Result<Completion, PluginError>> {
+        let (sent, answers): (Vec<_>, Vec<_>) = requests
+            .into_iter()
+            .map(|request| {
+                let (tx, rx) = oneshot::channel();
+                ((request, tx), rx)
+            })
+            .unzip();
+        if self.send(Command::GenerateMany(sent)).is_err() {
+            return answers.iter().map(|_| Err(gone())).collect();
+        }
+        let mut out = Vec::with_capacity(answers.len());
+        for answer in answers {
+            out.push(answer.await.map_err(|_| gone()).and_then(|r| r));
+        }
+        out
+    }
+
     async fn update_weights(&self, update: WeightUpdate) -> Result<(), PluginError> {
         let (tx, rx) = oneshot::channel();
         self.send(Command::Update(update, tx))?;

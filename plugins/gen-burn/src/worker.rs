@@ -20,6 +20,8 @@ pub(crate) type Reply = oneshot::Sender<Result<Completion, PluginError>>;
 /// What the async side asks of the decoding thread.
 pub(crate) enum Command {
     Generate(GenerateRequest, Reply),
+    /// Requests that arrive together, so that they are batched the same way every time.
+    GenerateMany(Vec<(GenerateRequest, Reply)>),
     Update(WeightUpdate, oneshot::Sender<Result<(), PluginError>>),
     Pause(oneshot::Sender<()>),
     Resume,
@@ -131,6 +133,7 @@ impl Worker {
     fn handle(&mut self, command: Command) {
         match command {
             Command::Generate(request, reply) => self.waiting.push_back((request, reply)),
+            Command::GenerateMany(requests) => self.waiting.extend(requests),
             Command::Update(update, done) => {
                 // Caches were computed with the old weights: running sequences return what
                 // they have and are resubmitted by their callers.

@@ -314,3 +314,67 @@ async fn stats_count_busy_time_weight_loads_and_the_cost_of_resuming() {
     assert!(busy > 0.0 && busy <= wall, "busy {busy} s of {wall} s");
     assert!(s.tokens >= 90, "{s:?}");
 }
+
+/// What deterministic runs rely on: requests handed over together (`generate_batch`) are
+/// batched the same way every time, so their tokens and logprobs are the same bit for bit,
+/// whatever the generator did before; and they are the tokens each would get alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_handed_over_together_is_the_same_bit_for_bit_every_time() {
+    let p = policy(7);
+    let tokenizer = p.tokenizer();
+    let stop = tokenizer.stop_token_ids();
+    let sampling = SamplingParams {
+        temperature: 1.0,
+        top_p: 0.95,
+        seed: 5,
+    };
+    let requests: Vec<GenerateRequest> = (0..12u64)
+        .map(|i| {
+            let prompt = tokenizer.encode(&format!("{}+{}=", i * 13, i + 1)).unwrap();
+            let max = 6 + (i as usize * 5) % 30;
+            request(i, prompt, max, sampling.clone(), stop.clone())
+        })
+        .collect();
+    let bits = |c: &areal_sdk::Completion| -> Vec<u32> {
+        c.behaviour_logprobs.iter().map(|x| x.to_bits()).collect()
+    };
+    let run = |g: Arc<BurnGenerator>| {
+        let requests = requests.clone();
+        async move {
+            let out: Vec<_> = g
+                .generate_batch(requests)
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+            out
+        }
+    };
+    let fresh = generator(8);
+    fresh.update_weights(update(&p, 0)).await.unwrap();
+    let first = run(fresh.clone()).await;
+    // other work in between, and a second generator
+    fresh
+        .generate(request(
+            99,
+            requests[3].input_ids.clone(),
+            20,
+            sampling.clone(),
+            vec![],
+        ))
+        .await
+        .unwrap();
+    let again = run(fresh).await;
+    let other = generator(8);
+    other.update_weights(update(&p, 0)).await.unwrap();
+    let elsewhere = run(other).await;
+    let alone = generator(1);
+    alone.update_weights(update(&p, 0)).await.unwrap();
+    for (i, c) in first.iter().enumerate() {
+        assert_eq!(bits(c), bits(&again[i]), "sample {i}");
+        assert_eq!(bits(c), bits(&elsewhere[i]), "sample {i}");
+        assert_eq!(c.token_ids, again[i].token_ids);
+        let single = alone.generate(requests[i].clone()).await.unwrap();
+        assert_eq!(single.token_ids, c.token_ids, "sample {i} decoded alone");
+    }
+}

@@ -320,6 +320,22 @@ impl Policy for TransformerPolicy {
         serde_json::to_value(&self.config).expect("the config serialises")
     }
 
+    fn save_state(
+        &self,
+        optimizer: Option<&ModuleOptimizer>,
+        dir: &Path,
+    ) -> Result<(), PluginError> {
+        self.module.save_state(crate::NAME, optimizer, dir)
+    }
+
+    fn load_state(
+        &mut self,
+        optimizer: Option<&mut ModuleOptimizer>,
+        dir: &Path,
+    ) -> Result<(), PluginError> {
+        self.module.load_state(crate::NAME, optimizer, dir)
+    }
+
     fn save(&self, dir: &Path) -> Result<(), PluginError> {
         save_checkpoint(dir, &self.config, self.module.module(), &self.tokenizer)
     }

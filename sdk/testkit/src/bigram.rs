@@ -191,6 +191,22 @@ impl Policy for BigramPolicy {
         }))
     }
 
+    fn save_state(
+        &self,
+        optimizer: Option<&ModuleOptimizer>,
+        dir: &Path,
+    ) -> Result<(), PluginError> {
+        self.module.save_state(NAME, optimizer, dir)
+    }
+
+    fn load_state(
+        &mut self,
+        optimizer: Option<&mut ModuleOptimizer>,
+        dir: &Path,
+    ) -> Result<(), PluginError> {
+        self.module.load_state(NAME, optimizer, dir)
+    }
+
     fn save(&self, dir: &Path) -> Result<(), PluginError> {
         let weights = self.weights();
         let json = serde_json::to_vec(&weights)

@@ -62,6 +62,7 @@ mod device;
 mod module;
 mod policy;
 pub mod registry;
+pub mod state;
 pub mod weights_file;
 
 pub use algorithm::{

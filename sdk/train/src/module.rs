@@ -1,5 +1,7 @@
 //! Backward, optimizer step and weight export for any burn module.
 
+use std::path::Path;
+
 use areal_sdk::{NamedTensor, PluginError};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
@@ -109,6 +111,32 @@ impl<M: Module + 'static> TrainableModule<M> {
     /// The parameters as named plain-data tensors.
     pub fn weights(&self) -> Vec<NamedTensor> {
         module_weights(self.module())
+    }
+
+    /// [`Policy::save_state`](crate::Policy::save_state) for this module: its parameters and
+    /// the optimizer's state for them, keyed by parameter path ([`crate::state`]).
+    pub fn save_state(
+        &self,
+        name: &str,
+        optimizer: Option<&ModuleOptimizer>,
+        dir: &Path,
+    ) -> Result<(), PluginError> {
+        crate::state::save_state(self.module(), optimizer, dir)
+            .map_err(|e| PluginError::caused_by(name, "cannot save the training state", e))
+    }
+
+    /// [`Policy::load_state`](crate::Policy::load_state) for this module; on failure the module
+    /// and the optimizer are as they were.
+    pub fn load_state(
+        &mut self,
+        name: &str,
+        optimizer: Option<&mut ModuleOptimizer>,
+        dir: &Path,
+    ) -> Result<(), PluginError> {
+        let module = crate::state::load_state(self.module(), optimizer, dir)
+            .map_err(|e| PluginError::caused_by(name, "cannot load the training state", e))?;
+        self.replace(module);
+        Ok(())
     }
 }
 

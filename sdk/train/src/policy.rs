@@ -157,4 +157,29 @@ pub trait Policy: Send + 'static {
         let _ = dir;
         Err(PluginError::unsupported(self.name(), "load"))
     }
+
+    /// Write everything training has changed into `dir`, for an exact resume: every parameter
+    /// (a value head included) and, when given, `optimizer`'s state for them.
+    /// [`TrainableModule::save_state`](crate::TrainableModule::save_state) does it for a burn
+    /// module. By default unsupported: runs of such a policy cannot be resumed.
+    fn save_state(
+        &self,
+        optimizer: Option<&ModuleOptimizer>,
+        dir: &Path,
+    ) -> Result<(), PluginError> {
+        let _ = (optimizer, dir);
+        Err(PluginError::unsupported(self.name(), "save_state"))
+    }
+
+    /// Restore, bit for bit, what [`save_state`](Policy::save_state) wrote into `dir` (and the
+    /// optimizer's state when `optimizer` is given). On failure the policy and the optimizer
+    /// must be left as they were. By default unsupported.
+    fn load_state(
+        &mut self,
+        optimizer: Option<&mut ModuleOptimizer>,
+        dir: &Path,
+    ) -> Result<(), PluginError> {
+        let _ = (optimizer, dir);
+        Err(PluginError::unsupported(self.name(), "load_state"))
+    }
 }

@@ -21,6 +21,8 @@ pub const MAX_TOKEN_BUDGET: usize = 1 << 24;
 pub const MAX_WARMUP_BATCH: usize = 1 << 16;
 /// Largest seed: config files are TOML, whose integers are 64-bit signed.
 pub const MAX_SEED: u64 = i64::MAX as u64;
+/// Most resume checkpoints kept.
+pub const MAX_KEEP: usize = 1 << 16;
 /// Bytes held per generated token, for the memory estimate: its id, behaviour logprob and
 /// policy version while it waits, and the trainer's per-token arrays (current, proximal
 /// and behaviour logprobs, advantages, masks) while it is trained on.

@@ -6,11 +6,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub mod bounds;
+mod diff;
 mod loader;
 #[cfg(test)]
 mod tests;
 mod validate;
 
+pub use diff::{ConfigChange, FIXED_ON_RESUME, config_changes};
 pub use loader::{ConfigError, ConfigLoader, ConfigProblem, Origin};
 
 /// The plugin sections of the config, in the order they are built.
@@ -23,6 +25,14 @@ pub struct Config {
     /// Seed of everything random in the run. By default 1.
     #[serde(default = "default_seed")]
     pub seed: u64,
+    /// Deterministic mode: the same config and seed give the same trained samples and the same
+    /// weights, bit for bit, however often the run is killed and resumed. Generation then runs
+    /// in rounds of at most `rollout.chunk_tokens` tokens per sample, and the weights change
+    /// only between rounds, so that when each token is sampled depends on no clock; nothing is
+    /// read from the wall clock (`train.max_seconds` must be 0). Slower than the default,
+    /// where generation and training overlap freely. By default false.
+    #[serde(default)]
+    pub deterministic: bool,
     /// The trainable model (`kind` = a policy plugin). By default a fresh 2-layer
     /// `transformer` with a character tokenizer.
     pub policy: Value,
@@ -55,20 +65,32 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
 }
 
-/// `[checkpoint]`: how the final checkpoint is saved (into `checkpoint/` of the run folder,
-/// atomically: a failed save leaves nothing half-written).
+/// `[checkpoint]`: the checkpoints a run can be resumed from (`checkpoints/step-N/` of the run
+/// folder) and the final model (`checkpoint/`), each written atomically: a crash while one is
+/// written leaves the previous one whole.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
-    /// When saving fails (a full disk, say), try again every 10 s for this many seconds
-    /// before giving up, so that freeing space saves the trained model; a stop signal gives
-    /// up at once. 0 tries once. By default 600.
+    /// Write a resume checkpoint every this many RL steps (and at every warm-up evaluation,
+    /// when RL starts, and when the run is stopped by a signal); 0 writes none, and such a run
+    /// resumes from its start. By default 10.
+    pub every: u64,
+    /// Keep the newest this many resume checkpoints (at least 1; a damaged newest one falls
+    /// back to the one before). By default 3.
+    pub keep: usize,
+    /// When saving the final model fails (a full disk, say), try again every 10 s for this
+    /// many seconds before giving up, so that freeing space saves the trained model; a stop
+    /// signal gives up at once. 0 tries once. By default 600.
     pub retry_s: f64,
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        Self { retry_s: 600.0 }
+        Self {
+            every: 10,
+            keep: 3,
+            retry_s: 600.0,
+        }
     }
 }
 
@@ -89,6 +111,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             seed: default_seed(),
+            deterministic: false,
             policy: serde_json::json!({
                 "kind": "transformer",
                 "alphabet": CHAIN_SUM_ALPHABET,
@@ -144,6 +167,9 @@ pub struct RolloutConfig {
     pub top_p: f32,
     /// Abort the run after this many groups in a row fail to generate. By default 32.
     pub max_consecutive_failures: usize,
+    /// In deterministic mode, each round of generation gives every running sample at most
+    /// this many tokens; new weights reach the samples between rounds. By default 16.
+    pub chunk_tokens: usize,
 }
 
 impl Default for RolloutConfig {
@@ -157,6 +183,7 @@ impl Default for RolloutConfig {
             temperature: 1.0,
             top_p: 1.0,
             max_consecutive_failures: 32,
+            chunk_tokens: 16,
         }
     }
 }

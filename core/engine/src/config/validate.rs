@@ -129,6 +129,18 @@ impl Config {
         if let Err(message) = areal_sdk_train::parse_device(&t.device) {
             p.0.push(("train.device".into(), message));
         }
+        p.in_range("rollout.chunk_tokens", r.chunk_tokens, MAX_NEW_TOKENS);
+        p.check(
+            !self.deterministic || t.max_seconds == 0.0,
+            "train.max_seconds",
+            || {
+                format!(
+                    "must be 0 in deterministic mode (`deterministic = true`): a time limit makes the steps trained depend on the wall clock, found {}",
+                    t.max_seconds
+                )
+            },
+        );
+        p.in_range("checkpoint.keep", self.checkpoint.keep, MAX_KEEP);
         let retry = self.checkpoint.retry_s;
         p.check(
             (0.0..=MAX_DEADLINE_MS as f64 / 1e3).contains(&retry),

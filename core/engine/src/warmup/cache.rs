@@ -10,8 +10,9 @@ use crate::atomic::StagedDir;
 use crate::metrics::WarmupReport;
 use crate::worker::ComputeWorker;
 
-/// Where a warm-up with these settings is cached, if caching is on.
-pub(super) fn path(config: &Config) -> Option<PathBuf> {
+/// Where a warm-up with these settings, on the task data of checksum `task_data`, is cached,
+/// if caching is on.
+pub(super) fn path(config: &Config, task_data: &str) -> Option<PathBuf> {
     if config.warmup.cache_dir.is_empty() {
         return None;
     }
@@ -30,6 +31,8 @@ pub(super) fn path(config: &Config) -> Option<PathBuf> {
     let key = serde_json::json!({
         "policy": config.policy,
         "task": config.task,
+        // the data itself: a dataset edited in place is another warm-up
+        "task_data": task_data,
         "reward": reward,
         "warmup": warmup,
         "seed": config.seed,
@@ -38,8 +41,8 @@ pub(super) fn path(config: &Config) -> Option<PathBuf> {
         "max_grad_norm": config.train.max_grad_norm,
         "version": env!("CARGO_PKG_VERSION"),
         // what a cached warm-up means: 2 = it ends with the best-validation-accuracy weights;
-        // 3 = it carries a manifest of checksums
-        "format": 3,
+        // 3 = it carries a manifest of checksums; 4 = keyed by the task's data
+        "format": 4,
     });
     let hash = areal_sdk::stable_hash(&key.to_string());
     Some(Path::new(&config.warmup.cache_dir).join(format!("{hash:016x}")))
@@ -47,8 +50,6 @@ pub(super) fn path(config: &Config) -> Option<PathBuf> {
 
 /// File of a cached warm-up's report.
 const REPORT_FILE: &str = "warmup.json";
-/// File of a cached warm-up's checksums: `{"file": "sha256", ...}` of every other file.
-const MANIFEST_FILE: &str = "manifest.json";
 
 /// Read a cached warm-up's report, if the folder holds a complete one: every file its
 /// manifest lists is there with its checksum. A damaged cache (truncated, edited, half
@@ -67,29 +68,9 @@ pub(super) fn read(dir: &Path) -> Option<WarmupReport> {
 }
 
 fn verify_cache(dir: &Path) -> Result<WarmupReport, String> {
-    let manifest = std::fs::read_to_string(dir.join(MANIFEST_FILE))
-        .map_err(|e| format!("no {MANIFEST_FILE}: {e}"))?;
-    let manifest: std::collections::BTreeMap<String, String> =
-        serde_json::from_str(&manifest).map_err(|e| format!("{MANIFEST_FILE}: {e}"))?;
-    if !manifest.contains_key(REPORT_FILE) {
-        return Err(format!("{MANIFEST_FILE} does not list {REPORT_FILE}"));
-    }
-    for (file, sum) in &manifest {
-        let bytes = std::fs::read(dir.join(file)).map_err(|e| format!("{file}: {e}"))?;
-        if sha256(&bytes) != *sum {
-            return Err(format!("{file} does not match its checksum"));
-        }
-    }
+    crate::manifest::verify(dir, REPORT_FILE)?;
     let text = std::fs::read_to_string(dir.join(REPORT_FILE)).map_err(|e| e.to_string())?;
     serde_json::from_str(&text).map_err(|e| format!("{REPORT_FILE}: {e}"))
-}
-
-fn sha256(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// Save the policy, the report and their manifest into `dir`, atomically: a warm-up cache is
@@ -108,22 +89,7 @@ pub(super) async fn write(
     let json = serde_json::to_string_pretty(report).expect("the report serialises");
     let path = tmp.join(REPORT_FILE);
     std::fs::write(&path, json).map_err(|e| EngineError::io(&path, e))?;
-    let mut manifest = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(&tmp).map_err(|e| EngineError::io(&tmp, e))? {
-        let path = entry.map_err(|e| EngineError::io(&tmp, e))?.path();
-        if path.is_file() {
-            let bytes = std::fs::read(&path).map_err(|e| EngineError::io(&path, e))?;
-            let name = path
-                .file_name()
-                .expect("a file in the folder")
-                .to_string_lossy()
-                .into_owned();
-            manifest.insert(name, sha256(&bytes));
-        }
-    }
-    let json = serde_json::to_string_pretty(&manifest).expect("the manifest serialises");
-    let path = tmp.join(MANIFEST_FILE);
-    std::fs::write(&path, json).map_err(|e| EngineError::io(&path, e))?;
+    crate::manifest::write(&tmp)?;
     staged
         .commit()
         .map_err(|e| EngineError::io(e.path, e.source))
@@ -135,7 +101,7 @@ mod tests {
 
     fn path(sets: &[&str]) -> std::path::PathBuf {
         let config = ConfigLoader::new().set_all(sets).unwrap().load().unwrap();
-        super::path(&config).expect("caching is on by default")
+        super::path(&config, "data").expect("caching is on by default")
     }
 
     /// A remote reward's endpoints change with every launch; what it grades does not.
@@ -153,5 +119,13 @@ mod tests {
         );
         assert_ne!(remote("http://127.0.0.1:4001"), path(&[]));
         assert_ne!(path(&[]), path(&["reward.kind=math"]));
+    }
+
+    /// The same config over other data (a dataset edited in place) is another warm-up.
+    #[test]
+    fn the_task_data_is_part_of_the_key() {
+        let config = ConfigLoader::new().load().unwrap();
+        assert_ne!(super::path(&config, "a"), super::path(&config, "b"));
+        assert_eq!(super::path(&config, "a"), super::path(&config, "a"));
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use areal_sdk::{PluginError, Split, Task, Tokenizer, mix_seed};
+use serde::{Deserialize, Serialize};
 
 use crate::context::RunContext;
 use crate::error::EngineError;
@@ -16,13 +17,49 @@ use crate::trainer::sft::Example;
 
 mod cache;
 
+/// Where a warm-up is, as a checkpoint holds it: everything its loop carries from one step to
+/// the next (the policy and optimizer are saved beside it, and the best weights so far).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WarmupProgress {
+    /// Steps trained.
+    pub(crate) steps: u64,
+    /// Best validation accuracy and loss so far (none before the first evaluation).
+    best: Option<f64>,
+    best_loss: Option<f64>,
+    /// Evaluations in a row without improvement.
+    since_best: u32,
+    /// The step of the best weights, saved (0: none saved yet).
+    best_step: u64,
+    /// False once the policy said it cannot save.
+    can_snapshot: bool,
+    /// Every evaluation.
+    curve: Vec<WarmupMetrics>,
+    /// Loss and demonstration tokens since the last evaluation.
+    loss_sum: f64,
+    tokens: usize,
+    /// Seconds the warm-up ran before this process.
+    seconds: f64,
+}
+
 /// Reuse a cached warm-up, or train on demonstrations until validation accuracy stops
-/// improving (and cache the result). The generator is left holding the warmed-up weights
-/// (version 0).
-pub(crate) async fn warm_up(ctx: &mut RunContext) -> Result<WarmupReport, EngineError> {
-    let report = match reuse(ctx).await? {
-        Some(report) => report,
-        None => train(ctx).await?,
+/// improving (and cache the result); go on from `resumed` (a checkpoint's progress and its
+/// best weights) when given. The generator is left holding the warmed-up weights (version 0).
+pub(crate) async fn warm_up(
+    ctx: &mut RunContext,
+    resumed: Option<(WarmupProgress, Option<tempfile::TempDir>)>,
+) -> Result<WarmupReport, EngineError> {
+    let report = match resumed {
+        Some((progress, best)) => train(ctx, progress, best).await?,
+        None => match reuse(ctx).await? {
+            Some(report) => report,
+            None => {
+                let fresh = WarmupProgress {
+                    can_snapshot: true,
+                    ..WarmupProgress::default()
+                };
+                train(ctx, fresh, None).await?
+            }
+        },
     };
     ctx.load_generator(0, "the warmed-up weights").await?;
     Ok(report)
@@ -30,7 +67,7 @@ pub(crate) async fn warm_up(ctx: &mut RunContext) -> Result<WarmupReport, Engine
 
 /// The cached warm-up for these settings, loaded into the policy, if there is a sound one.
 async fn reuse(ctx: &mut RunContext) -> Result<Option<WarmupReport>, EngineError> {
-    let Some(dir) = cache::path(&ctx.config) else {
+    let Some(dir) = cache::path(&ctx.config, &ctx.task_fingerprint) else {
         return Ok(None);
     };
     let Some(mut report) = cache::read(&dir) else {
@@ -55,8 +92,12 @@ async fn reuse(ctx: &mut RunContext) -> Result<Option<WarmupReport>, EngineError
     }
 }
 
-/// Warm up from scratch.
-async fn train(ctx: &mut RunContext) -> Result<WarmupReport, EngineError> {
+/// Warm up from `progress` (from scratch, or a checkpoint's with its best weights in `best`).
+async fn train(
+    ctx: &mut RunContext,
+    mut p: WarmupProgress,
+    best: Option<tempfile::TempDir>,
+) -> Result<WarmupReport, EngineError> {
     let w = ctx.config.warmup.clone();
     let started = Instant::now();
     let tokenizer = ctx.controller.runner().tokenizer().clone();
@@ -73,26 +114,26 @@ async fn train(ctx: &mut RunContext) -> Result<WarmupReport, EngineError> {
         Split::Validation,
         0..validation_items,
     )?);
-    let (mut best, mut best_loss, mut since_best, mut plateau) =
-        (f64::NEG_INFINITY, f64::INFINITY, 0u32, false);
     // The weights with the best validation accuracy so far: the warm-up ends with them, so the
     // baseline is the best the demonstrations gave, not wherever the last step happened to be.
-    let snapshots = tempfile::tempdir().map_err(|e| EngineError::io("(temp dir)", e))?;
-    let best_dir = snapshots.path().join("best");
-    let (mut best_step, mut can_snapshot) = (0u64, true);
-    let (mut loss_sum, mut tokens, mut window) = (0.0, 0usize, Instant::now());
-    let mut curve = Vec::new();
-    let mut steps = 0;
+    let snapshots = match best {
+        Some(dir) => dir,
+        None => tempfile::tempdir().map_err(|e| EngineError::io("(temp dir)", e))?,
+    };
+    let best_dir = snapshots.path().to_owned();
+    let mut window = Instant::now();
+    let mut plateau = false;
     let mut interrupted = false;
-    while steps < w.max_steps {
+    let seconds = |p: &WarmupProgress| p.seconds + started.elapsed().as_secs_f64();
+    while p.steps < w.max_steps {
         if ctx.interrupt.is_requested() {
             interrupted = true;
             break;
         }
-        steps += 1;
-        let indices: Vec<u64> = (0..w.batch_size)
-            .map(|_| first + order.next_index())
+        let indices: Vec<u64> = (0..w.batch_size as u64)
+            .map(|i| first + order.index(p.steps * w.batch_size as u64 + i))
             .collect();
+        p.steps += 1;
         let batch = examples(
             task.as_ref(),
             tokenizer.as_ref(),
@@ -100,25 +141,25 @@ async fn train(ctx: &mut RunContext) -> Result<WarmupReport, EngineError> {
             indices.into_iter(),
         )?;
         let (loss, n) = ctx.worker.sft_step(batch).await?;
-        loss_sum += loss * n as f64;
-        tokens += n;
-        if steps % w.eval_every != 0 && steps != w.max_steps {
+        p.loss_sum += loss * n as f64;
+        p.tokens += n;
+        if p.steps % w.eval_every != 0 && p.steps != w.max_steps {
             continue;
         }
         ctx.load_generator(0, "warm-up weights").await?;
-        let eval = ctx.evaluate(Split::Validation, steps, 0).await?;
+        let eval = ctx.evaluate(Split::Validation, p.steps, 0).await?;
         let validation_loss = ctx.worker.validation_loss(validation.clone()).await?;
         let m = WarmupMetrics {
-            step: steps,
-            loss: loss_sum / tokens.max(1) as f64,
+            step: p.steps,
+            loss: p.loss_sum / p.tokens.max(1) as f64,
             validation_accuracy: eval.accuracy,
             validation_loss,
-            seconds: started.elapsed().as_secs_f64(),
-            tokens_per_s: tokens as f64 / window.elapsed().as_secs_f64().max(1e-9),
+            seconds: seconds(&p),
+            tokens_per_s: p.tokens as f64 / window.elapsed().as_secs_f64().max(1e-9),
         };
         tracing::info!(
             target: "areal::warmup",
-            step = steps,
+            step = p.steps,
             loss = m.loss,
             validation_loss,
             validation_accuracy = m.validation_accuracy,
@@ -127,31 +168,38 @@ async fn train(ctx: &mut RunContext) -> Result<WarmupReport, EngineError> {
         ctx.log.record("warmup", &m)?;
         ctx.log.warmup_point(ctx.wall_s(), m.validation_accuracy);
         ctx.observer.on_warmup(&m);
-        curve.push(m);
-        (loss_sum, tokens, window) = (0.0, 0, Instant::now());
+        p.curve.push(m);
+        (p.loss_sum, p.tokens, window) = (0.0, 0, Instant::now());
+        let best = p.best.unwrap_or(f64::NEG_INFINITY);
+        let best_loss = p.best_loss.unwrap_or(f64::INFINITY);
         let accuracy_improved = eval.accuracy >= best + w.min_delta;
         let loss_improved = validation_loss <= best_loss * (1.0 - w.min_loss_improvement);
-        if eval.accuracy > best && can_snapshot {
+        if eval.accuracy > best && p.can_snapshot {
             match ctx.worker.save(best_dir.clone()).await? {
-                Ok(()) => best_step = steps,
-                Err(e) if e.is_unsupported() => can_snapshot = false,
+                Ok(()) => p.best_step = p.steps,
+                Err(e) if e.is_unsupported() => p.can_snapshot = false,
                 Err(e) => return Err(EngineError::plugin("saving the best warm-up weights", e)),
             }
         }
-        best = best.max(eval.accuracy);
-        best_loss = best_loss.min(validation_loss);
+        p.best = Some(best.max(eval.accuracy));
+        p.best_loss = Some(best_loss.min(validation_loss));
         if accuracy_improved || loss_improved {
-            since_best = 0;
+            p.since_best = 0;
         } else {
-            since_best += 1;
-            if since_best >= w.patience {
+            p.since_best += 1;
+            if p.since_best >= w.patience {
                 plateau = true;
                 break;
             }
         }
+        checkpoint(ctx, &p, started, &best_dir).await?;
     }
-    let last_step = curve.last().map_or(0, |m| m.step);
-    if can_snapshot && best_step > 0 && best_step != last_step {
+    if interrupted {
+        checkpoint(ctx, &p, started, &best_dir).await?;
+    }
+    let last_step = p.curve.last().map_or(0, |m| m.step);
+    let mut best_step = p.best_step;
+    if p.can_snapshot && best_step > 0 && best_step != last_step {
         ctx.worker
             .load(best_dir)
             .await?
@@ -160,23 +208,38 @@ async fn train(ctx: &mut RunContext) -> Result<WarmupReport, EngineError> {
         best_step = last_step;
     }
     let report = WarmupReport {
-        steps,
-        seconds: started.elapsed().as_secs_f64(),
+        steps: p.steps,
+        seconds: seconds(&p),
         best_step,
-        validation_accuracy: curve.last().map_or(0.0, |m| m.validation_accuracy),
-        best_validation_accuracy: best.max(0.0),
+        validation_accuracy: p.curve.last().map_or(0.0, |m| m.validation_accuracy),
+        best_validation_accuracy: p.best.unwrap_or(0.0).max(0.0),
         plateau,
-        curve,
+        curve: p.curve,
         cached: false,
     };
     // A cache is only a saving: failing to write one costs the next run time, not this run.
-    if let Some(dir) = cache::path(&ctx.config)
+    if let Some(dir) = cache::path(&ctx.config, &ctx.task_fingerprint)
         && !interrupted
         && let Err(e) = cache::write(&dir, &ctx.worker, &report).await
     {
         tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %crate::error::chain(&e), "cannot cache the warm-up; the next run with these settings warms up again");
     }
     Ok(report)
+}
+
+/// A resume checkpoint of the warm-up at `p` (its best weights from `best_dir`, if saved).
+async fn checkpoint(
+    ctx: &mut RunContext,
+    p: &WarmupProgress,
+    started: Instant,
+    best_dir: &std::path::Path,
+) -> Result<(), EngineError> {
+    let progress = WarmupProgress {
+        seconds: p.seconds + started.elapsed().as_secs_f64(),
+        ..p.clone()
+    };
+    let best = (p.best_step > 0).then_some(best_dir);
+    crate::resume::save(ctx, crate::resume::Stage::Warmup(progress), best).await
 }
 
 /// The examples of one step.

@@ -1,0 +1,46 @@
+//! Kill points for tests of resuming: `AREAL_FAILPOINT=NAME[:N]` kills the process with
+//! SIGKILL (as `kill -9` does: no clean-up, no flush) the `N`-th time (by default the first)
+//! the run reaches the point `NAME`:
+//!
+//! - `rollout`: a sample's part was recorded (during generation);
+//! - `train`: a training step was computed but not yet handed back;
+//! - `checkpoint`: a resume checkpoint's files are written, not yet put in place.
+//!
+//! Without the variable a point costs one atomic load.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Armed {
+    name: String,
+    at: u64,
+    hits: AtomicU64,
+}
+
+fn armed() -> Option<&'static Armed> {
+    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| {
+            let spec = std::env::var("AREAL_FAILPOINT").ok()?;
+            let (name, at) = match spec.split_once(':') {
+                Some((name, n)) => (name, n.parse().ok()?),
+                None => (spec.as_str(), 1),
+            };
+            Some(Armed {
+                name: name.to_owned(),
+                at,
+                hits: AtomicU64::new(0),
+            })
+        })
+        .as_ref()
+}
+
+/// The run reached the point `name`.
+pub(crate) fn hit(name: &str) {
+    let Some(armed) = armed() else { return };
+    if armed.name == name && armed.hits.fetch_add(1, Ordering::SeqCst) + 1 == armed.at {
+        tracing::warn!(target: "areal::engine", failpoint = name, "AREAL_FAILPOINT: killing the process");
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    }
+}

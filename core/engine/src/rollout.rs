@@ -1,0 +1,348 @@
+//! The rollout state: the admission counters, the groups in flight with what each sample has
+//! so far, the replay buffer and the data-order cursor. The controller keeps it under one lock,
+//! so that a snapshot of it (what a checkpoint holds) is consistent: every group is in flight,
+//! in the buffer, trained or rejected, and never two of these.
+
+use std::collections::BTreeMap;
+
+use areal_sdk::{Completion, PolicyVersion, Reward, SamplingParams, Split, Task, TrajectoryGroup};
+use serde::{Deserialize, Serialize};
+
+use crate::buffer::ReplayBuffer;
+use crate::config::Config;
+use crate::group_runner::{GroupSpec, SampleProgress};
+use crate::order::DataOrder;
+use crate::staleness::{AdmissionCounts, StalenessManager};
+
+/// A group generating: what it was asked and where each of its samples is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RunningGroup {
+    /// What the group is asked to do.
+    pub(crate) spec: GroupSpec,
+    /// Its item's index in the train split.
+    pub(crate) item_index: u64,
+    /// Each sample's progress.
+    pub(crate) samples: Vec<SampleProgress>,
+}
+
+/// How a group in flight ended.
+pub(crate) enum Outcome {
+    /// Into the buffer.
+    Accepted(TrajectoryGroup),
+    /// Filtered by the algorithm (its samples are dropped).
+    Filtered,
+    /// Generation or every reward failed (its samples are dropped).
+    Failed,
+}
+
+/// The whole rollout state, as a checkpoint holds it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RolloutSnapshot {
+    /// The admission counters (`running` = the groups in `running`).
+    pub(crate) counts: AdmissionCounts,
+    /// The next group's id, which is also the data-order cursor.
+    pub(crate) next_group: u64,
+    /// Groups failed in a row.
+    pub(crate) consecutive_failures: usize,
+    /// Samples admitted and dropped: in rejected groups, or their reward lost.
+    pub(crate) dropped_samples: u64,
+    /// Groups in flight, oldest first.
+    pub(crate) running: Vec<RunningGroup>,
+    /// Accepted groups not yet trained, oldest first.
+    pub(crate) buffer: Vec<TrajectoryGroup>,
+}
+
+/// The rollout state of a run.
+pub(crate) struct RolloutState {
+    admission: StalenessManager,
+    buffer: ReplayBuffer,
+    running: BTreeMap<u64, RunningGroup>,
+    next_group: u64,
+    consecutive_failures: usize,
+    dropped_samples: u64,
+    order: DataOrder,
+    group_size: usize,
+    max_new_tokens: usize,
+    sampling: SamplingParams,
+}
+
+impl RolloutState {
+    /// The state at the start of RL for `config`, drawing items of `task`'s train split.
+    pub(crate) fn new(config: &Config, task: &dyn Task) -> Self {
+        let r = &config.rollout;
+        Self {
+            admission: StalenessManager::new(
+                r.batch_size as u64,
+                r.max_staleness,
+                r.max_concurrent as u64,
+            ),
+            buffer: ReplayBuffer::new(),
+            running: BTreeMap::new(),
+            next_group: 0,
+            consecutive_failures: 0,
+            dropped_samples: 0,
+            order: DataOrder::new(task.len(Split::Train), areal_sdk::mix_seed(config.seed, 6)),
+            group_size: r.group_size,
+            max_new_tokens: r.max_new_tokens,
+            sampling: SamplingParams {
+                temperature: r.temperature,
+                top_p: r.top_p,
+                seed: config.seed,
+            },
+        }
+    }
+
+    /// The state `snapshot` recorded, for `config` (whose `[rollout]` sizes may differ from the
+    /// snapshot's run only where resuming allows it).
+    pub(crate) fn restore(config: &Config, task: &dyn Task, snapshot: RolloutSnapshot) -> Self {
+        let mut state = Self::new(config, task);
+        let mut counts = snapshot.counts;
+        counts.running = snapshot.running.len() as u64;
+        state.admission.restore(counts);
+        state.next_group = snapshot.next_group;
+        state.consecutive_failures = snapshot.consecutive_failures;
+        state.dropped_samples = snapshot.dropped_samples;
+        state.running = snapshot
+            .running
+            .into_iter()
+            .map(|g| (g.spec.group_id, g))
+            .collect();
+        for group in snapshot.buffer {
+            state.buffer.push(group);
+        }
+        state
+    }
+
+    /// A copy of everything, for a checkpoint.
+    pub(crate) fn snapshot(&self) -> RolloutSnapshot {
+        RolloutSnapshot {
+            counts: self.admission.counts(),
+            next_group: self.next_group,
+            consecutive_failures: self.consecutive_failures,
+            dropped_samples: self.dropped_samples,
+            running: self.running.values().cloned().collect(),
+            buffer: self.buffer.groups().cloned().collect(),
+        }
+    }
+
+    /// Admit a new group if the staleness rule allows it: the group, in flight from now on.
+    pub(crate) fn admit(&mut self) -> Option<RunningGroup> {
+        if !self.admission.try_admit() {
+            return None;
+        }
+        let group_id = self.next_group;
+        self.next_group += 1;
+        let group = RunningGroup {
+            spec: GroupSpec {
+                group_id,
+                group_size: self.group_size,
+                max_new_tokens: self.max_new_tokens,
+                sampling: self.sampling.clone(),
+                admitted_at: self.admission.counts().version,
+            },
+            item_index: self.order.index(group_id),
+            samples: vec![SampleProgress::default(); self.group_size],
+        };
+        self.running.insert(group_id, group.clone());
+        Some(group)
+    }
+
+    /// The groups in flight, oldest first.
+    pub(crate) fn running(&self) -> impl Iterator<Item = &RunningGroup> {
+        self.running.values()
+    }
+
+    /// Sample `j` of group `group_id` got `part`; `done`: its completion is final. (Nothing
+    /// happens for a group no longer in flight: a task that outlived its group.)
+    pub(crate) fn generated(&mut self, group_id: u64, j: usize, part: &Completion, done: bool) {
+        if let Some(sample) = self.sample(group_id, j) {
+            sample.completion.extend(part.clone());
+            sample.done = done;
+        }
+        crate::failpoint::hit("rollout");
+    }
+
+    /// Sample `j` of group `group_id` was rewarded.
+    pub(crate) fn rewarded(&mut self, group_id: u64, j: usize, reward: &Reward) {
+        if let Some(sample) = self.sample(group_id, j) {
+            sample.reward = Some(reward.clone());
+        }
+    }
+
+    fn sample(&mut self, group_id: u64, j: usize) -> Option<&mut SampleProgress> {
+        self.running
+            .get_mut(&group_id)
+            .and_then(|g| g.samples.get_mut(j))
+    }
+
+    /// Group `group_id` ended with `outcome`: it leaves the groups in flight, an accepted one
+    /// goes into the buffer; the admission counters and the failure streak follow. Returns the
+    /// failure streak.
+    pub(crate) fn settle(&mut self, group_id: u64, outcome: Outcome) -> usize {
+        let Some(group) = self.running.remove(&group_id) else {
+            return self.consecutive_failures;
+        };
+        let accepted = match outcome {
+            Outcome::Accepted(trained) => {
+                self.dropped_samples += (group.spec.group_size - trained.samples.len()) as u64;
+                self.buffer.push(trained);
+                self.consecutive_failures = 0;
+                true
+            }
+            Outcome::Filtered => {
+                self.dropped_samples += group.spec.group_size as u64;
+                self.consecutive_failures = 0;
+                false
+            }
+            Outcome::Failed => {
+                self.dropped_samples += group.spec.group_size as u64;
+                self.consecutive_failures += 1;
+                false
+            }
+        };
+        self.admission.finish(accepted);
+        self.consecutive_failures
+    }
+
+    /// The `n` oldest accepted groups, if `n` are waiting.
+    pub(crate) fn take(&mut self, n: usize) -> Option<Vec<TrajectoryGroup>> {
+        self.buffer.try_take(n)
+    }
+
+    /// The generators now hold `version`.
+    pub(crate) fn set_version(&mut self, version: PolicyVersion) {
+        self.admission.set_version(version);
+    }
+
+    /// The admission counters.
+    pub(crate) fn counts(&self) -> AdmissionCounts {
+        self.admission.counts()
+    }
+
+    /// Groups waiting in the buffer.
+    pub(crate) fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// What became of every sample admitted so far.
+    pub(crate) fn ledger(&self) -> SampleLedger {
+        let buffered: usize = self.buffer.groups().map(|g| g.samples.len()).sum();
+        SampleLedger {
+            admitted: self.next_group * self.group_size as u64,
+            dropped: self.dropped_samples,
+            pending: (self.running.len() * self.group_size + buffered) as u64,
+        }
+    }
+}
+
+/// Sample counts of a run's rollout state: every admitted sample is trained, dropped or
+/// pending, so `admitted = trained + dropped + pending`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SampleLedger {
+    /// Samples admitted (in every group admitted so far).
+    pub(crate) admitted: u64,
+    /// In rejected groups, or their reward lost.
+    pub(crate) dropped: u64,
+    /// In flight or in the buffer.
+    pub(crate) pending: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use areal_sdk::{FinishReason, Trajectory, Verdict};
+
+    use super::*;
+
+    fn config() -> Config {
+        crate::config::ConfigLoader::new()
+            .set_all([
+                "rollout.batch_size=2",
+                "rollout.group_size=3",
+                "rollout.max_staleness=1",
+                "rollout.max_concurrent=3",
+            ])
+            .unwrap()
+            .load()
+            .unwrap()
+    }
+
+    struct Items;
+
+    impl Task for Items {
+        fn name(&self) -> &str {
+            "items"
+        }
+        fn len(&self, _: Split) -> Option<usize> {
+            Some(5)
+        }
+        fn item(
+            &self,
+            _: Split,
+            index: u64,
+        ) -> Result<areal_sdk::TaskItem, areal_sdk::PluginError> {
+            Ok(areal_sdk::TaskItem {
+                id: index.to_string(),
+                prompt: "p".into(),
+                reference: serde_json::Value::Null,
+            })
+        }
+    }
+
+    fn accepted(group: &RunningGroup, kept: usize) -> Outcome {
+        Outcome::Accepted(TrajectoryGroup {
+            group_id: group.spec.group_id,
+            item_id: group.item_index.to_string(),
+            prompt_ids: vec![1],
+            admitted_at: group.spec.admitted_at,
+            samples: (0..kept)
+                .map(|j| Trajectory {
+                    sample_id: group.spec.sample_id(j),
+                    completion: Completion::empty(FinishReason::Stop),
+                    reward: Reward::new(1.0, Verdict::Accepted),
+                })
+                .collect(),
+        })
+    }
+
+    /// A snapshot restores to a state that goes on exactly as the original does, partial
+    /// samples, buffer, counters and data cursor included.
+    #[test]
+    fn a_restored_state_goes_on_as_the_original() {
+        let config = config();
+        let mut state = RolloutState::new(&config, &Items);
+        let groups: Vec<RunningGroup> = std::iter::from_fn(|| state.admit()).collect();
+        assert_eq!(groups.len(), 3, "max_concurrent");
+        let mut part = Completion::empty(FinishReason::Interrupted);
+        part.push(4, -0.25, 0);
+        state.generated(1, 2, &part, false);
+        state.rewarded(1, 0, &Reward::new(0.5, Verdict::WrongAnswer));
+        assert_eq!(state.settle(0, accepted(&groups[0], 2)), 0);
+        assert_eq!(state.settle(2, Outcome::Failed), 1);
+        let snapshot = state.snapshot();
+        let json = serde_json::to_string(&snapshot).unwrap();
+        let back: RolloutSnapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, snapshot);
+        let mut restored = RolloutState::restore(&config, &Items, back);
+        assert_eq!(restored.snapshot(), snapshot);
+        assert_eq!(restored.ledger(), state.ledger());
+        assert_eq!(
+            state.ledger(),
+            SampleLedger {
+                admitted: 9,
+                dropped: 1 + 3,
+                pending: 3 + 2,
+            }
+        );
+        let partial = &restored.running().next().unwrap().samples[2];
+        assert_eq!(partial.completion.token_ids, vec![4]);
+        assert!(!partial.done);
+        for s in [&mut state, &mut restored] {
+            let next: Vec<_> = std::iter::from_fn(|| s.admit()).collect();
+            assert_eq!(next.len(), 2);
+        }
+        assert_eq!(restored.snapshot(), state.snapshot());
+        let ids = |s: &mut RolloutState| s.take(1).map(|b| b[0].group_id);
+        assert_eq!(ids(&mut restored), Some(0));
+        assert_eq!(ids(&mut state), Some(0));
+    }
+}
