@@ -123,6 +123,7 @@ async fn the_default_pipeline_runs_end_to_end_and_reuses_its_warm_up() {
         sampling: SamplingParams::greedy(),
         max_new_tokens: config.rollout.max_new_tokens,
         concurrency: config.rollout.max_concurrent * config.rollout.group_size,
+        batched: false,
     };
     let outcome = evaluate_checkpoint(
         &config,

@@ -3,7 +3,7 @@
 //! the run reaches the point `NAME`:
 //!
 //! - `rollout`: a sample's part was recorded (during generation);
-//! - `train`: a training step was computed but not yet handed back;
+//! - `train`: a training step (warm-up or RL) was computed but not yet handed back;
 //! - `checkpoint`: a resume checkpoint's files are written, not yet put in place.
 //!
 //! Without the variable a point costs one atomic load.

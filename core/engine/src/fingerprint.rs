@@ -42,3 +42,49 @@ pub(crate) fn task_fingerprint(task: &dyn Task) -> Result<String, EngineError> {
     }
     Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use areal_sdk::TaskItem;
+
+    use super::*;
+
+    /// A dataset in memory, editable in place.
+    struct Rows(Mutex<Vec<String>>);
+
+    impl Task for Rows {
+        fn name(&self) -> &str {
+            "rows"
+        }
+        fn len(&self, split: Split) -> Option<usize> {
+            match split {
+                Split::Train => Some(self.0.lock().unwrap().len()),
+                _ => Some(1),
+            }
+        }
+        fn item(&self, _: Split, index: u64) -> Result<TaskItem, PluginError> {
+            let rows = self.0.lock().unwrap();
+            Ok(TaskItem {
+                id: index.to_string(),
+                prompt: rows[index as usize % rows.len()].clone(),
+                reference: serde_json::json!(index),
+            })
+        }
+    }
+
+    #[test]
+    fn editing_one_item_changes_the_checksum() {
+        let task = Rows(Mutex::new(vec!["1+1=".into(), "2+2=".into()]));
+        let before = task_fingerprint(&task).unwrap();
+        assert_eq!(before.len(), 64);
+        assert_eq!(task_fingerprint(&task).unwrap(), before);
+        task.0.lock().unwrap()[1] = "2+3=".into();
+        assert_ne!(task_fingerprint(&task).unwrap(), before);
+        task.0.lock().unwrap()[1] = "2+2=".into();
+        assert_eq!(task_fingerprint(&task).unwrap(), before);
+        task.0.lock().unwrap().push("3+3=".into());
+        assert_ne!(task_fingerprint(&task).unwrap(), before);
+    }
+}

@@ -285,6 +285,7 @@ impl State {
                     max_grad_norm(t),
                     t.token_budget,
                 );
+                crate::failpoint::hit("train");
                 let _ = reply.send(result);
             }
             Command::ValidationLoss { examples, reply } => {

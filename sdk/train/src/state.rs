@@ -16,7 +16,7 @@ use burn::optim::ModuleOptimizer;
 use burn::tensor::{Bytes, Tensor, TensorData};
 
 use crate::module::module_weights;
-use crate::weights_file::{WeightsFileError, read_safetensors, write_safetensors};
+use crate::weights_file::{WeightsFileError, read_safetensors, write_replacing, write_safetensors};
 
 /// File of the parameters in a state folder.
 pub const PARAMETERS_FILE: &str = "parameters.safetensors";
@@ -85,7 +85,7 @@ pub fn save_state<M: Module>(
             "cannot key the optimizer's state by parameter: {e}"
         ))
     })?;
-    write_file(&path, &rekeyed).map_err(|e| error(format!("cannot write: {e}")))
+    write_replacing(&path, &rekeyed).map_err(|e| error(format!("cannot write: {e}")))
 }
 
 /// `module` with the parameters saved in `dir` and, when `optimizer` is given, the optimizer
@@ -257,14 +257,6 @@ fn check_paths(bytes: &[u8], expected: &BTreeMap<String, String>) -> Result<(), 
             }
         }
     }
-    Ok(())
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let mut staged = tempfile::NamedTempFile::new_in(dir.unwrap_or(Path::new(".")))?;
-    std::io::Write::write_all(&mut staged, bytes)?;
-    staged.persist(path).map_err(|e| e.error)?;
     Ok(())
 }
 

@@ -60,15 +60,27 @@ pub fn write_safetensors(
     metadata.insert("format".to_owned(), "pt".to_owned());
     let serialized = safetensors::serialize(views, Some(metadata))
         .map_err(|e| format(format!("cannot serialise: {e}")))?;
-    let io = |source| WeightsFileError::Io {
+    write_replacing(path, &serialized).map_err(|source| WeightsFileError::Io {
         action: "write",
         path: path.to_owned(),
         source,
-    };
+    })
+}
+
+/// Write `bytes` to `path` through a temporary file renamed over it, so that a reader sees
+/// the old file or the whole new one, with the permissions a plain create gives (the
+/// umask's, not a temporary file's owner-only ones).
+pub(crate) fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let mut staged = tempfile::NamedTempFile::new_in(dir.unwrap_or(Path::new("."))).map_err(io)?;
-    std::io::Write::write_all(&mut staged, &serialized).map_err(io)?;
-    staged.persist(path).map_err(|e| io(e.error))?;
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut staged = builder.tempfile_in(dir.unwrap_or(Path::new(".")))?;
+    std::io::Write::write_all(&mut staged, bytes)?;
+    staged.persist(path).map_err(|e| e.error)?;
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! `areal bench`: measured tables, never pass/fail. `sandbox` (the wasm sandbox against
 //! native, unsandboxed Python), `controller` (the engine alone), `fleet` (one trainer and many generator servers), `async-vs-sync` (the paper's
-//! claims) and `math` (the maths verifier). Every bench that trains builds its runs through
+//! claims), `math` (the maths verifier) and `resume` (runs killed and resumed). Every bench that trains builds its runs through
 //! [`areal_core::resolve`], as `areal train` does; their statistics come from [`stats`].
 
 use clap::Subcommand;
@@ -9,6 +9,7 @@ mod async_vs_sync;
 mod controller;
 mod fleet;
 mod math;
+mod resume;
 mod sandbox;
 mod stats;
 
@@ -35,6 +36,11 @@ pub(crate) enum BenchCommand {
     /// on pairs that are equal but written differently and on perturbed (unequal) pairs, with
     /// Math-Verify (Python) on the same pairs when it is installed.
     Math(math::BenchMathArgs),
+    /// A job killed K times at random moments (SIGKILL) and resumed each time, against the
+    /// same job left alone, in deterministic mode and by default: final weights' sha256,
+    /// samples lost or trained twice, steps trained again; and the time and size of one
+    /// checkpoint for the job's model and a ~10 M-parameter one.
+    Resume(resume::BenchResumeArgs),
 }
 
 pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -44,5 +50,6 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Fleet(args) => fleet::run(args),
         BenchCommand::AsyncVsSync(args) => async_vs_sync::run(args),
         BenchCommand::Math(args) => math::run(args),
+        BenchCommand::Resume(args) => resume::run(args),
     }
 }

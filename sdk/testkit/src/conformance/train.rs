@@ -10,7 +10,9 @@ use areal_sdk_train::{
 
 /// Check a policy on some token sequences: logprob shape and range, the zero at each sequence
 /// start, no-grad equal to grad, packing invariance (a sequence's logprobs do not depend on
-/// what is packed beside it), exported weights, and that a step on −Σ logprob raises it.
+/// what is packed beside it), exported weights, that a step on −Σ logprob raises it, and, for
+/// a policy that saves its training state, that a step after restoring it is the same step
+/// bit for bit.
 pub fn check_policy(
     policy: &mut dyn Policy,
     optimizer: &mut ModuleOptimizer,
@@ -108,6 +110,44 @@ pub fn check_policy(
         weights,
         "{name}: weights did not change after a step"
     );
+
+    // Exact resume, if the policy supports it: its state saved now and restored after another
+    // step makes that step again, bit for bit (parameters and optimizer state both restored).
+    let dir = tempfile::tempdir().expect("a temp dir");
+    match policy.save_state(Some(optimizer), dir.path()) {
+        Err(e) if e.is_unsupported() => return,
+        Err(e) => panic!("{name}: save_state: {e}"),
+        Ok(()) => {}
+    }
+    let saved = policy.weights();
+    let step = |policy: &mut dyn Policy, optimizer: &mut ModuleOptimizer| {
+        let loss = policy.logprobs(&batch).expect("logprobs").sum().neg();
+        policy.backward(loss).expect("backward");
+        policy.step(optimizer, 1e-2, Some(1.0)).expect("step");
+        bits(&policy.weights())
+    };
+    let once = step(policy, optimizer);
+    policy
+        .load_state(Some(optimizer), dir.path())
+        .unwrap_or_else(|e| panic!("{name}: load_state: {e}"));
+    assert_eq!(
+        bits(&policy.weights()),
+        bits(&saved),
+        "{name}: load_state restored other weights"
+    );
+    let again = step(policy, optimizer);
+    assert!(
+        once == again,
+        "{name}: the step after load_state differs from the step after save_state (is the optimizer's state restored?)"
+    );
+}
+
+/// Every weight's values as bits, by name.
+fn bits(weights: &[areal_sdk::NamedTensor]) -> Vec<(String, Vec<u32>)> {
+    weights
+        .iter()
+        .map(|w| (w.name.clone(), w.data.iter().map(|x| x.to_bits()).collect()))
+        .collect()
 }
 
 /// Check an algorithm on finished groups: advantages have the right shape and are finite, and

@@ -1,7 +1,9 @@
 //! The `areal` binary: plugin listing, a short training run, config errors, code and maths
-//! grading, benches.
+//! grading, benches, resuming runs (`resume.rs`).
 
 use std::process::{Command, Output};
+
+mod resume;
 
 fn areal(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_areal"))
