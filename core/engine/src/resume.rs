@@ -122,6 +122,10 @@ fn order(name: &str) -> Option<(u8, u64)> {
 /// Write a checkpoint of `stage` for the run of `ctx` (nothing without a run folder, or with
 /// `checkpoint.every = 0`). The warm-up's best weights so far are copied from `best` when
 /// given. Older checkpoints beyond `checkpoint.keep` are removed once it is in place.
+///
+/// A checkpoint that cannot be written (a full disk, say) is a warning, not the run's end:
+/// nothing of it is left, the ones before it stay, and training goes on; only the compute
+/// worker's failure stops the run.
 pub(crate) async fn save(
     ctx: &mut RunContext,
     stage: Stage,
@@ -133,8 +137,24 @@ pub(crate) async fn save(
     if ctx.config.checkpoint.every == 0 {
         return Ok(());
     }
+    let name = stage.name();
+    match write(ctx, &run_dir.join(DIR), stage, best).await {
+        Ok(()) => Ok(()),
+        Err(e @ EngineError::Internal { .. }) => Err(e),
+        Err(e) => {
+            tracing::warn!(target: "areal::checkpoint", checkpoint = name, error = %crate::error::chain(&e), "cannot write the resume checkpoint; training goes on, and a resume would go back to the checkpoint before it");
+            Ok(())
+        }
+    }
+}
+
+async fn write(
+    ctx: &mut RunContext,
+    root: &Path,
+    stage: Stage,
+    best: Option<&Path>,
+) -> Result<(), EngineError> {
     let started = Instant::now();
-    let root = run_dir.join(DIR);
     let target = root.join(stage.name());
     let staged = StagedDir::new(&target).map_err(|e| EngineError::io(e.path, e.source))?;
     let dir = staged.path().to_owned();
@@ -160,7 +180,7 @@ pub(crate) async fn save(
     staged
         .commit()
         .map_err(|e| EngineError::io(e.path, e.source))?;
-    prune(&root, ctx.config.checkpoint.keep)?;
+    prune(root, ctx.config.checkpoint.keep)?;
     let ms = started.elapsed().as_secs_f64() * 1e3;
     let size = dir_size(&target)?;
     let stats = &mut ctx.checkpoints;

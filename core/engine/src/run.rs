@@ -43,7 +43,7 @@ pub async fn run(
         algorithm,
     } = plugins;
     check_task(task.as_ref(), &config)?;
-    let task_fingerprint = crate::fingerprint::task_fingerprint(task.as_ref())?;
+    let task_fingerprint = crate::fingerprint::task_fingerprint(task.as_ref(), &config);
     let out_dir = options.out_dir.as_deref();
     let (found, log, resumes) = match (out_dir, options.resume) {
         (Some(dir), true) => open_resumed(dir, &config, &task_fingerprint, options.allow_changes)?,
@@ -95,7 +95,10 @@ pub async fn run(
         ctx.evals = found.state.evals.clone();
         ctx.checkpoints = found.state.checkpoints.clone();
     }
-    ctx.load_generator(0, "the initial weights").await?;
+    if found.is_none() {
+        // (a resumed run loads the checkpoint's weights when it has restored them)
+        ctx.load_generator(0, "the initial weights").await?;
+    }
     ctx.observer.on_start(ctx.config.train.steps);
     let result = stages(&mut ctx, found).await;
     ctx.controller.shutdown().await;

@@ -243,7 +243,7 @@ fn a_killed_run_trains_each_sample_once_within_the_staleness_bound() {
     killed_and_resumed(
         &run,
         &config,
-        &["rollout:400", "train:12", "checkpoint:2", "rollout:900"],
+        &["rollout:400", "train:12", "checkpoint:2", "rollout:200"],
     );
     let steps = records(&run, "step");
     assert_eq!(steps.len(), 60);
