@@ -46,6 +46,9 @@ pub(crate) fn run(command: LaunchCommand, started: Instant) -> anyhow::Result<()
     }
 }
 
+/// The config the servers of a launched run serve, in its `servers/` folder.
+const SERVED_CONFIG: &str = "config.toml";
+
 /// The most servers of one kind `launch local` starts.
 const MAX_SERVERS: usize = 256;
 
@@ -62,13 +65,6 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
             args.start_timeout_s
         );
     }
-    // servers of a resumed run serve the run's own config
-    let mut server_config = args.train.config.clone();
-    if let Some(run) = &args.train.resume {
-        server_config.config = Some(run.join("config.toml"));
-    }
-    // a bad config fails here, before any server starts
-    loader(&server_config)?.load()?;
     let out = args
         .train
         .resume
@@ -76,7 +72,27 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
         .or_else(|| args.train.out.clone())
         .unwrap_or_else(|| Path::new("runs").join(utc_timestamp()));
     let logs = out.join("servers");
+    // The run's own config.toml says `kind = "remote"`; what the servers serve is kept beside
+    // their logs, so that a resumed run's servers serve the same.
+    let served = logs.join(SERVED_CONFIG);
+    let mut server_config = args.train.config.clone();
+    if args.train.resume.is_some() {
+        if !served.exists() {
+            bail!(
+                "{} has no {}: the run was not started by `areal launch local`; resume it with `areal train --resume`",
+                out.display(),
+                served.display()
+            );
+        }
+        server_config.config = Some(served.clone());
+    }
+    // a bad config fails here, before any server starts
+    let config = loader(&server_config)?.load()?;
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    if args.train.resume.is_none() {
+        areal_core::atomic::write(&served, config.to_toml().as_bytes())
+            .with_context(|| format!("cannot write {}", served.display()))?;
+    }
     let exe = std::env::current_exe().context("cannot find the areal binary")?;
     let mut servers = Servers::default();
     let kinds = std::iter::repeat_n("generator", args.generators)

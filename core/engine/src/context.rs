@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use areal_sdk::{PolicyVersion, Split, Task};
+use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::controller::Controller;
@@ -12,7 +13,6 @@ use crate::error::EngineError;
 use crate::eval::{EvalSpec, evaluate};
 use crate::metrics::EvalMetrics;
 use crate::observer::{Observer, StopRequest};
-use crate::resume::CheckpointStats;
 use crate::runlog::RunLog;
 use crate::worker::ComputeWorker;
 
@@ -100,4 +100,16 @@ impl RunContext {
         self.evals.push(m);
         Ok(())
     }
+}
+
+/// The resume checkpoints a run wrote, for its summary.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct CheckpointStats {
+    /// How many.
+    pub(crate) written: u64,
+    /// Their total and largest writing time, in milliseconds.
+    pub(crate) ms_sum: f64,
+    pub(crate) ms_max: f64,
+    /// Bytes of the last one.
+    pub(crate) bytes: u64,
 }

@@ -9,38 +9,24 @@
 //! By default groups run as tasks of their own, as fast as the generator serves them. In
 //! deterministic mode they run in rounds instead ([`crate::lockstep`]), over the same state.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use areal_sdk::{Completion, PluginError, Reward, Split, Task, TrajectoryGroup, WeightUpdate};
 use areal_sdk_train::Algorithm;
-use tokio::sync::{Notify, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::config::Config;
 use crate::error::EngineError;
 use crate::group_runner::{GroupRunner, Progress};
 use crate::observer::{Observer, StopRequest};
-use crate::rollout::{Outcome, RolloutSnapshot, RolloutState, RunningGroup, SampleLedger};
+use crate::rollout::{RolloutSnapshot, RolloutState, RunningGroup, SampleLedger};
+use crate::shared::Shared;
 use crate::staleness::AdmissionCounts;
 
 /// The controller of one run. Dropping it stops its admission loop.
 pub(crate) struct Controller {
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
     admission_loop: Mutex<Option<JoinHandle<()>>>,
-}
-
-pub(crate) struct Inner {
-    pub(crate) config: Config,
-    pub(crate) runner: Arc<GroupRunner>,
-    pub(crate) task: Arc<dyn Task>,
-    pub(crate) algorithm: Arc<dyn Algorithm>,
-    pub(crate) observer: Arc<dyn Observer>,
-    state: Mutex<RolloutState>,
-    /// The state changed: a slot freed, a version published, a group buffered.
-    changed: Notify,
-    /// Set when the run ends or fails: the admission loop and a waiting batch stop.
-    stop: watch::Sender<bool>,
-    fatal: Mutex<Option<EngineError>>,
 }
 
 impl Controller {
@@ -55,17 +41,9 @@ impl Controller {
         state: RolloutState,
     ) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                config: config.clone(),
-                runner,
-                task,
-                algorithm,
-                observer,
-                state: Mutex::new(state),
-                changed: Notify::new(),
-                stop: watch::Sender::new(false),
-                fatal: Mutex::new(None),
-            }),
+            inner: Arc::new(Shared::new(
+                config, runner, task, algorithm, observer, state,
+            )),
             admission_loop: Mutex::new(None),
         }
     }
@@ -201,84 +179,8 @@ impl Drop for Controller {
     }
 }
 
-impl Inner {
-    pub(crate) fn state(&self) -> MutexGuard<'_, RolloutState> {
-        self.state.lock().expect("rollout state lock poisoned")
-    }
-
-    fn fail(&self, error: EngineError) {
-        let mut fatal = self.fatal.lock().expect("fatal lock poisoned");
-        if fatal.is_none() {
-            tracing::error!(target: "areal::engine", error = %crate::error::chain(&error), "run aborted");
-            *fatal = Some(error);
-        }
-        drop(fatal);
-        self.stop.send_replace(true);
-    }
-
-    /// The error that stopped the controller, if it was stopped.
-    pub(crate) fn stopped(&self) -> Option<EngineError> {
-        let stopped = *self.stop.borrow();
-        stopped.then(|| self.take_fatal())
-    }
-
-    /// The error that stopped the controller.
-    pub(crate) fn take_fatal(&self) -> EngineError {
-        self.fatal
-            .lock()
-            .expect("fatal lock poisoned")
-            .take()
-            .unwrap_or_else(|| EngineError::internal("the rollout controller was stopped"))
-    }
-
-    /// Admit a group if the staleness rule allows it.
-    pub(crate) fn admit(&self) -> Option<RunningGroup> {
-        let admitted = {
-            let mut state = self.state();
-            state.admit().map(|group| (group, state.counts()))
-        };
-        let (group, counts) = admitted?;
-        self.observer.on_admission(&counts);
-        Some(group)
-    }
-
-    /// Group `group_id` ended with `result` (the group, `None` if the algorithm filtered it,
-    /// or why it failed): settle its slot; too many failures in a row stop the run.
-    pub(crate) fn settle(
-        &self,
-        group_id: u64,
-        result: Result<Option<TrajectoryGroup>, PluginError>,
-    ) {
-        let (outcome, error) = match result {
-            Ok(Some(group)) => (Outcome::Accepted(group), None),
-            Ok(None) => (Outcome::Filtered, None),
-            Err(e) => (Outcome::Failed, Some(e)),
-        };
-        let failures = self.state().settle(group_id, outcome);
-        if let Some(e) = error {
-            tracing::warn!(target: "areal::rollout", group_id, error = %crate::error::chain(&e), failures, "group failed; rejected");
-            if failures >= self.config.rollout.max_consecutive_failures {
-                self.fail(EngineError::plugin(
-                    format!("{failures} groups in a row failed (rollout.max_consecutive_failures); the last error"),
-                    e,
-                ));
-            }
-        }
-        self.changed.notify_waiters();
-    }
-
-    /// The algorithm's verdict on a finished group: kept, or filtered (`None`).
-    pub(crate) fn keep(&self, group: TrajectoryGroup) -> Option<TrajectoryGroup> {
-        let kept = self.algorithm.keep_group(&group);
-        if !kept {
-            tracing::debug!(target: "areal::rollout", group_id = group.group_id, "group filtered by the algorithm");
-        }
-        kept.then_some(group)
-    }
-}
-
 /// Admit a group whenever the staleness rule allows, each on its own task, until stopped.
-async fn admission_loop(inner: Arc<Inner>) {
+async fn admission_loop(inner: Arc<Shared>) {
     let mut stop = inner.stop.subscribe();
     let mut tasks = JoinSet::new();
     let restored: Vec<RunningGroup> = inner.state().running().cloned().collect();
@@ -310,7 +212,7 @@ async fn admission_loop(inner: Arc<Inner>) {
 }
 
 /// Run one group to its end and settle its admission slot, whatever happens to it.
-async fn group_task(inner: Arc<Inner>, group: RunningGroup) {
+async fn group_task(inner: Arc<Shared>, group: RunningGroup) {
     let group_id = group.spec.group_id;
     // A separate task, so that a panicking plugin costs this group and not its slot.
     let run = tokio::spawn(run_group(inner.clone(), group));
@@ -329,7 +231,7 @@ async fn group_task(inner: Arc<Inner>, group: RunningGroup) {
 /// filtered it. A group whose every sample lost its reward is an error (see
 /// [`GroupRunner::run_group`]).
 async fn run_group(
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
     group: RunningGroup,
 ) -> Result<Option<TrajectoryGroup>, PluginError> {
     let item = inner.task.item(Split::Train, group.item_index)?;
@@ -346,7 +248,7 @@ async fn run_group(
 
 /// Records a group's progress in the rollout state.
 struct Recorder {
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
     group_id: u64,
 }
 

@@ -48,6 +48,7 @@ mod rl;
 mod rollout;
 mod run;
 mod runlog;
+mod shared;
 mod staleness;
 mod summary;
 pub mod tensorboard;

@@ -19,15 +19,15 @@ use std::sync::Arc;
 use areal_sdk::{FinishReason, PluginError, Reward, Split, TaskItem, Trajectory, TrajectoryGroup};
 use futures_util::future::join_all;
 
-use crate::controller::Inner;
 use crate::error::EngineError;
 use crate::group_runner::{Ask, assemble};
 use crate::observer::StopRequest;
 use crate::rollout::RunningGroup;
+use crate::shared::Shared;
 
 /// Run rounds until a batch is buffered; `None` when `interrupt` is requested first.
 pub(crate) async fn next_batch(
-    inner: &Arc<Inner>,
+    inner: &Arc<Shared>,
     interrupt: &StopRequest,
 ) -> Result<Option<Vec<TrajectoryGroup>>, EngineError> {
     let batch = inner.config.rollout.batch_size;
@@ -53,7 +53,7 @@ pub(crate) async fn next_batch(
 }
 
 /// One round over the groups in flight.
-async fn round(inner: &Arc<Inner>, running: Vec<RunningGroup>) {
+async fn round(inner: &Arc<Shared>, running: Vec<RunningGroup>) {
     let runner = &inner.runner;
     let chunk = inner.config.rollout.chunk_tokens;
     // Each group's item and prompt; a group whose item cannot be had fails.
@@ -158,7 +158,7 @@ async fn round(inner: &Arc<Inner>, running: Vec<RunningGroup>) {
 }
 
 /// The item and the prompt's token ids of `group`.
-fn prepared(inner: &Inner, group: &RunningGroup) -> Result<(TaskItem, Vec<u32>), PluginError> {
+fn prepared(inner: &Shared, group: &RunningGroup) -> Result<(TaskItem, Vec<u32>), PluginError> {
     let item = inner.task.item(Split::Train, group.item_index)?;
     let prompt = inner.runner.prompt_ids(&item)?;
     Ok((item, prompt))

@@ -245,6 +245,56 @@ pub struct WarmupReport {
     pub cached: bool,
 }
 
+/// What the summary needs of the steps so far; a checkpoint carries it, so that the summary
+/// of a resumed run covers the whole run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RlTotals {
+    pub(crate) steps: u64,
+    pub(crate) trained_tokens: u64,
+    /// Σ token lag (token-weighted), for the mean.
+    pub(crate) token_lag_sum: f64,
+    pub(crate) token_lag_max: u64,
+    pub(crate) train_ms: f64,
+    pub(crate) weight_sync_ms: f64,
+    pub(crate) reward_failures: u64,
+    pub(crate) reward_mean_first: f64,
+    pub(crate) reward_mean_last: f64,
+    pub(crate) policy_version: PolicyVersion,
+    /// The RL clock of the run's earlier processes.
+    pub(crate) clock: ClockTotals,
+    /// Re-issued samples and failed endpoints of the earlier processes.
+    pub(crate) reissued_samples: u64,
+    pub(crate) endpoint_failures: u64,
+}
+
+impl RlTotals {
+    /// Count the step `m`.
+    pub(crate) fn add(&mut self, m: &StepMetrics) {
+        if self.steps == 0 {
+            self.reward_mean_first = m.reward_mean;
+        }
+        self.steps += 1;
+        self.trained_tokens += m.trained_tokens as u64;
+        self.token_lag_sum += m.staleness.token_lag_mean * m.trained_tokens as f64;
+        self.token_lag_max = self.token_lag_max.max(m.staleness.token_lag_max);
+        self.train_ms += m.train_ms;
+        self.weight_sync_ms += m.weight_sync_ms;
+        self.reward_failures += m.reward_failures;
+        self.reward_mean_last = m.reward_mean;
+        self.policy_version = m.policy_version;
+    }
+}
+
+/// The RL clock of a run's earlier processes: seconds of RL, and the generator's busy time and
+/// resumes in them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ClockTotals {
+    pub(crate) seconds: f64,
+    pub(crate) busy_seconds: Option<f64>,
+    pub(crate) resumes: u64,
+    pub(crate) resume_seconds: f64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,18 +21,16 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use crate::atomic::StagedDir;
-use crate::context::RunContext;
+use crate::context::{CheckpointStats, RunContext};
 use crate::error::EngineError;
 use crate::ids::IdRanges;
-use crate::metrics::{EvalMetrics, WarmupReport};
-use crate::rl::RlTotals;
+use crate::metrics::{EvalMetrics, RlTotals, WarmupMetrics, WarmupReport};
 use crate::rollout::RolloutSnapshot;
 use crate::runlog::LogPosition;
-use crate::warmup::WarmupProgress;
 use crate::worker::TrainerState;
 
 /// The folder of resume checkpoints in a run folder.
-pub(crate) const DIR: &str = "checkpoints";
+pub(crate) const DIR: &str = crate::runlog::CHECKPOINTS_DIR;
 const STATE_FILE: &str = "state.json";
 const TRAINER_DIR: &str = "trainer";
 /// The warm-up's best weights so far, in a warm-up checkpoint.
@@ -72,6 +70,30 @@ pub(crate) enum Stage {
     Rl(Box<RlProgress>),
 }
 
+/// Where a warm-up is, as a checkpoint holds it: everything its loop carries from one step to
+/// the next (the policy and optimizer are saved beside it, and the best weights so far).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WarmupProgress {
+    /// Steps trained.
+    pub(crate) steps: u64,
+    /// Best validation accuracy and loss so far (none before the first evaluation).
+    pub(crate) best: Option<f64>,
+    pub(crate) best_loss: Option<f64>,
+    /// Evaluations in a row without improvement.
+    pub(crate) since_best: u32,
+    /// The step of the best weights, saved (0: none saved yet).
+    pub(crate) best_step: u64,
+    /// False once the policy said it cannot save.
+    pub(crate) can_snapshot: bool,
+    /// Every evaluation.
+    pub(crate) curve: Vec<WarmupMetrics>,
+    /// Loss and demonstration tokens since the last evaluation.
+    pub(crate) loss_sum: f64,
+    pub(crate) tokens: usize,
+    /// Seconds the warm-up ran before this process.
+    pub(crate) seconds: f64,
+}
+
 /// Where RL was: after `step` steps, at `version`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub(crate) struct RlProgress {
@@ -83,18 +105,6 @@ pub(crate) struct RlProgress {
     /// Every sample id trained on.
     pub(crate) trained: IdRanges,
     pub(crate) rollout: RolloutSnapshot,
-}
-
-/// The resume checkpoints a run wrote, for its summary.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct CheckpointStats {
-    /// How many.
-    pub(crate) written: u64,
-    /// Their total and largest writing time, in milliseconds.
-    pub(crate) ms_sum: f64,
-    pub(crate) ms_max: f64,
-    /// Bytes of the last one.
-    pub(crate) bytes: u64,
 }
 
 impl Stage {

@@ -5,12 +5,11 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use areal_sdk::{Generator, GeneratorStats, PolicyVersion, TrajectoryGroup, Verdict};
-use serde::{Deserialize, Serialize};
 
 use crate::context::RunContext;
 use crate::error::EngineError;
 use crate::ids::IdRanges;
-use crate::metrics::{StepMetrics, WarmupReport, percentile, staleness};
+use crate::metrics::{ClockTotals, RlTotals, StepMetrics, WarmupReport, percentile, staleness};
 use crate::resume::{RlProgress, Stage};
 use crate::trainer::StepReport;
 
@@ -25,45 +24,6 @@ pub(crate) struct RlOutcome {
     pub(crate) version: PolicyVersion,
     /// The id of every sample trained on.
     pub(crate) trained: IdRanges,
-}
-
-/// What the summary needs of the steps so far; a checkpoint carries it, so that the summary
-/// of a resumed run covers the whole run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RlTotals {
-    pub(crate) steps: u64,
-    pub(crate) trained_tokens: u64,
-    /// Σ token lag (token-weighted), for the mean.
-    pub(crate) token_lag_sum: f64,
-    pub(crate) token_lag_max: u64,
-    pub(crate) train_ms: f64,
-    pub(crate) weight_sync_ms: f64,
-    pub(crate) reward_failures: u64,
-    pub(crate) reward_mean_first: f64,
-    pub(crate) reward_mean_last: f64,
-    pub(crate) policy_version: PolicyVersion,
-    /// The RL clock of the run's earlier processes.
-    pub(crate) clock: ClockTotals,
-    /// Re-issued samples and failed endpoints of the earlier processes.
-    pub(crate) reissued_samples: u64,
-    pub(crate) endpoint_failures: u64,
-}
-
-impl RlTotals {
-    fn add(&mut self, m: &StepMetrics) {
-        if self.steps == 0 {
-            self.reward_mean_first = m.reward_mean;
-        }
-        self.steps += 1;
-        self.trained_tokens += m.trained_tokens as u64;
-        self.token_lag_sum += m.staleness.token_lag_mean * m.trained_tokens as f64;
-        self.token_lag_max = self.token_lag_max.max(m.staleness.token_lag_max);
-        self.train_ms += m.train_ms;
-        self.weight_sync_ms += m.weight_sync_ms;
-        self.reward_failures += m.reward_failures;
-        self.reward_mean_last = m.reward_mean;
-        self.policy_version = m.policy_version;
-    }
 }
 
 /// Train up to `train.steps` steps (fewer when `train.max_seconds` passes or a stop is asked),
@@ -240,16 +200,6 @@ fn check_once(trained: &mut IdRanges, groups: &[TrajectoryGroup]) -> Result<(), 
         }
     }
     Ok(())
-}
-
-/// The RL clock of a run's earlier processes: seconds of RL, and the generator's busy time and
-/// resumes in them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct ClockTotals {
-    pub(crate) seconds: f64,
-    pub(crate) busy_seconds: Option<f64>,
-    pub(crate) resumes: u64,
-    pub(crate) resume_seconds: f64,
 }
 
 /// Wall time and generator counters since RL started, and since the previous step.

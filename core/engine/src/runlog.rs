@@ -60,7 +60,7 @@ impl RunLog {
         };
         std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
         let lock = lock(dir)?;
-        let path = dir.join(crate::resume::DIR);
+        let path = dir.join(CHECKPOINTS_DIR);
         if path.exists() {
             std::fs::remove_dir_all(&path).map_err(|e| EngineError::io(&path, e))?;
         }
@@ -216,6 +216,9 @@ impl RunLog {
 
 /// Name of the records file of a run folder.
 pub(crate) const METRICS_FILE: &str = "metrics.jsonl";
+
+/// Name of the folder of resume checkpoints of a run folder.
+pub(crate) const CHECKPOINTS_DIR: &str = "checkpoints";
 
 fn write_config(dir: &Path, config: &Config) -> Result<(), EngineError> {
     let path = dir.join("config.toml");

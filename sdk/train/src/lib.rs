@@ -71,9 +71,10 @@ pub use algorithm::{
     Requirements,
 };
 pub use device::parse_device;
-pub use module::{TrainableModule, module_weights};
+pub use module::TrainableModule;
 pub use policy::{PackedBatch, Policy, StepStats};
 pub use registry::{AlgorithmPlugin, PolicyContext, PolicyPlugin};
+pub use state::module_weights;
 
 /// Re-export of burn, so plugin crates use the exact version the engine was built with.
 pub use burn;

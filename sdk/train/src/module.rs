@@ -110,7 +110,7 @@ impl<M: Module + 'static> TrainableModule<M> {
 
     /// The parameters as named plain-data tensors.
     pub fn weights(&self) -> Vec<NamedTensor> {
-        module_weights(self.module())
+        crate::state::module_weights(self.module())
     }
 
     /// [`Policy::save_state`](crate::Policy::save_state) for this module: its parameters and
@@ -137,45 +137,6 @@ impl<M: Module + 'static> TrainableModule<M> {
             .map_err(|e| PluginError::caused_by(name, "cannot load the training state", e))?;
         self.replace(module);
         Ok(())
-    }
-}
-
-/// Every float parameter of `module` as a [`NamedTensor`], named by its path in the module
-/// tree (`layers.0.attention.weight`).
-pub fn module_weights<M: Module>(module: &M) -> Vec<NamedTensor> {
-    let mut export = Export {
-        path: Vec::new(),
-        out: Vec::new(),
-    };
-    module.visit(&mut export);
-    export.out
-}
-
-struct Export {
-    path: Vec<String>,
-    out: Vec<NamedTensor>,
-}
-
-impl ModuleVisitor for Export {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_owned());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let data = param.val().into_data().convert::<f32>();
-        let shape = data.shape().to_vec();
-        let values = data
-            .try_to_vec::<f32>()
-            .expect("tensor data was converted to f32");
-        self.out.push(NamedTensor {
-            name: self.path.join("."),
-            shape,
-            data: values,
-        });
     }
 }
 

@@ -1,6 +1,7 @@
-//! A burn module's whole training state in a folder, for an exact resume: every parameter by
-//! its path (`parameters.safetensors`) and the optimizer's per-parameter state
-//! (`optimizer.bpk`, burn's burnpack format).
+//! A burn module's parameters as plain data ([`module_weights`]), and its whole training
+//! state in a folder, for an exact resume: every parameter by its path
+//! (`parameters.safetensors`) and the optimizer's per-parameter state (`optimizer.bpk`,
+//! burn's burnpack format).
 //!
 //! burn keys an optimizer's state by [`ParamId`], which is drawn at random when a module is
 //! built, so the ids of the process that saved the state mean nothing to the one that loads
@@ -11,11 +12,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use areal_sdk::NamedTensor;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Bytes, Tensor, TensorData};
 
-use crate::module::module_weights;
 use crate::weights_file::{WeightsFileError, read_safetensors, write_replacing, write_safetensors};
 
 /// File of the parameters in a state folder.
@@ -102,7 +103,7 @@ pub fn load_state<M: Module>(
         path: path.clone(),
         message,
     };
-    let mut by_name: BTreeMap<String, areal_sdk::NamedTensor> =
+    let mut by_name: BTreeMap<String, NamedTensor> =
         tensors.into_iter().map(|t| (t.name.clone(), t)).collect();
     if let Some(extra) = by_name.keys().find(|k| !expected.values().any(|p| p == *k)) {
         return Err(mismatch(format!(
@@ -144,6 +145,45 @@ pub fn load_state<M: Module>(
         .map_err(|e| error(format!("cannot decode: {e}")))?;
     *optimizer = restored;
     Ok(loaded)
+}
+
+/// Every float parameter of `module` as a [`NamedTensor`], named by its path in the module
+/// tree (`layers.0.attention.weight`).
+pub fn module_weights<M: Module>(module: &M) -> Vec<NamedTensor> {
+    let mut export = Export {
+        path: Vec::new(),
+        out: Vec::new(),
+    };
+    module.visit(&mut export);
+    export.out
+}
+
+struct Export {
+    path: Vec<String>,
+    out: Vec<NamedTensor>,
+}
+
+impl ModuleVisitor for Export {
+    fn enter_module(&mut self, name: &str, _container_type: &str) {
+        self.path.push(name.to_owned());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container_type: &str) {
+        self.path.pop();
+    }
+
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let data = param.val().into_data().convert::<f32>();
+        let shape = data.shape().to_vec();
+        let values = data
+            .try_to_vec::<f32>()
+            .expect("tensor data was converted to f32");
+        self.out.push(NamedTensor {
+            name: self.path.join("."),
+            shape,
+            data: values,
+        });
+    }
 }
 
 /// Every float parameter of `module` with its path, in visiting order.
@@ -264,7 +304,7 @@ fn check_paths(bytes: &[u8], expected: &BTreeMap<String, String>) -> Result<(), 
 /// gradient setting.
 struct SetParameters<'a> {
     path: Vec<String>,
-    tensors: &'a mut BTreeMap<String, areal_sdk::NamedTensor>,
+    tensors: &'a mut BTreeMap<String, NamedTensor>,
     error: Option<String>,
 }
 

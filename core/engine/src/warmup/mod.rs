@@ -7,39 +7,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use areal_sdk::{PluginError, Split, Task, Tokenizer, mix_seed};
-use serde::{Deserialize, Serialize};
 
 use crate::context::RunContext;
 use crate::error::EngineError;
 use crate::metrics::{WarmupMetrics, WarmupReport};
 use crate::order::DataOrder;
+use crate::resume::WarmupProgress;
 use crate::trainer::sft::Example;
 
 mod cache;
-
-/// Where a warm-up is, as a checkpoint holds it: everything its loop carries from one step to
-/// the next (the policy and optimizer are saved beside it, and the best weights so far).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct WarmupProgress {
-    /// Steps trained.
-    pub(crate) steps: u64,
-    /// Best validation accuracy and loss so far (none before the first evaluation).
-    best: Option<f64>,
-    best_loss: Option<f64>,
-    /// Evaluations in a row without improvement.
-    since_best: u32,
-    /// The step of the best weights, saved (0: none saved yet).
-    best_step: u64,
-    /// False once the policy said it cannot save.
-    can_snapshot: bool,
-    /// Every evaluation.
-    curve: Vec<WarmupMetrics>,
-    /// Loss and demonstration tokens since the last evaluation.
-    loss_sum: f64,
-    tokens: usize,
-    /// Seconds the warm-up ran before this process.
-    seconds: f64,
-}
 
 /// Reuse a cached warm-up, or train on demonstrations until validation accuracy stops
 /// improving (and cache the result); go on from `resumed` (a checkpoint's progress and its
@@ -143,7 +119,7 @@ async fn train(
         let (loss, n) = ctx.worker.sft_step(batch).await?;
         p.loss_sum += loss * n as f64;
         p.tokens += n;
-        if p.steps % w.eval_every != 0 && p.steps != w.max_steps {
+        if !p.steps.is_multiple_of(w.eval_every) && p.steps != w.max_steps {
             continue;
         }
         ctx.load_generator(0, "warm-up weights").await?;
