@@ -134,7 +134,8 @@ fn compare(
     let started = Instant::now();
     let mut finished = false;
     for k in 0..=kills {
-        let mut child = if k == 0 {
+        // killed before it made its run folder: started again, as its first command
+        let mut child = if !killed.join("config.toml").exists() {
             train(exe, config, Some(&killed), None)?
         } else {
             resumes += 1;
@@ -150,7 +151,7 @@ fn compare(
         match wait_or_kill(&mut child, wait)? {
             Some(status) => {
                 // it ended before the kill: the run is done (or a resume failed)
-                resume_errors += usize::from(!status.success() && k > 0);
+                resume_errors += usize::from(!status.success());
                 finished = status.success();
                 eprintln!("[{mode}] ended by itself after {k} kills");
                 break;
