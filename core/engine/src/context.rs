@@ -110,6 +110,6 @@ pub(crate) struct CheckpointStats {
     /// Their total and largest writing time, in milliseconds.
     pub(crate) ms_sum: f64,
     pub(crate) ms_max: f64,
-    /// Bytes of the last one.
+    /// Bytes of the largest one.
     pub(crate) bytes: u64,
 }

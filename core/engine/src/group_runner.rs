@@ -158,20 +158,18 @@ impl GroupRunner {
         max_new_tokens: usize,
         sampling: &SamplingParams,
     ) -> Result<Completion, PluginError> {
-        let ask = Ask {
-            sample_id,
-            input: input.to_vec(),
-            max_new_tokens,
-            sampling: sampling.clone(),
-        };
-        let part = self.generator.generate(self.request(&ask)).await;
+        let request = self.request(sample_id, input.to_vec(), max_new_tokens, sampling);
+        let part = self.generator.generate(request).await;
         self.checked(part, max_new_tokens)
     }
 
     /// Every one of `asks` in one call to the generator ([`Generator::generate_batch`]),
     /// checked; answers in their order.
     pub(crate) async fn parts(&self, asks: &[Ask]) -> Vec<Result<Completion, PluginError>> {
-        let requests = asks.iter().map(|ask| self.request(ask)).collect();
+        let requests = asks
+            .iter()
+            .map(|a| self.request(a.sample_id, a.input.clone(), a.max_new_tokens, &a.sampling))
+            .collect();
         let parts = self.generator.generate_batch(requests).await;
         if parts.len() != asks.len() {
             let message = format!(
@@ -191,12 +189,18 @@ impl GroupRunner {
             .collect()
     }
 
-    fn request(&self, ask: &Ask) -> GenerateRequest {
+    fn request(
+        &self,
+        sample_id: u64,
+        input_ids: Vec<u32>,
+        max_new_tokens: usize,
+        sampling: &SamplingParams,
+    ) -> GenerateRequest {
         GenerateRequest {
-            sample_id: ask.sample_id,
-            input_ids: ask.input.clone(),
-            max_new_tokens: ask.max_new_tokens,
-            sampling: ask.sampling.clone(),
+            sample_id,
+            input_ids,
+            max_new_tokens,
+            sampling: sampling.clone(),
             stop_token_ids: self.stop_token_ids.clone(),
         }
     }

@@ -16,11 +16,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use areal_sdk::{FinishReason, PluginError, Reward, Split, TaskItem, Trajectory, TrajectoryGroup};
+use areal_sdk::{
+    Completion, FinishReason, PluginError, Reward, Split, TaskItem, Trajectory, TrajectoryGroup,
+};
 use futures_util::future::join_all;
 
 use crate::error::EngineError;
-use crate::group_runner::{Ask, assemble};
+use crate::group_runner::{Ask, GroupRunner, assemble};
 use crate::observer::StopRequest;
 use crate::rollout::RunningGroup;
 use crate::shared::Shared;
@@ -59,7 +61,15 @@ async fn round(inner: &Arc<Shared>, running: Vec<RunningGroup>) {
     // Each group's item and prompt; a group whose item cannot be had fails.
     let mut groups = Vec::new();
     for group in running {
-        match prepared(inner, &group) {
+        let item =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepared(inner, &group)));
+        let item = item.unwrap_or_else(|_| {
+            Err(PluginError::failed(
+                "rollout",
+                format!("the task panicked on train item {}", group.item_index),
+            ))
+        });
+        match item {
             Ok((item, prompt)) => groups.push((group, item, prompt)),
             Err(e) => inner.settle(group.spec.group_id, Err(e)),
         }
@@ -86,7 +96,7 @@ async fn round(inner: &Arc<Shared>, running: Vec<RunningGroup>) {
             asks.push(ask);
         }
     }
-    let parts = runner.parts(&asks).await;
+    let parts = generate(runner, &asks).await;
     let mut failed = BTreeMap::new();
     for (((group_id, j, left), ask), part) in whose.into_iter().zip(&asks).zip(parts) {
         match part {
@@ -154,6 +164,21 @@ async fn round(inner: &Arc<Shared>, running: Vec<RunningGroup>) {
         };
         let result = assemble(&group.spec, item, prompt.clone(), samples).map(|g| inner.keep(g));
         inner.settle(group.spec.group_id, result);
+    }
+}
+
+/// The round's chunks from the generator, on a task of their own, so that a panicking
+/// generator fails the round's groups (as it fails a group by default), not the run.
+async fn generate(runner: &Arc<GroupRunner>, asks: &[Ask]) -> Vec<Result<Completion, PluginError>> {
+    let (runner, owned) = (runner.clone(), asks.to_vec());
+    match tokio::spawn(async move { runner.parts(&owned).await }).await {
+        Ok(parts) => parts,
+        Err(e) => {
+            let why = format!("the generator's task failed: {e}");
+            asks.iter()
+                .map(|_| Err(PluginError::failed("rollout", why.clone())))
+                .collect()
+        }
     }
 }
 

@@ -197,7 +197,7 @@ async fn write(
     stats.written += 1;
     stats.ms_sum += ms;
     stats.ms_max = stats.ms_max.max(ms);
-    stats.bytes = size;
+    stats.bytes = stats.bytes.max(size);
     tracing::info!(target: "areal::checkpoint", name = %target.display(), ms, bytes = size, "checkpoint written");
     Ok(())
 }

@@ -95,7 +95,7 @@ pub struct RunSummary {
     pub checkpoint_ms_mean: f64,
     /// Largest milliseconds to write one.
     pub checkpoint_ms_max: f64,
-    /// Bytes of the last one.
+    /// Bytes of the largest one.
     pub checkpoint_bytes: u64,
 }
 

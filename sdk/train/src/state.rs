@@ -150,49 +150,29 @@ pub fn load_state<M: Module>(
 /// Every float parameter of `module` as a [`NamedTensor`], named by its path in the module
 /// tree (`layers.0.attention.weight`).
 pub fn module_weights<M: Module>(module: &M) -> Vec<NamedTensor> {
-    let mut export = Export {
-        path: Vec::new(),
-        out: Vec::new(),
-    };
-    module.visit(&mut export);
-    export.out
-}
-
-struct Export {
-    path: Vec<String>,
-    out: Vec<NamedTensor>,
-}
-
-impl ModuleVisitor for Export {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_owned());
-    }
-
-    fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
-    }
-
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let data = param.val().into_data().convert::<f32>();
-        let shape = data.shape().to_vec();
-        let values = data
-            .try_to_vec::<f32>()
-            .expect("tensor data was converted to f32");
-        self.out.push(NamedTensor {
-            name: self.path.join("."),
-            shape,
-            data: values,
-        });
-    }
+    walk(module, true)
+        .into_iter()
+        .filter_map(|(_, _, values)| values)
+        .collect()
 }
 
 /// Every float parameter of `module` with its path, in visiting order.
 fn parameters<M: Module>(module: &M) -> Vec<(String, ParamId)> {
-    struct Ids {
+    walk(module, false)
+        .into_iter()
+        .map(|(path, id, _)| (path, id))
+        .collect()
+}
+
+/// Every float parameter of `module` in visiting order: its path, its id and, with `values`,
+/// itself as plain data.
+fn walk<M: Module>(module: &M, values: bool) -> Vec<(String, ParamId, Option<NamedTensor>)> {
+    struct Walk {
         path: Vec<String>,
-        out: Vec<(String, ParamId)>,
+        values: bool,
+        out: Vec<(String, ParamId, Option<NamedTensor>)>,
     }
-    impl ModuleVisitor for Ids {
+    impl ModuleVisitor for Walk {
         fn enter_module(&mut self, name: &str, _container_type: &str) {
             self.path.push(name.to_owned());
         }
@@ -200,15 +180,27 @@ fn parameters<M: Module>(module: &M) -> Vec<(String, ParamId)> {
             self.path.pop();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.out.push((self.path.join("."), param.id));
+            let name = self.path.join(".");
+            let tensor = self.values.then(|| {
+                let data = param.val().into_data().convert::<f32>();
+                NamedTensor {
+                    name: name.clone(),
+                    shape: data.shape().to_vec(),
+                    data: data
+                        .try_to_vec::<f32>()
+                        .expect("tensor data was converted to f32"),
+                }
+            });
+            self.out.push((name, param.id, tensor));
         }
     }
-    let mut ids = Ids {
+    let mut walk = Walk {
         path: Vec::new(),
+        values,
         out: Vec::new(),
     };
-    module.visit(&mut ids);
-    ids.out
+    module.visit(&mut walk);
+    walk.out
 }
 
 /// Index (as text, the optimizer record's metadata key) → parameter path.

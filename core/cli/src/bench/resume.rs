@@ -7,6 +7,7 @@
 // progress goes to stderr, the tables to stdout
 #![allow(clippy::print_stderr, clippy::print_stdout)]
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -48,6 +49,8 @@ pub(crate) struct BenchResumeArgs {
 struct Row {
     mode: &'static str,
     kills: usize,
+    /// Kills before RL started (in the warm-up or the baseline evaluation).
+    early_kills: usize,
     resumes: usize,
     resume_errors: usize,
     steps: usize,
@@ -128,9 +131,16 @@ fn compare(
     if !status.success() {
         bail!("the {mode} run alone failed: see {}", alone.display());
     }
-    // kill moments spread over about twice the run's length
-    let spread = 2.0 * alone_s / (kills + 1) as f64;
-    let (mut done, mut resumes, mut resume_errors, mut redone) = (0, 0, 0, 0u64);
+    // The kill moments: points of the run's own clock (the `wall_s` of its records, which goes
+    // on across resumes), uniform over the length of the run left alone, each a random part
+    // of a second later, so that they fall in warm-up, generation, training and checkpoints
+    // alike, wherever the run spends its time.
+    let mut moments: Vec<f64> = (0..kills).map(|_| rng.random_range(0.0..alone_s)).collect();
+    moments.sort_by(f64::total_cmp);
+    let (mut done, mut early_kills, mut resumes, mut resume_errors) = (0, 0, 0, 0);
+    // every step record ever written, told apart by its wall time: those written again after
+    // a kill are the steps trained again
+    let mut written = HashSet::new();
     let started = Instant::now();
     let mut finished = false;
     for k in 0..=kills {
@@ -147,8 +157,9 @@ fn compare(
             finished = status.success();
             break;
         }
-        let wait = Duration::from_secs_f64(rng.random_range(0.3..spread.max(0.6)));
-        match wait_or_kill(&mut child, wait)? {
+        let extra = Duration::from_secs_f64(rng.random_range(0.0..1.0));
+        let started_at = Instant::now();
+        match kill_at(&mut child, &killed, moments[k], extra)? {
             Some(status) => {
                 // it ended before the kill: the run is done (or a resume failed)
                 resume_errors += usize::from(!status.success());
@@ -158,11 +169,15 @@ fn compare(
             }
             None => {
                 done += 1;
-                let (recorded, checkpoint) = (step_count(&killed), newest_step(&killed));
-                redone += recorded.saturating_sub(checkpoint);
+                let recorded = step_records(&killed);
+                let steps = recorded.len();
+                early_kills += usize::from(steps == 0);
+                written.extend(recorded);
                 eprintln!(
-                    "[{mode}] kill {done}: after {:.1} s, {recorded} steps recorded, newest checkpoint at step {checkpoint}",
-                    wait.as_secs_f64()
+                    "[{mode}] kill {done}: at {:.1} s of the run, {:.1} s into its process, {steps} steps recorded, newest checkpoint at step {}",
+                    moments[k],
+                    started_at.elapsed().as_secs_f64(),
+                    newest_step(&killed)
                 );
             }
         }
@@ -174,12 +189,16 @@ fn compare(
         );
     }
     let killed_s = started.elapsed().as_secs_f64();
+    let last = step_records(&killed);
+    let final_steps = last.len();
+    written.extend(last);
+    let redone = (written.len() - final_steps) as u64;
     let (a, b) = (steps(&alone)?, steps(&killed)?);
     let numbers: Vec<u64> = b.iter().map(|s| s.0).collect();
     let mut unique = numbers.clone();
     unique.sort_unstable();
     unique.dedup();
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     let duplicated = b
         .iter()
         .flat_map(|s| s.1.iter().copied())
@@ -197,6 +216,7 @@ fn compare(
     Ok(Row {
         mode,
         kills: done,
+        early_kills,
         resumes,
         resume_errors,
         steps: numbers.len(),
@@ -238,30 +258,69 @@ fn train(
         .context("cannot start areal train")
 }
 
-/// Wait up to `wait` for `child`; SIGKILL it then. Its status if it ended first.
-fn wait_or_kill(
+/// Wait until the run in `run` has run `moment` seconds by its own clock, then `extra` more,
+/// and SIGKILL `child`; its status if it ended first.
+fn kill_at(
     child: &mut Child,
-    wait: Duration,
+    run: &Path,
+    moment: f64,
+    extra: Duration,
 ) -> anyhow::Result<Option<std::process::ExitStatus>> {
-    let deadline = Instant::now() + wait;
-    while Instant::now() < deadline {
+    let mut deadline: Option<Instant> = None;
+    loop {
         if let Some(status) = child.try_wait()? {
             return Ok(Some(status));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        match deadline {
+            Some(at) if Instant::now() >= at => break,
+            Some(_) => {}
+            None if run_clock(run) >= moment => deadline = Some(Instant::now() + extra),
+            None => {}
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
     child.kill()?;
     child.wait()?;
     Ok(None)
 }
 
-/// Step records in a run's `metrics.jsonl` now.
-fn step_count(run: &Path) -> u64 {
+/// The run's clock: the time of the last record in its `metrics.jsonl` that has one (0 before
+/// any): a step's or an evaluation's `wall_s`, a warm-up evaluation's `seconds`. Only the
+/// file's end is read.
+fn run_clock(run: &Path) -> f64 {
+    use std::io::{Read as _, Seek as _};
+    let Ok(mut file) = std::fs::File::open(run.join("metrics.jsonl")) else {
+        return 0.0;
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let mut tail = Vec::new();
+    if file
+        .seek(std::io::SeekFrom::Start(len.saturating_sub(16 << 10)))
+        .is_err()
+        || file.read_to_end(&mut tail).is_err()
+    {
+        return 0.0;
+    }
+    String::from_utf8_lossy(&tail)
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|r| r["wall_s"].as_f64().or_else(|| r["seconds"].as_f64()))
+        .unwrap_or(0.0)
+}
+
+/// The step records in a run's `metrics.jsonl` now, as (step, bits of its wall time).
+fn step_records(run: &Path) -> Vec<(u64, u64)> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.contains("\"event\":\"step\""))
-        .count() as u64
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["event"] == "step")
+        .map(|r| {
+            let wall = r["wall_s"].as_f64().unwrap_or(0.0);
+            (r["step"].as_u64().unwrap_or(0), wall.to_bits())
+        })
+        .collect()
 }
 
 /// The step of a run's newest RL checkpoint (0 when it has none).
@@ -380,15 +439,16 @@ fn report(args: &BenchResumeArgs, rows: &[Row], large: Option<&(u64, f64, f64, u
     );
     let _ = writeln!(
         r,
-        "| mode | kills | resumes (failed) | steps (twice) | steps trained again | final weights sha256, alone / killed | same | steps with other samples | samples lost | trained twice | alone s | killed s |"
+        "| mode | kills (before RL) | resumes (failed) | steps (twice) | steps trained again | final weights sha256, alone / killed | same | steps with other samples | samples lost | trained twice | alone s | killed s |"
     );
     let _ = writeln!(r, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for row in rows {
         let _ = writeln!(
             r,
-            "| {} | {} | {} ({}) | {} ({}) | {} | {}… / {}… | {} | {} | {} | {} | {:.0} | {:.0} |",
+            "| {} | {} ({}) | {} ({}) | {} ({}) | {} | {}… / {}… | {} | {} | {} | {} | {:.0} | {:.0} |",
             row.mode,
             row.kills,
+            row.early_kills,
             row.resumes,
             row.resume_errors,
             row.steps,
@@ -410,7 +470,11 @@ fn report(args: &BenchResumeArgs, rows: &[Row], large: Option<&(u64, f64, f64, u
     }
     let _ = writeln!(
         r,
-        "\n| model | parameters | checkpoint ms (mean / max) | checkpoint MB |"
+        "\nsteps trained again: step records written by a process after the checkpoint it was later resumed from. steps with other samples: steps whose sample ids differ from the run left alone (0 in deterministic mode; by default which samples make a batch depends on timing). samples lost: admitted but neither trained, dropped nor pending at the end. trained twice: sample ids in two steps' batches."
+    );
+    let _ = writeln!(
+        r,
+        "\n| model | parameters | checkpoint ms (mean / max) | largest checkpoint MB |"
     );
     let _ = writeln!(r, "|---|---|---|---|");
     if let Some(row) = rows.first() {

@@ -82,6 +82,22 @@ fn trained(run: &Path) -> Vec<(u64, Value, Value, Value)> {
         .collect()
 }
 
+/// Records of a step's reward in the run's TensorBoard events (one event file).
+fn tensorboard_steps(run: &Path) -> usize {
+    let files: Vec<_> = std::fs::read_dir(run)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("events.out.tfevents."))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let tag = b"step/reward_mean";
+    areal_core::tensorboard::read_records(&files[0])
+        .unwrap()
+        .iter()
+        .filter(|r| r.windows(tag.len()).any(|w| w == tag))
+        .count()
+}
+
 fn summary(run: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
 }
@@ -149,6 +165,11 @@ fn a_deterministic_run_killed_anywhere_ends_with_the_same_samples_and_weights() 
         "the same samples, losses and rewards"
     );
     assert_eq!(model(&killed), model(&alone), "the same final weights");
+    assert_eq!(
+        tensorboard_steps(&killed),
+        60,
+        "TensorBoard has each step once"
+    );
     let lags: Vec<u64> = records(&alone, "step")
         .iter()
         .map(|s| s["token_lag_max"].as_u64().unwrap())
