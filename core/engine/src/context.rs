@@ -103,7 +103,7 @@ impl RunContext {
 }
 
 /// The resume checkpoints a run wrote, for its summary.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct CheckpointStats {
     /// How many.
     pub(crate) written: u64,
@@ -112,4 +112,23 @@ pub(crate) struct CheckpointStats {
     pub(crate) ms_max: f64,
     /// Bytes of the largest one.
     pub(crate) bytes: u64,
+    /// False once the policy said it cannot save its training state.
+    #[serde(skip, default = "yes")]
+    pub(crate) possible: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for CheckpointStats {
+    fn default() -> Self {
+        Self {
+            written: 0,
+            ms_sum: 0.0,
+            ms_max: 0.0,
+            bytes: 0,
+            possible: true,
+        }
+    }
 }

@@ -144,13 +144,18 @@ pub(crate) async fn save(
     let Some(run_dir) = ctx.log.dir().map(ToOwned::to_owned) else {
         return Ok(());
     };
-    if ctx.config.checkpoint.every == 0 {
+    if ctx.config.checkpoint.every == 0 || !ctx.checkpoints.possible {
         return Ok(());
     }
     let name = stage.name();
     match write(ctx, &run_dir.join(DIR), stage, best).await {
         Ok(()) => Ok(()),
         Err(e @ EngineError::Internal { .. }) => Err(e),
+        Err(EngineError::Plugin { source, .. }) if source.is_unsupported() => {
+            tracing::warn!(target: "areal::checkpoint", error = %crate::error::chain(&source), "the policy cannot save its training state: this run writes no resume checkpoints");
+            ctx.checkpoints.possible = false;
+            Ok(())
+        }
         Err(e) => {
             tracing::warn!(target: "areal::checkpoint", checkpoint = name, error = %crate::error::chain(&e), "cannot write the resume checkpoint; training goes on, and a resume would go back to the checkpoint before it");
             Ok(())

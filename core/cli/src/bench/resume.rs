@@ -81,6 +81,31 @@ pub(crate) fn run(args: BenchResumeArgs) -> anyhow::Result<()> {
         "default" => &[("default", false)],
         _ => &[("deterministic", true), ("default", false)],
     };
+    // Both runs of a pair must start alike: with a warm-up cache, it is filled first, so that
+    // the run left alone and the killed one both reuse it (and the kills fall in RL).
+    let config = crate::loader(&args.config)?.load()?;
+    if config.warmup.enabled && !config.warmup.cache_dir.is_empty() {
+        eprintln!(
+            "[warm-up] filling the warm-up cache ({})",
+            config.warmup.cache_dir
+        );
+        let mut warm: Vec<String> = base
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        warm.extend(
+            ["train.steps=1", "eval.enabled=false", "checkpoint.every=0"]
+                .iter()
+                .flat_map(|s| ["--set".to_owned(), (*s).to_owned()]),
+        );
+        let dir = out.join("warm-up");
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        if !train(&exe, &warm, Some(&dir), None)?.wait()?.success() {
+            bail!("the warm-up run failed: see {}", dir.display());
+        }
+    }
     let mut rows = Vec::new();
     for &(mode, deterministic) in modes {
         let mut config: Vec<String> = base
@@ -131,10 +156,10 @@ fn compare(
     if !status.success() {
         bail!("the {mode} run alone failed: see {}", alone.display());
     }
-    // The kill moments: points of the run's own clock (the `wall_s` of its records, which goes
-    // on across resumes), uniform over the length of the run left alone, each a random part
-    // of a second later, so that they fall in warm-up, generation, training and checkpoints
-    // alike, wherever the run spends its time.
+    // The kill moments: points of the run's own clock (the time of the run left alone: a
+    // resumed process goes on from its checkpoint's time), uniform over the length of the run
+    // left alone, each a random part of a second later, so that they fall in warm-up,
+    // generation, training and checkpoints alike, wherever the run spends its time.
     let mut moments: Vec<f64> = (0..kills).map(|_| rng.random_range(0.0..alone_s)).collect();
     moments.sort_by(f64::total_cmp);
     let (mut done, mut early_kills, mut resumes, mut resume_errors) = (0, 0, 0, 0);
@@ -159,7 +184,9 @@ fn compare(
         }
         let extra = Duration::from_secs_f64(rng.random_range(0.0..1.0));
         let started_at = Instant::now();
-        match kill_at(&mut child, &killed, moments[k], extra)? {
+        // this process's clock starts where its checkpoint's left off
+        let from = checkpoint_clock(&killed);
+        match kill_at(&mut child, moments[k] - from, extra)? {
             Some(status) => {
                 // it ended before the kill: the run is done (or a resume failed)
                 resume_errors += usize::from(!status.success());
@@ -258,24 +285,17 @@ fn train(
         .context("cannot start areal train")
 }
 
-/// Wait until the run in `run` has run `moment` seconds by its own clock, then `extra` more,
-/// and SIGKILL `child`; its status if it ended first.
+/// Wait `after` seconds (none if it is negative), then `extra` more, and SIGKILL `child`;
+/// its status if it ended first.
 fn kill_at(
     child: &mut Child,
-    run: &Path,
-    moment: f64,
+    after: f64,
     extra: Duration,
 ) -> anyhow::Result<Option<std::process::ExitStatus>> {
-    let mut deadline: Option<Instant> = None;
-    loop {
+    let deadline = Instant::now() + Duration::from_secs_f64(after.max(0.0)) + extra;
+    while Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
             return Ok(Some(status));
-        }
-        match deadline {
-            Some(at) if Instant::now() >= at => break,
-            Some(_) => {}
-            None if run_clock(run) >= moment => deadline = Some(Instant::now() + extra),
-            None => {}
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -284,28 +304,27 @@ fn kill_at(
     Ok(None)
 }
 
-/// The run's clock: the time of the last record in its `metrics.jsonl` that has one (0 before
-/// any): a step's or an evaluation's `wall_s`, a warm-up evaluation's `seconds`. Only the
-/// file's end is read.
-fn run_clock(run: &Path) -> f64 {
-    use std::io::{Read as _, Seek as _};
-    let Ok(mut file) = std::fs::File::open(run.join("metrics.jsonl")) else {
-        return 0.0;
-    };
-    let len = file.metadata().map_or(0, |m| m.len());
-    let mut tail = Vec::new();
-    if file
-        .seek(std::io::SeekFrom::Start(len.saturating_sub(16 << 10)))
-        .is_err()
-        || file.read_to_end(&mut tail).is_err()
-    {
-        return 0.0;
-    }
-    String::from_utf8_lossy(&tail)
-        .lines()
-        .rev()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find_map(|r| r["wall_s"].as_f64().or_else(|| r["seconds"].as_f64()))
+/// The run's clock at its newest checkpoint (its `elapsed_s`; 0 without one): where a
+/// resumed process's clock starts.
+fn checkpoint_clock(run: &Path) -> f64 {
+    let newest = std::fs::read_dir(run.join("checkpoints"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (kind, n) = name.split_once('-')?;
+            let rank = match kind {
+                "warmup" => 0,
+                "step" => 1,
+                _ => return None,
+            };
+            Some(((rank, n.parse::<u64>().ok()?), e.path()))
+        })
+        .max_by_key(|(key, _)| *key);
+    newest
+        .and_then(|(_, dir)| read_json(&dir.join("state.json")).ok())
+        .and_then(|state| state["elapsed_s"].as_f64())
         .unwrap_or(0.0)
 }
 
