@@ -62,7 +62,6 @@ pub(crate) async fn train(
         ctx.controller.start();
     }
     let counters = &runner.counters;
-    let mut steps_done = first_step;
     let mut generated = (
         Instant::now(),
         counters.generated_tokens.load(Ordering::Relaxed),
@@ -99,7 +98,6 @@ pub(crate) async fn train(
         let train_ms = trained.train_ms;
         let mut metrics = step_metrics(ctx, &trained.groups, version, trained.report);
         version += 1;
-        steps_done = step;
         metrics.step = step;
         metrics.gen_tokens_per_s = gen_tokens_per_s;
         metrics.train_tokens_per_s = metrics.packed_tokens as f64 / (train_ms / 1e3).max(1e-9);
@@ -144,7 +142,14 @@ pub(crate) async fn train(
     if start && ctx.interrupt.is_requested() {
         let rollout = ctx.controller.final_snapshot().await?;
         let so_far = so_far(ctx, &totals, &clock);
-        let progress = progress(steps_done, version, warmup, &so_far, &trained_ids, rollout);
+        let progress = progress(
+            totals.steps,
+            version,
+            warmup,
+            &so_far,
+            &trained_ids,
+            rollout,
+        );
         crate::resume::save(ctx, progress, None).await?;
     }
     Ok(RlOutcome {

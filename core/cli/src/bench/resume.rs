@@ -168,7 +168,9 @@ fn compare(
     let mut written = HashSet::new();
     let started = Instant::now();
     let mut finished = false;
-    for k in 0..=kills {
+    // each moment a process killed, then one that runs to the end
+    let plan = moments.iter().copied().map(Some).chain([None]);
+    for (k, moment) in plan.enumerate() {
         // killed before it made its run folder: started again, as its first command
         let mut child = if !killed.join("config.toml").exists() {
             train(exe, config, Some(&killed), None)?
@@ -176,17 +178,17 @@ fn compare(
             resumes += 1;
             train(exe, &[], None, Some(&killed))?
         };
-        if k == kills {
+        let Some(moment) = moment else {
             let status = child.wait()?;
             resume_errors += usize::from(!status.success());
             finished = status.success();
             break;
-        }
+        };
         let extra = Duration::from_secs_f64(rng.random_range(0.0..1.0));
         let started_at = Instant::now();
         // this process's clock starts where its checkpoint's left off
         let from = checkpoint_clock(&killed);
-        match kill_at(&mut child, moments[k] - from, extra)? {
+        match kill_at(&mut child, moment - from, extra)? {
             Some(status) => {
                 // it ended before the kill: the run is done (or a resume failed)
                 resume_errors += usize::from(!status.success());
@@ -202,7 +204,7 @@ fn compare(
                 written.extend(recorded);
                 eprintln!(
                     "[{mode}] kill {done}: at {:.1} s of the run, {:.1} s into its process, {steps} steps recorded, newest checkpoint at step {}",
-                    moments[k],
+                    moment,
                     started_at.elapsed().as_secs_f64(),
                     newest_step(&killed)
                 );
