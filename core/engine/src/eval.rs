@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use areal_sdk::{FinishReason, SamplingParams, Split, Task, Verdict, WeightUpdate};
+use areal_sdk::{FinishReason, SamplingParams, Split, Task, TaskItem, Verdict, WeightUpdate};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -122,6 +122,12 @@ pub async fn evaluate(
     summarise(task, spec, graded)
 }
 
+/// Item `index` of `split`, or an error naming it.
+fn read_item(task: &Arc<dyn Task>, split: Split, index: usize) -> Result<TaskItem, EngineError> {
+    task.item(split, index as u64)
+        .map_err(|e| EngineError::plugin(format!("reading {} item {index}", split.as_str()), e))
+}
+
 /// The id of completion `j` of eval item `index` (apart from the ids of training samples).
 fn eval_sample_id(index: usize, j: usize, samples: usize) -> u64 {
     u64::MAX / 2 + (index * samples + j) as u64
@@ -139,9 +145,7 @@ async fn generate_concurrently(
     let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
     let mut jobs = JoinSet::new();
     for index in 0..items {
-        let item = task.item(spec.split, index as u64).map_err(|e| {
-            EngineError::plugin(format!("reading {} item {index}", spec.split.as_str()), e)
-        })?;
+        let item = read_item(task, spec.split, index)?;
         let item = Arc::new(item);
         for j in 0..samples {
             let (runner, permits, item) = (runner.clone(), permits.clone(), item.clone());
@@ -193,9 +197,7 @@ async fn generate_batched(
     let mut asks = Vec::with_capacity(items * samples);
     let mut held = Vec::with_capacity(items);
     for index in 0..items {
-        let item = task.item(spec.split, index as u64).map_err(|e| {
-            EngineError::plugin(format!("reading {} item {index}", spec.split.as_str()), e)
-        })?;
+        let item = read_item(task, spec.split, index)?;
         let prompt = runner
             .tokenizer()
             .encode(&item.prompt)

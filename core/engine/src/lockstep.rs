@@ -58,8 +58,8 @@ pub(crate) async fn next_batch(
 async fn round(inner: &Arc<Shared>, running: Vec<RunningGroup>) {
     let runner = &inner.runner;
     let chunk = inner.config.rollout.chunk_tokens;
-    // Each group's item and prompt; a group whose item cannot be had fails.
-    let mut groups = Vec::new();
+    // Each group's item and prompt, by group id; a group whose item cannot be had fails.
+    let mut groups = BTreeMap::new();
     for group in running {
         let item =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepared(inner, &group)));
@@ -70,14 +70,16 @@ async fn round(inner: &Arc<Shared>, running: Vec<RunningGroup>) {
             ))
         });
         match item {
-            Ok((item, prompt)) => groups.push((group, item, prompt)),
+            Ok((item, prompt)) => {
+                groups.insert(group.spec.group_id, (group, item, prompt));
+            }
             Err(e) => inner.settle(group.spec.group_id, Err(e)),
         }
     }
     // One chunk for every unfinished sample, handed to the generator together.
     let mut asks = Vec::new();
     let mut whose = Vec::new();
-    for (group, _, prompt) in &groups {
+    for (group, _, prompt) in groups.values() {
         let spec = &group.spec;
         for (j, sample) in group.samples.iter().enumerate() {
             if sample.done {
@@ -122,10 +124,7 @@ async fn round(inner: &Arc<Shared>, running: Vec<RunningGroup>) {
     let now: Vec<RunningGroup> = inner.state().running().cloned().collect();
     let mut verifications = Vec::new();
     for group in &now {
-        let Some((_, item, _)) = groups
-            .iter()
-            .find(|(g, ..)| g.spec.group_id == group.spec.group_id)
-        else {
+        let Some((_, item, _)) = groups.get(&group.spec.group_id) else {
             continue;
         };
         for (j, sample) in group.samples.iter().enumerate() {
@@ -153,10 +152,7 @@ async fn round(inner: &Arc<Shared>, running: Vec<RunningGroup>) {
     // File the groups that are complete, oldest first.
     let now: Vec<RunningGroup> = inner.state().running().cloned().collect();
     for group in now {
-        let Some((_, item, prompt)) = groups
-            .iter()
-            .find(|(g, ..)| g.spec.group_id == group.spec.group_id)
-        else {
+        let Some((_, item, prompt)) = groups.get(&group.spec.group_id) else {
             continue;
         };
         let Some(samples) = complete(&group) else {

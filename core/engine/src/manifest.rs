@@ -21,9 +21,11 @@ fn sha256(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
-/// Write the manifest of every file under `dir` (sub-folders included, by relative path).
-pub(crate) fn write(dir: &Path) -> Result<(), EngineError> {
+/// Write the manifest of every file under `dir` (sub-folders included, by relative path);
+/// the bytes of the folder's files, the manifest included.
+pub(crate) fn write(dir: &Path) -> Result<u64, EngineError> {
     let mut sums = BTreeMap::new();
+    let mut size = 0;
     let mut stack = vec![dir.to_owned()];
     while let Some(folder) = stack.pop() {
         for entry in std::fs::read_dir(&folder).map_err(|e| EngineError::io(&folder, e))? {
@@ -33,6 +35,7 @@ pub(crate) fn write(dir: &Path) -> Result<(), EngineError> {
                 continue;
             }
             let bytes = std::fs::read(&path).map_err(|e| EngineError::io(&path, e))?;
+            size += bytes.len() as u64;
             let name = path
                 .strip_prefix(dir)
                 .expect("under the folder")
@@ -43,7 +46,8 @@ pub(crate) fn write(dir: &Path) -> Result<(), EngineError> {
     }
     let json = serde_json::to_string_pretty(&sums).expect("the manifest serialises");
     let path = dir.join(FILE);
-    std::fs::write(&path, json).map_err(|e| EngineError::io(&path, e))
+    std::fs::write(&path, &json).map_err(|e| EngineError::io(&path, e))?;
+    Ok(size + json.len() as u64)
 }
 
 /// Whether every file the manifest of `dir` lists is there with its checksum, and it lists
@@ -74,7 +78,9 @@ mod tests {
         std::fs::write(dir.path().join("state.json"), b"{}").unwrap();
         std::fs::create_dir(dir.path().join("trainer")).unwrap();
         std::fs::write(dir.path().join("trainer/weights"), b"1234").unwrap();
-        write(dir.path()).unwrap();
+        let size = write(dir.path()).unwrap();
+        let manifest = std::fs::metadata(dir.path().join(FILE)).unwrap().len();
+        assert_eq!(size, 2 + 4 + manifest);
         verify(dir.path(), "state.json").unwrap();
         assert!(
             verify(dir.path(), "other.json")

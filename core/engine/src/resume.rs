@@ -190,14 +190,13 @@ async fn write(
     let json = serde_json::to_vec_pretty(&state).expect("the run state serialises");
     let path = dir.join(STATE_FILE);
     std::fs::write(&path, json).map_err(|e| EngineError::io(&path, e))?;
-    crate::manifest::write(&dir)?;
+    let size = crate::manifest::write(&dir)?;
     crate::failpoint::hit("checkpoint");
     staged
         .commit()
         .map_err(|e| EngineError::io(e.path, e.source))?;
     prune(root, ctx.config.checkpoint.keep)?;
     let ms = started.elapsed().as_secs_f64() * 1e3;
-    let size = dir_size(&target)?;
     let stats = &mut ctx.checkpoints;
     stats.written += 1;
     stats.ms_sum += ms;
@@ -342,25 +341,6 @@ fn prune(root: &Path, keep: usize) -> Result<(), EngineError> {
         std::fs::remove_dir_all(&trash).map_err(|e| EngineError::io(&trash, e))?;
     }
     Ok(())
-}
-
-fn dir_size(dir: &Path) -> Result<u64, EngineError> {
-    let mut size = 0;
-    let mut stack = vec![dir.to_owned()];
-    while let Some(folder) = stack.pop() {
-        for entry in std::fs::read_dir(&folder).map_err(|e| EngineError::io(&folder, e))? {
-            let entry = entry.map_err(|e| EngineError::io(&folder, e))?;
-            let meta = entry
-                .metadata()
-                .map_err(|e| EngineError::io(entry.path(), e))?;
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else {
-                size += meta.len();
-            }
-        }
-    }
-    Ok(size)
 }
 
 /// Copy the files of `from` (one level) into a new folder `to`.

@@ -25,10 +25,16 @@ fn train(args: &[&str], failpoint: Option<&str>) -> Output {
     command.output().expect("run areal")
 }
 
-/// Run `config` into `run` uninterrupted.
-fn straight(run: &Path, config: &[String]) {
+/// The arguments of a fresh run of `config` into `run`.
+fn fresh<'a>(config: &'a [String], run: &'a Path) -> Vec<&'a str> {
     let mut args: Vec<&str> = config.iter().map(String::as_str).collect();
     args.extend(["--out", run.to_str().unwrap()]);
+    args
+}
+
+/// Run `config` into `run` uninterrupted.
+fn straight(run: &Path, config: &[String]) {
+    let args = fresh(config, run);
     let out = train(&args, None);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
@@ -39,8 +45,7 @@ fn killed_and_resumed(run: &Path, config: &[String], failpoints: &[&str]) {
     let dir = run.to_str().unwrap();
     for (i, point) in failpoints.iter().enumerate() {
         let out = if i == 0 {
-            let mut args: Vec<&str> = config.iter().map(String::as_str).collect();
-            args.extend(["--out", dir]);
+            let args = fresh(config, run);
             train(&args, Some(point))
         } else {
             train(&["--resume", dir], Some(point))
@@ -306,8 +311,7 @@ fn a_damaged_checkpoint_is_named_and_the_one_before_is_used() {
     let config = testkit(dir.path(), &["deterministic=true", "checkpoint.every=5"]);
     let (alone, killed) = (dir.path().join("alone"), dir.path().join("killed"));
     straight(&alone, &config);
-    let mut args: Vec<&str> = config.iter().map(String::as_str).collect();
-    args.extend(["--out", killed.to_str().unwrap()]);
+    let args = fresh(&config, &killed);
     let out = train(&args, Some("train:33"));
     assert_eq!(out.status.signal(), Some(9), "{}", text(&out.stderr));
     let checkpoints = killed.join("checkpoints");
@@ -346,8 +350,7 @@ fn a_damaged_checkpoint_is_named_and_the_one_before_is_used() {
 
     // every checkpoint damaged: refused, each named
     let broken = dir.path().join("broken");
-    let mut args: Vec<&str> = config.iter().map(String::as_str).collect();
-    args.extend(["--out", broken.to_str().unwrap()]);
+    let args = fresh(&config, &broken);
     let out = train(&args, Some("train:18"));
     assert_eq!(out.status.signal(), Some(9), "{}", text(&out.stderr));
     let mut names = Vec::new();
@@ -388,8 +391,7 @@ fn resuming_refuses_a_config_that_differs_unless_told() {
     let config = testkit(dir.path(), &["checkpoint.every=5"]);
     let run = dir.path().join("run");
     let path = run.to_str().unwrap();
-    let mut args: Vec<&str> = config.iter().map(String::as_str).collect();
-    args.extend(["--out", path]);
+    let args = fresh(&config, &run);
     let out = train(&args, Some("train:12"));
     assert_eq!(out.status.signal(), Some(9), "{}", text(&out.stderr));
 
