@@ -8,7 +8,7 @@
 CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: setup train test lint cuda-check python-wasi bench-backends fuzz
+.PHONY: setup train test lint cuda-check python-wasi reward-components bench-backends fuzz
 
 # Everything `areal train` needs is built from the package registries by cargo itself. Code
 # rewards also need the WASI interpreter: `make python-wasi` (apt, Debian's source package).
@@ -21,7 +21,7 @@ train: setup
 
 # burn is ~30x slower without optimisation, so tests run in release. The code-grading tests
 # need the WASI interpreter, built first (once; ~3 min).
-test: python-wasi
+test: python-wasi reward-components
 	$(CARGO) test --workspace --release --locked
 	$(MAKE) lint cuda-check
 
@@ -39,6 +39,21 @@ cuda-check:
 # package with Debian's clang-16 into .cache/python-wasi (~3 min; installs the toolchain with apt).
 python-wasi:
 	rewards/sandbox/scripts/build-python-wasi.sh
+
+# Reward plugins written in Rust and built as WebAssembly components (rewards/components: the
+# chain-sum example and the hostile component of the sandbox's tests) into .cache/components.
+# Installs the wasm32-wasip2 target with rustup the first time.
+COMPONENTS := chain-sum hostile
+reward-components:
+	@rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
+	CARGO_TARGET_DIR=$(abspath $(TARGET_DIR))/components $(CARGO) build --release --locked \
+		--target wasm32-wasip2 --manifest-path rewards/components/Cargo.toml
+	@mkdir -p .cache/components
+	@for c in $(COMPONENTS); do \
+		cp $(abspath $(TARGET_DIR))/components/wasm32-wasip2/release/areal_component_$$(echo $$c | tr - _).wasm \
+			.cache/components/$$c.wasm || exit 1; \
+	done
+	@ls -l .cache/components/*.wasm
 
 # The CPU-backend table of docs/benchmarks.md (flex, ndarray, ndarray on Debian's OpenBLAS;
 # installs libopenblas-dev with apt; each backend builds burn again, ~5 min each).

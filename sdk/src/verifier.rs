@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::PluginError;
 use crate::generator::FaultStats;
@@ -27,6 +27,12 @@ pub struct RewardInput {
     pub finish_reason: FinishReason,
     /// The task's reference for this item: an answer, unit tests...
     pub reference: Value,
+    /// What else is known of the sample: the engine sets `data_source` (the task's name) and
+    /// `split`; a caller such as `areal grade reward` passes its own keys. Plugins loaded at
+    /// run time see it, with `item_id`, `sample_id`, `finish_reason` and `completion_tokens`
+    /// added.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub metadata: Map<String, Value>,
 }
 
 /// Call context of one verification.
@@ -71,6 +77,15 @@ pub trait RewardVerifier: Send + Sync + 'static {
 
     /// Verify one sample.
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError>;
+
+    /// What, beyond the sample's completion and reference, decides this verifier's rewards:
+    /// its version, the sha256 of any plugin file it runs, its limits and options. With
+    /// `reward_service.cache = true` the engine keeps rewards under it and this sample's
+    /// content, so a verifier must change it whenever its rewards could change. `None` (the
+    /// default) keeps its rewards out of the cache.
+    fn cache_identity(&self) -> Option<String> {
+        None
+    }
 
     /// What a verifier that calls servers lost on the way (samples sent again, servers that
     /// failed), for the run's summary; a verifier that computes in process keeps the default.

@@ -11,6 +11,7 @@ use super::{chain, config, run_recorded};
 
 fn input(sample_id: u64) -> RewardInput {
     RewardInput {
+        metadata: Default::default(),
         sample_id,
         item_id: format!("item-{sample_id}"),
         prompt: "c".into(),

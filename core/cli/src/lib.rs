@@ -36,6 +36,7 @@ use areal_gen_burn as _;
 use areal_model as _;
 use areal_reward_code as _;
 use areal_reward_math as _;
+use areal_reward_plugin as _;
 use areal_serve as _;
 use areal_tasks as _;
 use areal_testkit as _;
@@ -66,7 +67,7 @@ enum Command {
     /// Evaluate a checkpoint on the task's held-out split: greedy pass@1, or pass@k sampled.
     Eval(EvalArgs),
     /// Grade answers outside training (code: LiveCodeBench records in the wasm sandbox;
-    /// math: answers against references).
+    /// math: answers against references; reward: any config's `[reward]` over samples).
     #[command(subcommand)]
     Grade(grade::GradeCommand),
     /// Benchmarks that print tables (sandbox, controller, async-vs-sync, math).

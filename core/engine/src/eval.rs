@@ -307,16 +307,11 @@ pub struct Evaluator {
 impl Evaluator {
     /// An evaluator on `plugins` (their policy gives the tokenizer; its weights are not used).
     pub fn new(config: &Config, plugins: Plugins) -> Self {
-        let rewards = RewardService::new(
-            plugins.verifier,
-            config.reward_service.threads,
-            std::time::Duration::from_millis(config.reward_service.deadline_ms),
+        let rewards = RewardService::from_config(plugins.verifier, &config.reward_service);
+        let runner = Arc::new(
+            GroupRunner::new(plugins.generator, plugins.policy.tokenizer(), rewards)
+                .with_data_source(plugins.task.name()),
         );
-        let runner = Arc::new(GroupRunner::new(
-            plugins.generator,
-            plugins.policy.tokenizer(),
-            rewards,
-        ));
         Self {
             task: plugins.task,
             runner,

@@ -26,6 +26,10 @@ pub struct GroupCounters {
     pub reward_failures: AtomicU64,
     /// Reward latencies in milliseconds since last drained.
     pub reward_latencies_ms: Mutex<Vec<f64>>,
+    /// Rewards asked for since last drained.
+    pub rewards: AtomicU64,
+    /// Of which the reward cache answered.
+    pub reward_cache_hits: AtomicU64,
 }
 
 impl GroupCounters {
@@ -46,6 +50,8 @@ pub struct GroupRunner {
     tokenizer: Arc<dyn Tokenizer>,
     rewards: RewardService,
     stop_token_ids: Vec<u32>,
+    /// The task's name, the `data_source` of every reward input's metadata.
+    data_source: String,
     /// Counters for metrics.
     pub counters: GroupCounters,
 }
@@ -63,8 +69,15 @@ impl GroupRunner {
             tokenizer,
             rewards,
             stop_token_ids,
+            data_source: String::new(),
             counters: GroupCounters::default(),
         }
+    }
+
+    /// With the task's name, given to rewards as `metadata.data_source`.
+    pub fn with_data_source(mut self, name: &str) -> Self {
+        self.data_source = name.to_owned();
+        self
     }
 
     /// The generator.
@@ -241,6 +254,13 @@ impl GroupRunner {
         let verified = self
             .rewards
             .verify(RewardInput {
+                metadata: if self.data_source.is_empty() {
+                    Default::default()
+                } else {
+                    let mut m = serde_json::Map::new();
+                    m.insert("data_source".into(), self.data_source.clone().into());
+                    m
+                },
                 sample_id,
                 item_id: item.id.clone(),
                 prompt: item.prompt.clone(),
@@ -255,6 +275,12 @@ impl GroupRunner {
             .lock()
             .expect("latency lock poisoned")
             .push(verified.latency.as_secs_f64() * 1e3);
+        self.counters.rewards.fetch_add(1, Ordering::Relaxed);
+        if verified.cached {
+            self.counters
+                .reward_cache_hits
+                .fetch_add(1, Ordering::Relaxed);
+        }
         if verified.reward.verdict.is_failure() {
             self.counters
                 .reward_failures

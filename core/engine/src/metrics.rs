@@ -105,6 +105,10 @@ pub struct StepMetrics {
     pub reward_latency_p50_ms: f64,
     /// 99th-percentile reward latency in milliseconds since the previous step.
     pub reward_latency_p99_ms: f64,
+    /// The share of rewards since the previous step that the reward cache answered (0 without
+    /// `reward_service.cache`).
+    #[serde(default)]
+    pub reward_cache_hit_rate: f64,
     /// Groups waiting in the buffer after this step took its batch.
     pub buffer_size: usize,
     /// Rollouts generating when the step ended.

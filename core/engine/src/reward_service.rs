@@ -2,6 +2,7 @@
 //! sample under a deadline. A verifier that fails, panics or hangs costs that one sample.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -9,6 +10,9 @@ use std::time::{Duration, Instant};
 use areal_sdk::{Reward, RewardInput, RewardVerifier, Verdict, VerifyContext};
 use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::oneshot;
+
+use crate::config::RewardServiceConfig;
+use crate::reward_cache::RewardCache;
 
 /// A verified sample with how long it waited in the queue and ran.
 #[derive(Clone, Debug)]
@@ -18,6 +22,8 @@ pub struct Verified {
     pub reward: Reward,
     /// Time from submission to result (queueing included).
     pub latency: Duration,
+    /// Whether the reward came from the reward cache.
+    pub cached: bool,
 }
 
 /// A reward, or the failure verdict and what went wrong.
@@ -44,10 +50,11 @@ struct Shared {
     abandoned: AtomicUsize,
 }
 
-/// A pool of verifier threads.
+/// A pool of verifier threads, with an optional reward cache in front.
 pub struct RewardService {
     shared: Arc<Shared>,
     submit: Sender<Job>,
+    cache: Option<Arc<RewardCache>>,
 }
 
 impl RewardService {
@@ -64,7 +71,54 @@ impl RewardService {
         for _ in 0..threads.max(1) {
             spawn_worker(&shared);
         }
-        Self { shared, submit }
+        Self {
+            shared,
+            submit,
+            cache: None,
+        }
+    }
+
+    /// The service `config` asks for: its threads, its deadline and, with `cache = true`, a
+    /// reward cache for a verifier that has a
+    /// [`cache_identity`](RewardVerifier::cache_identity), kept in `cache_dir` across runs
+    /// when that is set. A cache folder that cannot be used is a warning and the cache then
+    /// lasts the run: the cache saves time, it never stops a run.
+    pub fn from_config(verifier: Arc<dyn RewardVerifier>, config: &RewardServiceConfig) -> Self {
+        let cache = match (config.cache, verifier.cache_identity()) {
+            (true, Some(identity)) => {
+                let dir = (!config.cache_dir.is_empty()).then(|| Path::new(&config.cache_dir));
+                let cache = RewardCache::new(verifier.name(), &identity, dir).or_else(|e| {
+                    tracing::warn!(
+                        target: "areal::reward",
+                        "reward_service.cache_dir {:?}: {e}; rewards are cached for this run only",
+                        config.cache_dir
+                    );
+                    RewardCache::new(verifier.name(), &identity, None)
+                });
+                cache.ok().map(Arc::new)
+            }
+            (true, None) => {
+                tracing::warn!(
+                    target: "areal::reward",
+                    verifier = verifier.name(),
+                    "reward_service.cache is set, but this verifier names no cache identity: nothing is cached"
+                );
+                None
+            }
+            (false, _) => None,
+        };
+        let mut service = Self::new(
+            verifier,
+            config.threads,
+            Duration::from_millis(config.deadline_ms),
+        );
+        service.cache = cache;
+        service
+    }
+
+    /// The reward cache, when there is one.
+    pub fn cache(&self) -> Option<&Arc<RewardCache>> {
+        self.cache.as_ref()
     }
 
     /// The verifier the threads run.
@@ -92,6 +146,29 @@ impl RewardService {
     /// [`RewardService::verify`] with a deadline of its own (a remote client's, say).
     pub async fn verify_within(&self, input: RewardInput, deadline: Duration) -> Verified {
         let submitted = Instant::now();
+        let key = self.cache.as_ref().map(|c| c.key(&input));
+        if let (Some(cache), Some(key)) = (&self.cache, &key)
+            && let Some(reward) = cache.get(key)
+        {
+            return Verified {
+                reward,
+                latency: submitted.elapsed(),
+                cached: true,
+            };
+        }
+        let verified = self.verify_uncached(input, deadline, submitted).await;
+        if let (Some(cache), Some(key)) = (&self.cache, key) {
+            cache.put(key, &verified.reward);
+        }
+        verified
+    }
+
+    async fn verify_uncached(
+        &self,
+        input: RewardInput,
+        deadline: Duration,
+        submitted: Instant,
+    ) -> Verified {
         let (started_tx, started_rx) = oneshot::channel();
         let (done_tx, mut done_rx) = oneshot::channel();
         let state = Arc::new(AtomicU8::new(RUNNING));
@@ -112,6 +189,7 @@ impl RewardService {
             return Verified {
                 reward: failure(Verdict::Error, "reward service is shut down".into()),
                 latency: submitted.elapsed(),
+                cached: false,
             };
         }
         // Queueing does not count against the deadline; running does.
@@ -119,6 +197,7 @@ impl RewardService {
             return Verified {
                 reward: failure(Verdict::Error, "reward worker exited".into()),
                 latency: submitted.elapsed(),
+                cached: false,
             };
         }
         let outcome = match tokio::time::timeout(deadline, &mut done_rx).await {
@@ -157,6 +236,7 @@ impl RewardService {
         Verified {
             reward,
             latency: submitted.elapsed(),
+            cached: false,
         }
     }
 }

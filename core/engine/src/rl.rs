@@ -318,6 +318,15 @@ pub(crate) fn step_metrics(
         staleness: staleness(groups, version),
         reward_latency_p50_ms: percentile(&latencies, 50.0),
         reward_latency_p99_ms: percentile(&latencies, 99.0),
+        reward_cache_hit_rate: {
+            let asked = counters.rewards.swap(0, Ordering::Relaxed);
+            let hits = counters.reward_cache_hits.swap(0, Ordering::Relaxed);
+            if asked == 0 {
+                0.0
+            } else {
+                hits as f64 / asked as f64
+            }
+        },
         buffer_size: ctx.controller.buffered(),
         running: counts.running,
         accepted_total: counts.accepted,

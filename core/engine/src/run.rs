@@ -7,7 +7,6 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use areal_sdk::{Split, Task};
 use serde::Serialize;
@@ -54,12 +53,10 @@ pub async fn run(
         }
         (dir, false) => (None, RunLog::new(dir, &config)?, 0),
     };
-    let rewards = RewardService::new(
-        verifier,
-        config.reward_service.threads,
-        Duration::from_millis(config.reward_service.deadline_ms),
+    let rewards = RewardService::from_config(verifier, &config.reward_service);
+    let runner = Arc::new(
+        GroupRunner::new(generator, policy.tokenizer(), rewards).with_data_source(task.name()),
     );
-    let runner = Arc::new(GroupRunner::new(generator, policy.tokenizer(), rewards));
     let rollout = match found.as_ref().map(|f| &f.state.stage) {
         Some(Stage::Rl(rl)) => RolloutState::restore(&config, task.as_ref(), rl.rollout.clone()),
         _ => RolloutState::new(&config, task.as_ref()),

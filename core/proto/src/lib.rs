@@ -301,6 +301,11 @@ pub fn reward_input(input: &RewardInput, deadline: Duration) -> pb::RewardInput 
         finish_reason: finish_reason(input.finish_reason) as i32,
         reference_json: input.reference.to_string(),
         deadline_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
+        metadata_json: if input.metadata.is_empty() {
+            String::new()
+        } else {
+            serde_json::Value::Object(input.metadata.clone()).to_string()
+        },
     }
 }
 
@@ -311,8 +316,17 @@ pub fn from_reward_input(input: pb::RewardInput) -> Result<(RewardInput, Duratio
             field: "reference_json",
             source,
         })?;
+    let metadata = if input.metadata_json.is_empty() {
+        Default::default()
+    } else {
+        serde_json::from_str(&input.metadata_json).map_err(|source| DecodeError::Json {
+            field: "metadata_json",
+            source,
+        })?
+    };
     Ok((
         RewardInput {
+            metadata,
             sample_id: input.sample_id,
             item_id: input.item_id,
             prompt: input.prompt,

@@ -189,6 +189,10 @@ fn requests_rewards_and_stats_round_trip() {
         request
     );
     let input = RewardInput {
+        metadata: json!({"data_source": "chain-sum", "split": "train"})
+            .as_object()
+            .cloned()
+            .unwrap(),
         sample_id: 9,
         item_id: "item-3".into(),
         prompt: "a5b8=".into(),

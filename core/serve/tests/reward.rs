@@ -86,6 +86,7 @@ fn options(endpoints: Vec<String>) -> RemoteRewardOptions {
 
 fn input(sample_id: u64, completion: &str) -> RewardInput {
     RewardInput {
+        metadata: Default::default(),
         sample_id,
         item_id: "x".into(),
         prompt: "c".into(),

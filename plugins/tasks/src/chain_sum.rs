@@ -316,6 +316,10 @@ impl RewardVerifier for ChainSumVerifier {
         };
         Ok(reward.with_version(env!("CARGO_PKG_VERSION")))
     }
+
+    fn cache_identity(&self) -> Option<String> {
+        Some(env!("CARGO_PKG_VERSION").into())
+    }
 }
 
 pub(crate) fn build_verifier(

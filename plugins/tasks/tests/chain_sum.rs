@@ -159,6 +159,7 @@ fn demonstrations_forget_carries_and_nothing_else() {
 
 fn input(prompt_text: &str, completion: &str, answer: u64) -> RewardInput {
     RewardInput {
+        metadata: Default::default(),
         sample_id: 1,
         item_id: "x".into(),
         prompt: prompt_text.into(),

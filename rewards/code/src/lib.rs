@@ -140,6 +140,15 @@ impl RewardVerifier for LcbVerifier {
         );
         Ok(reward_of(&grade, &self.options, &self.sandbox))
     }
+
+    fn cache_identity(&self) -> Option<String> {
+        let options = serde_json::to_string(&self.options).ok()?;
+        Some(format!(
+            "{}; {}; options {options}",
+            verifier_version(&self.sandbox),
+            self.sandbox.module()
+        ))
+    }
 }
 
 fn build_verifier(

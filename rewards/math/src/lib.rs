@@ -343,6 +343,11 @@ impl RewardVerifier for MathVerifier {
         reward.provenance.wall_ms = started.elapsed().as_secs_f64() * 1e3;
         Ok(reward)
     }
+
+    fn cache_identity(&self) -> Option<String> {
+        let options = serde_json::to_string(&self.options).ok()?;
+        Some(format!("{}; options {options}", verifier_version()))
+    }
 }
 
 fn build_verifier(

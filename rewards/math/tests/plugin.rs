@@ -13,6 +13,7 @@ use areal_reward_math as _;
 
 fn input(id: u64, completion: &str, reference: Value) -> RewardInput {
     RewardInput {
+        metadata: Default::default(),
         sample_id: id,
         item_id: format!("item-{id}"),
         prompt: "What is 14/3 as a fraction?".into(),

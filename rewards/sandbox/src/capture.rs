@@ -47,6 +47,15 @@ impl Capture {
         true
     }
 
+    /// Whether nothing was written yet.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .bytes
+            .is_empty()
+    }
+
     /// The captured bytes, and whether more was written than the cap.
     pub(crate) fn take(&self) -> (Vec<u8>, bool) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());

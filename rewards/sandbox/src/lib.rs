@@ -13,14 +13,20 @@
 //!   and the instance is snapshotted (wasmtime-wizer): every run then starts from an
 //!   initialised interpreter, in about a millisecond.
 //! - [`Pool`] runs many sandboxes on parallel threads.
+//! - [`ComponentHost`] runs reward plugins compiled to WebAssembly components
+//!   (`areal:reward`, `sdk/guest/wit`) in fresh instances under the same limits.
 //!
 //! DESIGN.md §5 has the facts this was built on; `docs/sandbox.md` the threat model.
 
 mod capture;
+mod component;
 mod guest;
 mod pool;
 mod sandbox;
 
+pub use component::{
+    CallOutcome, CallReport, ComponentHost, Grants, GuestVerdict, MAX_REPLY_BYTES, Sample, Scored,
+};
 pub use guest::{INTERPRETER_ENV, Interpreter, InterpreterError};
 pub use pool::Pool;
 pub use sandbox::{

@@ -18,7 +18,7 @@ use crate::guest::{Interpreter, InterpreterError, hex};
 /// The guest path of the read-only standard library (the interpreter's compiled-in prefix).
 const GUEST_STDLIB: &str = "/usr/local/lib/python3.11";
 /// How often the epoch advances: the granularity of CPU limits and of yielding to tokio.
-const EPOCH_TICK: Duration = Duration::from_millis(5);
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// Wasm stack for the guest's native frames (deep recursion through C needs a lot). It must
 /// stay below the async fiber stack.
 const MAX_WASM_STACK: usize = 48 << 20;
@@ -74,6 +74,10 @@ pub struct Settings {
     /// deterministic mode, the fixed clock and random source; what it computes is shared by
     /// every run (reseed what should differ).
     pub preinit: Option<String>,
+    /// Limits of the pre-initialisation (CPU time, wall time, memory), for source that is not
+    /// the project's own: past them building the sandbox fails, naming the limit. `None`:
+    /// unbounded.
+    pub preinit_limits: Option<Limits>,
 }
 
 /// Limits of one run.
@@ -173,6 +177,15 @@ pub enum SandboxError {
     /// wasmtime failed (configuration, compilation, instantiation).
     #[error("wasmtime: {0:#}")]
     Wasmtime(wasmtime::Error),
+    /// A reward component could not be loaded: it is missing, not a component, or does not
+    /// implement `areal:reward`.
+    #[error("reward component {}: {message}", path.display())]
+    Component {
+        /// The component's file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
     /// The module cache could not be used.
     #[error("module cache {}", path.display())]
     Cache {
@@ -200,7 +213,7 @@ struct Guest {
 /// A run's time limit, counted in time the guest itself spends: the CPU time of the thread
 /// running it plus the time it sleeps. Time spent waiting for a core while other work runs
 /// counts for neither, so a verdict does not depend on how busy the machine is.
-struct TimeBudget {
+pub(crate) struct TimeBudget {
     /// The limit; `None` in deterministic mode, where fuel bounds the CPU and the wall limit
     /// a sleeping guest.
     limit: Option<Duration>,
@@ -209,7 +222,7 @@ struct TimeBudget {
 }
 
 impl TimeBudget {
-    fn new(limit: Option<Duration>) -> Self {
+    pub(crate) fn new(limit: Option<Duration>) -> Self {
         Self {
             limit,
             meter: CpuMeter::default(),
@@ -218,16 +231,16 @@ impl TimeBudget {
     }
 
     /// What is left of the limit (`None`: no limit).
-    fn left(&mut self) -> Option<Duration> {
+    pub(crate) fn left(&mut self) -> Option<Duration> {
         let used = self.meter.used() + self.slept;
         self.limit.map(|limit| limit.saturating_sub(used))
     }
 }
 
-struct MemoryCap {
-    max: usize,
-    peak: usize,
-    exceeded: bool,
+pub(crate) struct MemoryCap {
+    pub(crate) max: usize,
+    pub(crate) peak: usize,
+    pub(crate) exceeded: bool,
 }
 
 impl ResourceLimiter for MemoryCap {
@@ -332,8 +345,17 @@ impl Sandbox {
                     &hex(&Sha256::digest(source.as_bytes()))[..16],
                     settings.mode.as_str()
                 );
-                let snapshot =
-                    || preinitialize(&engine, &linker, &interpreter, settings.mode, source);
+                let limits = settings.preinit_limits.as_ref();
+                let snapshot = || {
+                    preinitialize(
+                        &engine,
+                        &linker,
+                        &interpreter,
+                        settings.mode,
+                        source,
+                        limits,
+                    )
+                };
                 let module = load_or_compile(&engine, &key, &cache_dir, snapshot)?;
                 (module, "areal_run", key)
             }
@@ -534,6 +556,7 @@ fn preinitialize(
     interpreter: &Interpreter,
     mode: Mode,
     source: &str,
+    limits: Option<&Limits>,
 ) -> Result<Vec<u8>, SandboxError> {
     let started = Instant::now();
     tracing::info!("pre-initialising {}", interpreter.reactor().display());
@@ -554,8 +577,8 @@ fn preinitialize(
             env: &[("PYTHONHASHSEED".into(), "0".into())],
             seed: 0,
         },
-        4 << 30,
-        None,
+        limits.map_or(4 << 30, |l| l.memory_bytes),
+        limits.map(|l| l.cpu),
     )?;
     let mut store = Store::new(engine, guest);
     store.limiter(|g| &mut g.memory);
@@ -563,7 +586,18 @@ fn preinitialize(
         store.set_fuel(u64::MAX)?;
     }
     store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(|_| Ok(wasmtime::UpdateDeadline::Yield(1)));
+    store.epoch_deadline_callback(|mut ctx| {
+        if ctx
+            .data_mut()
+            .time
+            .left()
+            .is_some_and(|left| left.is_zero())
+        {
+            return Ok(wasmtime::UpdateDeadline::Interrupt);
+        }
+        Ok(wasmtime::UpdateDeadline::Yield(1))
+    });
+    let wall = limits.map_or(Duration::MAX, |l| l.wall);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -574,10 +608,27 @@ fn preinitialize(
             init.call_async(&mut store, ()).await?;
         }
         let init = instance.get_typed_func::<(), ()>(&mut store, "wizer.initialize")?;
-        if let Err(e) = init.call_async(&mut store, ()).await {
+        let ran = tokio::time::timeout(wall, init.call_async(&mut store, ())).await;
+        let failed = match ran {
+            Ok(Ok(())) => None,
+            Err(_) => Some(format!("wall-time limit of {:.1} s", wall.as_secs_f64())),
+            Ok(Err(e)) => Some(match classify(&e, store.data().memory.exceeded) {
+                Outcome::MemoryLimit => {
+                    format!("memory limit of {} MiB", store.data().memory.max >> 20)
+                }
+                Outcome::TimeLimit => format!(
+                    "CPU-time limit of {:.1} s",
+                    limits.map_or(0.0, |l| l.cpu.as_secs_f64())
+                ),
+                // The source raised: the interpreter aborts, and its traceback says why.
+                Outcome::Trapped(_) if !stderr.is_empty() => "it raised an exception".into(),
+                _ => format!("{e:#}"),
+            }),
+        };
+        if let Some(why) = failed {
             let (err, _) = stderr.take();
             return Err(wasmtime::Error::msg(format!(
-                "the pre-initialisation source failed: {e:#}\n{}",
+                "the pre-initialisation source failed: {why}\n{}",
                 String::from_utf8_lossy(&err)
             )));
         }
@@ -641,7 +692,7 @@ fn read(path: &Path) -> Result<Vec<u8>, SandboxError> {
     })
 }
 
-fn classify(e: &wasmtime::Error, memory_exceeded: bool) -> Outcome {
+pub(crate) fn classify(e: &wasmtime::Error, memory_exceeded: bool) -> Outcome {
     if let Some(exit) = e.downcast_ref::<I32Exit>() {
         return Outcome::Exited(exit.0);
     }
@@ -759,12 +810,12 @@ fn guest_memory(caller: &mut wasmtime::Caller<'_, Guest>) -> wasmtime::Result<wa
 /// it. The file name holds the key (which names the interpreter's sha256 and whatever else
 /// shapes the module), wasmtime's version and a hash of every engine setting that changes the
 /// machine code; the file's own sha256 is checked before it is loaded.
-fn load_or_compile(
+pub(crate) fn load_or_compile<A: Artifact>(
     engine: &Engine,
     key: &str,
     cache_dir: &Path,
     wasm: impl FnOnce() -> Result<Vec<u8>, SandboxError>,
-) -> Result<Module, SandboxError> {
+) -> Result<A, SandboxError> {
     let mut settings = std::collections::hash_map::DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut settings);
     let key = format!(
@@ -786,7 +837,7 @@ fn load_or_compile(
         // settings (the key says so) and its sha256 matches the one written beside it, so it
         // is the artefact wasmtime produced, not arbitrary bytes.
         #[allow(unsafe_code)]
-        let module = unsafe { Module::deserialize_file(engine, &file) };
+        let module = unsafe { A::deserialize_file(engine, &file) };
         match module {
             Ok(m) => return Ok(m),
             Err(e) => tracing::warn!("{}: {e:#}; recompiling", file.display()),
@@ -795,7 +846,7 @@ fn load_or_compile(
     let wasm = wasm()?;
     let started = Instant::now();
     tracing::info!("compiling {key} (once; cached in {})", cache_dir.display());
-    let compiled = engine.precompile_module(&wasm)?;
+    let compiled = A::precompile(engine, &wasm)?;
     std::fs::create_dir_all(cache_dir).map_err(|e| cache_err(cache_dir, e))?;
     let tmp = tempfile::NamedTempFile::new_in(cache_dir).map_err(|e| cache_err(cache_dir, e))?;
     std::fs::write(tmp.path(), &compiled).map_err(|e| cache_err(tmp.path(), e))?;
@@ -804,12 +855,43 @@ fn load_or_compile(
     tracing::info!("compiled in {:.1} s", started.elapsed().as_secs_f64());
     // SAFETY: as above; we wrote this file from `precompile_module` a moment ago.
     #[allow(unsafe_code)]
-    let module = unsafe { Module::deserialize_file(engine, &file) }?;
+    let module = unsafe { A::deserialize_file(engine, &file) }?;
     Ok(module)
 }
 
+/// What [`load_or_compile`] caches: a core module or a component.
+pub(crate) trait Artifact: Sized {
+    fn precompile(engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>>;
+    /// # Safety
+    /// `path` must hold what [`Artifact::precompile`] wrote for an engine of these settings.
+    #[allow(unsafe_code)]
+    unsafe fn deserialize_file(engine: &Engine, path: &Path) -> wasmtime::Result<Self>;
+}
+
+impl Artifact for Module {
+    fn precompile(engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
+        engine.precompile_module(wasm)
+    }
+    #[allow(unsafe_code)]
+    unsafe fn deserialize_file(engine: &Engine, path: &Path) -> wasmtime::Result<Self> {
+        // SAFETY: the caller's promise.
+        unsafe { Module::deserialize_file(engine, path) }
+    }
+}
+
+impl Artifact for wasmtime::component::Component {
+    fn precompile(engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
+        engine.precompile_component(wasm)
+    }
+    #[allow(unsafe_code)]
+    unsafe fn deserialize_file(engine: &Engine, path: &Path) -> wasmtime::Result<Self> {
+        // SAFETY: the caller's promise.
+        unsafe { wasmtime::component::Component::deserialize_file(engine, path) }
+    }
+}
+
 /// Advances the engine's epoch every tick while the sandbox lives.
-fn spawn_epoch_ticker(engine: Engine, alive: Weak<()>) {
+pub(crate) fn spawn_epoch_ticker(engine: Engine, alive: Weak<()>) {
     std::thread::Builder::new()
         .name("areal-sandbox-epoch".into())
         .spawn(move || {
@@ -865,12 +947,12 @@ fn thread_cpu_time() -> Duration {
 /// The guest's clocks. Fast mode: real time, monotonic from the run's start. Deterministic
 /// mode: a clock that never moves (2024-01-01T00:00:00Z, monotonic 0).
 #[derive(Clone, Copy)]
-struct GuestClock {
+pub(crate) struct GuestClock {
     start: Option<Instant>,
 }
 
 impl GuestClock {
-    fn new(mode: Mode) -> Self {
+    pub(crate) fn new(mode: Mode) -> Self {
         Self {
             start: (mode == Mode::Fast).then(Instant::now),
         }
@@ -911,10 +993,10 @@ impl wasmtime_wasi::HostMonotonicClock for GuestClock {
 }
 
 /// splitmix64: a seeded random source for deterministic mode.
-struct SeededRandom(u64);
+pub(crate) struct SeededRandom(u64);
 
 impl SeededRandom {
-    fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Self(seed)
     }
 }

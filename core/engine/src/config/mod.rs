@@ -197,6 +197,13 @@ pub struct RewardServiceConfig {
     /// Per-sample deadline in milliseconds; a verifier that has not answered by then costs
     /// that sample (verdict `verifier_timeout`). By default 10000.
     pub deadline_ms: u64,
+    /// Keep rewards by content (the verifier's identity, the completion, the reference): a
+    /// completion graded once is not graded again. Only for verifiers that name their
+    /// identity (every built-in and run-time plugin does). By default false.
+    pub cache: bool,
+    /// Where the cache keeps deterministic rewards across runs (all but time limits measured
+    /// in time); `""` keeps them for the run only. By default `.cache/rewards`.
+    pub cache_dir: String,
 }
 
 impl Default for RewardServiceConfig {
@@ -204,6 +211,8 @@ impl Default for RewardServiceConfig {
         Self {
             threads: 2,
             deadline_ms: 10_000,
+            cache: false,
+            cache_dir: ".cache/rewards".into(),
         }
     }
 }

@@ -13,6 +13,7 @@ fn areal() -> Command {
 
 fn input(id: u64, completion: &str) -> RewardInput {
     RewardInput {
+        metadata: Default::default(),
         sample_id: id,
         item_id: format!("item-{id}"),
         prompt: "a5b8c3=".into(),

@@ -567,6 +567,7 @@ fn the_lcb_plugin_builds_from_config_and_grades_a_sample() {
 
     let verifier = build(PluginConfig::new("reward", "lcb").with("timeout_s", 1.0)).unwrap();
     let input = RewardInput {
+        metadata: Default::default(),
         sample_id: 1,
         item_id: "1873_A".into(),
         prompt: String::new(),
@@ -637,6 +638,7 @@ fn the_lcb_reward_conforms() {
         .expect("a reference solution")
         .to_owned();
     let input = |id: u64, program: &str| RewardInput {
+        metadata: Default::default(),
         sample_id: id,
         item_id: format!("lcb-{id}"),
         prompt: rec["question_content"]

@@ -93,6 +93,7 @@ fn check_demonstration(task: &dyn Task, verifier: &dyn RewardVerifier, item: &Ta
         .unwrap_or_else(|e| panic!("{name}: demonstration of item {}: {e}", item.id));
     let Some(demo) = demo else { return };
     let input = RewardInput {
+        metadata: Default::default(),
         sample_id: 0,
         item_id: item.id.clone(),
         prompt: item.prompt.clone(),
