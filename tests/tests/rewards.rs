@@ -178,3 +178,45 @@ async fn a_verifier_that_fails_on_every_sample_stops_the_run() {
     );
     assert!(recorder.steps.lock().unwrap().is_empty());
 }
+
+/// With `reward_service.cache`, a completion graded once is answered from the cache: the
+/// rewards are the same as without it, and the steps report the hit rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reward_cache_answers_repeated_completions_with_the_same_rewards() {
+    let service = RewardService::from_config(
+        Arc::new(areal_testkit::SuccessorVerifier),
+        &areal_core::RewardServiceConfig {
+            cache: true,
+            cache_dir: String::new(),
+            ..Default::default()
+        },
+    );
+    let first = service.verify(input(1)).await;
+    let again = service.verify(input(2)).await;
+    assert!(
+        !first.cached && again.cached,
+        "same completion and reference"
+    );
+    assert_eq!(again.reward, first.reward);
+    let mut other = input(3);
+    other.completion = "dex".into();
+    let other = service.verify(other).await;
+    assert!(!other.cached);
+    assert_eq!(service.cache().unwrap().stats(), (1, 3));
+
+    let config = config(&[
+        "reward_service.cache=true",
+        "reward_service.cache_dir=",
+        "train.steps=12",
+        "eval.enabled=false",
+    ]);
+    let (summary, recorder) = run_recorded(config, None).await;
+    assert_eq!(summary.unwrap().steps, 12);
+    let steps = recorder.steps.lock().unwrap();
+    let rates: Vec<f64> = steps.iter().map(|m| m.reward_cache_hit_rate).collect();
+    assert!(rates.iter().all(|r| (0.0..=1.0).contains(r)), "{rates:?}");
+    assert!(
+        rates.iter().any(|r| *r > 0.0),
+        "the testkit's short completions repeat: {rates:?}"
+    );
+}

@@ -45,7 +45,11 @@ def _say(obj):
         sys.stdout.flush()
     except BaseException:
         pass
-    os.write(1, MARK + json.dumps(obj, allow_nan=True, default=repr).encode() + b"\n")
+    try:
+        text = json.dumps(obj, allow_nan=False, default=repr)
+    except ValueError:
+        text = json.dumps({"error": "the details hold a number that is not finite (NaN or inf)"})
+    os.write(1, MARK + text.encode() + b"\n")
     os._exit(0)
 
 
@@ -110,6 +114,8 @@ def areal_main():
                 % (FUNCTION, repr(result)[:200])  # noqa: F821
             }
         )
+    if score != score or score in (float("inf"), float("-inf")):
+        _say({"error": "returned a score of %r, which is not finite" % score})
     _say({"score": score, "details": details, "verdict": verdict})
 
 

@@ -28,6 +28,7 @@
 //!     completion_ids: vec![],
 //!     finish_reason: FinishReason::Stop,
 //!     reference: serde_json::json!({"letters": 8, "length": 4}),
+//!     metadata: Default::default(),
 //! };
 //! conformance::check_verifier(
 //!     std::sync::Arc::new(SuccessorVerifier),

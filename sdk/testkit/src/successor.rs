@@ -166,6 +166,10 @@ impl RewardVerifier for SuccessorVerifier {
     fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {
         successor_reward(input)
     }
+
+    fn cache_identity(&self) -> Option<String> {
+        Some(env!("CARGO_PKG_VERSION").into())
+    }
 }
 
 pub(crate) fn build_verifier(

@@ -1,6 +1,6 @@
 //! `areal bench`: measured tables, never pass/fail. `sandbox` (the wasm sandbox against
 //! native, unsandboxed Python), `controller` (the engine alone), `fleet` (one trainer and many generator servers), `async-vs-sync` (the paper's
-//! claims), `math` (the maths verifier) and `resume` (runs killed and resumed). Every bench that trains builds its runs through
+//! claims), `math` (the maths verifier), `resume` (runs killed and resumed) and `reward` (what a reward costs in each of its forms). Every bench that trains builds its runs through
 //! [`areal_core::resolve`], as `areal train` does; their statistics come from [`stats`].
 
 use clap::Subcommand;
@@ -10,6 +10,7 @@ mod controller;
 mod fleet;
 mod math;
 mod resume;
+mod reward;
 mod sandbox;
 mod stats;
 
@@ -41,6 +42,10 @@ pub(crate) enum BenchCommand {
     /// samples lost or trained twice, steps trained again; and the time and size of one
     /// checkpoint for the job's model and a ~10 M-parameter one.
     Resume(resume::BenchResumeArgs),
+    /// What a reward costs per sample in each form — compiled in, a WASM component, a Python
+    /// file in the sandbox, the same Python function in a native process — at each thread
+    /// count, on the built-in task's samples: latency, throughput, the ratios.
+    Reward(reward::BenchRewardArgs),
 }
 
 pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -51,5 +56,6 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::AsyncVsSync(args) => async_vs_sync::run(args),
         BenchCommand::Math(args) => math::run(args),
         BenchCommand::Resume(args) => resume::run(args),
+        BenchCommand::Reward(args) => reward::run(args),
     }
 }

@@ -1,9 +1,10 @@
 //! The `areal` binary: plugin listing, a short training run, config errors, code and maths
-//! grading, benches, resuming runs (`resume.rs`).
+//! grading, benches, resuming runs (`resume.rs`), any config's reward (`reward.rs`).
 
 use std::process::{Command, Output};
 
 mod resume;
+mod reward;
 
 fn areal(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_areal"))
@@ -78,9 +79,11 @@ fn plugins_lists_every_built_in_plugin() {
         ("reward", "chain-sum"),
         ("reward", "lcb"),
         ("reward", "math"),
+        ("reward", "python"),
         ("reward", "remote"),
         ("reward", "testkit-faulty"),
         ("reward", "testkit-successor"),
+        ("reward", "wasm"),
         ("task", "chain-sum"),
         ("task", "math"),
         ("task", "testkit-successor"),
