@@ -25,9 +25,12 @@ test: python-wasi reward-components
 	$(CARGO) test --workspace --release --locked
 	$(MAKE) lint cuda-check
 
-lint:
+lint: reward-components
 	$(CARGO) fmt --all -- --check
+	$(CARGO) fmt --all --manifest-path rewards/components/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	CARGO_TARGET_DIR=$(abspath $(TARGET_DIR))/components $(CARGO) clippy --locked \
+		--target wasm32-wasip2 --manifest-path rewards/components/Cargo.toml -- -D warnings
 	.ci/module-cycles sdk/src sdk/*/src core/*/src plugins/*/src plugins/examples/*/src rewards/*/src
 
 # burn's CUDA backend cannot be linked without internet at build time (cubecl-llvm downloads

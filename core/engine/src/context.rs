@@ -44,6 +44,16 @@ pub(crate) struct RunContext {
 }
 
 impl RunContext {
+    /// The reward's identity beyond its config section (a plugin file's sha256...), as its
+    /// verifier names it for caches.
+    pub(crate) fn reward_identity(&self) -> Option<String> {
+        self.controller
+            .runner()
+            .rewards()
+            .verifier()
+            .cache_identity()
+    }
+
     /// Seconds since the run started (earlier processes of a resumed run included).
     pub(crate) fn wall_s(&self) -> f64 {
         self.elapsed_before + self.started.elapsed().as_secs_f64()

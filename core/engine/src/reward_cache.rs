@@ -168,8 +168,9 @@ impl RewardCache {
 /// Whether the same sample would get this verdict on any machine: all but a time limit
 /// measured in time (no fuel).
 pub(crate) fn deterministic(reward: &Reward) -> bool {
-    !reward.verdict.is_failure()
-        && !(reward.verdict == Verdict::TimeLimit && reward.provenance.fuel.is_none())
+    let timed_out_in_seconds =
+        reward.verdict == Verdict::TimeLimit && reward.provenance.fuel.is_none();
+    !reward.verdict.is_failure() && !timed_out_in_seconds
 }
 
 fn hex(bytes: &[u8]) -> String {

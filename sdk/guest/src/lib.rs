@@ -39,6 +39,7 @@
 use serde_json::{Map, Value};
 
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments, missing_docs, unreachable_pub)]
 pub mod bindings {
     wit_bindgen::generate!({
         world: "reward",

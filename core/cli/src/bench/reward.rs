@@ -84,7 +84,7 @@ fn samples(n: usize) -> anyhow::Result<Vec<RewardInput>> {
         let mut k = 0u64;
         let completion = response(&terms, || {
             k += 1;
-            i % 3 == 0 && k % 2 == 0
+            i.is_multiple_of(3) && k.is_multiple_of(2)
         });
         out.push(RewardInput {
             sample_id: i,

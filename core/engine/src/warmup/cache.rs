@@ -10,9 +10,10 @@ use crate::atomic::StagedDir;
 use crate::metrics::WarmupReport;
 use crate::worker::ComputeWorker;
 
-/// Where a warm-up with these settings, on the task data of checksum `task_data`, is cached,
+/// Where a warm-up with these settings, on the task data of checksum `task_data`, graded by a
+/// reward of identity `reward` (its `cache_identity`: a plugin file's sha256, say), is cached,
 /// if caching is on.
-pub(super) fn path(config: &Config, task_data: &str) -> Option<PathBuf> {
+pub(super) fn path(config: &Config, task_data: &str, reward: Option<&str>) -> Option<PathBuf> {
     if config.warmup.cache_dir.is_empty() {
         return None;
     }
@@ -21,6 +22,7 @@ pub(super) fn path(config: &Config, task_data: &str) -> Option<PathBuf> {
     // A remote reward's section says where its servers are, not what they grade (which the
     // servers' own config decides): `areal launch local` picks new ports for every run, so
     // the endpoints and the connection settings are left out of the key.
+    let identity = reward;
     let mut reward = config.reward.clone();
     if let Some(section) = reward.as_object_mut()
         && section.get("kind").and_then(|k| k.as_str()) == Some("remote")
@@ -34,6 +36,8 @@ pub(super) fn path(config: &Config, task_data: &str) -> Option<PathBuf> {
         // the data itself: a dataset edited in place is another warm-up
         "task_data": task_data,
         "reward": reward,
+        // what the reward is beyond its section: a plugin file edited in place grades anew
+        "reward_identity": identity,
         "warmup": warmup,
         "seed": config.seed,
         "max_new_tokens": config.rollout.max_new_tokens,
@@ -41,8 +45,9 @@ pub(super) fn path(config: &Config, task_data: &str) -> Option<PathBuf> {
         "max_grad_norm": config.train.max_grad_norm,
         "version": env!("CARGO_PKG_VERSION"),
         // what a cached warm-up means: 2 = it ends with the best-validation-accuracy weights;
-        // 3 = it carries a manifest of checksums; 4 = keyed by the task's data
-        "format": 4,
+        // 3 = it carries a manifest of checksums; 4 = keyed by the task's data; 5 = and by
+        // the reward's identity
+        "format": 5,
     });
     let hash = areal_sdk::stable_hash(&key.to_string());
     Some(Path::new(&config.warmup.cache_dir).join(format!("{hash:016x}")))
@@ -101,7 +106,7 @@ mod tests {
 
     fn path(sets: &[&str]) -> std::path::PathBuf {
         let config = ConfigLoader::new().set_all(sets).unwrap().load().unwrap();
-        super::path(&config, "data").expect("caching is on by default")
+        super::path(&config, "data", None).expect("caching is on by default")
     }
 
     /// A remote reward's endpoints change with every launch; what it grades does not.
@@ -125,7 +130,23 @@ mod tests {
     #[test]
     fn the_task_data_is_part_of_the_key() {
         let config = ConfigLoader::new().load().unwrap();
-        assert_ne!(super::path(&config, "a"), super::path(&config, "b"));
-        assert_eq!(super::path(&config, "a"), super::path(&config, "a"));
+        assert_ne!(
+            super::path(&config, "a", None),
+            super::path(&config, "b", None)
+        );
+        assert_eq!(
+            super::path(&config, "a", None),
+            super::path(&config, "a", None)
+        );
+    }
+
+    /// A reward plugin's file edited in place (another identity) is another warm-up.
+    #[test]
+    fn the_reward_s_identity_is_part_of_the_key() {
+        let config = ConfigLoader::new().load().unwrap();
+        let p = |id| super::path(&config, "a", id);
+        assert_ne!(p(Some("sha256 1")), p(Some("sha256 2")));
+        assert_ne!(p(Some("sha256 1")), p(None));
+        assert_eq!(p(Some("sha256 1")), p(Some("sha256 1")));
     }
 }

@@ -43,7 +43,11 @@ pub(crate) async fn warm_up(
 
 /// The cached warm-up for these settings, loaded into the policy, if there is a sound one.
 async fn reuse(ctx: &mut RunContext) -> Result<Option<WarmupReport>, EngineError> {
-    let Some(dir) = cache::path(&ctx.config, &ctx.task_fingerprint) else {
+    let Some(dir) = cache::path(
+        &ctx.config,
+        &ctx.task_fingerprint,
+        ctx.reward_identity().as_deref(),
+    ) else {
         return Ok(None);
     };
     let Some(mut report) = cache::read(&dir) else {
@@ -194,8 +198,11 @@ async fn train(
         cached: false,
     };
     // A cache is only a saving: failing to write one costs the next run time, not this run.
-    if let Some(dir) = cache::path(&ctx.config, &ctx.task_fingerprint)
-        && !interrupted
+    if let Some(dir) = cache::path(
+        &ctx.config,
+        &ctx.task_fingerprint,
+        ctx.reward_identity().as_deref(),
+    ) && !interrupted
         && let Err(e) = cache::write(&dir, &ctx.worker, &report).await
     {
         tracing::warn!(target: "areal::warmup", dir = %dir.display(), error = %crate::error::chain(&e), "cannot cache the warm-up; the next run with these settings warms up again");
