@@ -26,8 +26,15 @@ pub struct Verified {
     pub cached: bool,
 }
 
-/// A reward, or the failure verdict and what went wrong.
-type JobResult = Result<Reward, (Verdict, String)>;
+/// A reward, or the failure verdict and what went wrong (with the verification's wall time).
+type JobResult = Result<Reward, Failure>;
+
+/// A verification that gave no reward.
+struct Failure {
+    verdict: Verdict,
+    message: String,
+    wall_ms: f64,
+}
 
 /// Who finished first: the verifier or the deadline.
 const RUNNING: u8 = 0;
@@ -214,7 +221,11 @@ impl RewardService {
         };
         let reward = match outcome {
             Some(Ok(Ok(reward))) => reward,
-            Some(Ok(Err((verdict, message)))) => failure(verdict, message),
+            Some(Ok(Err(f))) => {
+                let mut reward = failure(f.verdict, f.message);
+                reward.provenance.wall_ms = f.wall_ms;
+                reward
+            }
             Some(Err(_)) => failure(Verdict::VerifierCrashed, "reward worker died".into()),
             None => {
                 self.shared.abandoned.fetch_add(1, Ordering::SeqCst);
@@ -268,23 +279,29 @@ fn worker(shared: &Shared) {
                 if reward.value.is_finite() {
                     Ok(reward)
                 } else {
-                    Err((
-                        Verdict::Error,
-                        format!("verifier returned reward {}", reward.value),
-                    ))
+                    Err(Failure {
+                        verdict: Verdict::Error,
+                        message: format!("verifier returned reward {}", reward.value),
+                        wall_ms,
+                    })
                 }
             }
-            Ok(Err(e)) => Err((Verdict::Error, crate::error::chain(&e))),
+            Ok(Err(e)) => Err(Failure {
+                verdict: Verdict::Error,
+                message: crate::error::chain(&e),
+                wall_ms,
+            }),
             Err(panic) => {
                 let message = panic
                     .downcast_ref::<String>()
                     .cloned()
                     .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                     .unwrap_or_else(|| "panic".into());
-                Err((
-                    Verdict::VerifierCrashed,
-                    format!("verifier panicked: {message}"),
-                ))
+                Err(Failure {
+                    verdict: Verdict::VerifierCrashed,
+                    message: format!("verifier panicked: {message}"),
+                    wall_ms,
+                })
             }
         };
         let _ = job.done.send(result);

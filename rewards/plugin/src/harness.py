@@ -87,6 +87,10 @@ def areal_main():
     # The snapshot froze the random module's state: draw this run's own seed (the OS's in
     # fast mode, the seeded source's in deterministic mode).
     random.seed()
+    # os.environ was read when the snapshot was taken: the environment is what the config
+    # grants (`env`), nothing else.
+    os.environ.clear()
+    os.environ.update(job.get("env") or {})
     try:
         result = _call(job)
     except BaseException as e:

@@ -138,6 +138,7 @@ impl RewardVerifier for PythonReward {
             "reference": input.reference,
             "metadata": metadata,
             "options": self.options.options,
+            "env": self.options.env,
         });
         let mut limits = self.options.limits(NAME);
         // The engine stops waiting at its deadline: the run stops there too.
@@ -153,12 +154,8 @@ impl RewardVerifier for PythonReward {
         limits.wall = limits.wall.min(ctx.remaining());
         let run = Run {
             args: Vec::new(),
-            env: self
-                .options
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            // the harness sets os.environ from the job (the snapshot's was read at its start)
+            env: Vec::new(),
             stdin: job.to_string().into_bytes(),
             limits: limits.clone(),
             seed: seed_of(input),

@@ -180,6 +180,12 @@ fn a_hostile_component_costs_one_sample_each_and_sees_nothing_of_the_host() {
         (env["vars"].clone(), env["args"].clone()),
         (json!(0), json!(0))
     );
+    let granted = build(json!({ "kind": "wasm", "path": file, "env": { "TOKEN": "t" } })).unwrap();
+    let env = verify(granted.as_ref(), &input(8, "env", 16))
+        .unwrap()
+        .provenance
+        .details;
+    assert_eq!(env["vars"], json!(1), "what the config grants");
     let net = details("net");
     assert!(
         net["connect"].as_str().unwrap().starts_with("error"),
@@ -239,6 +245,12 @@ fn a_hostile_python_file_costs_one_sample_each_with_its_traceback() {
         !err.contains("areal_main"),
         "harness frames are noise: {err}"
     );
+    let env = verify(v.as_ref(), &input(8, "env", 16)).unwrap();
+    assert_eq!(
+        env.provenance.details["env"],
+        json!([]),
+        "no environment unless granted"
+    );
     let files = verify(v.as_ref(), &input(8, "files", 16)).unwrap();
     let seen = files.provenance.details["passwd"].as_str().unwrap();
     assert!(seen.starts_with("error"), "{seen}");
@@ -251,8 +263,16 @@ fn a_hostile_python_file_costs_one_sample_each_with_its_traceback() {
 #[test]
 fn a_python_call_gets_verl_s_arguments_and_the_options_as_keywords() {
     let file = fixture("tests/fixtures/hostile.py");
-    let v =
-        build(json!({ "kind": "python", "path": file, "options": { "strict": true } })).unwrap();
+    let v = build(json!({
+        "kind": "python", "path": file, "options": { "strict": true }, "env": { "TOKEN": "t" },
+    }))
+    .unwrap();
+    let env = verify(v.as_ref(), &input(4, "env", 16)).unwrap();
+    assert_eq!(
+        env.provenance.details["env"],
+        json!(["TOKEN"]),
+        "what the config grants"
+    );
     let r = verify(v.as_ref(), &input(4, "args", 16)).unwrap();
     let d = &r.provenance.details;
     assert_eq!(d["data_source"], json!("chain-sum"));
