@@ -2,7 +2,9 @@
 //!
 //! A reward is keyed by the sha256 of the verifier's name, its
 //! [`cache_identity`](areal_sdk::RewardVerifier::cache_identity) (version, plugin sha256,
-//! limits, options), the completion and the reference. Within a run every reward the verifier
+//! limits, options), the completion, the reference and the input's metadata (in a run, the
+//! data source) — not the sample's or the item's id, so a completion of the same item graded
+//! again is a hit: a reward cached must not depend on those ids. Within a run every reward the verifier
 //! gave is kept (failures are not: they are not rewards). With a folder, rewards whose verdict
 //! is deterministic are also appended to a file of their own verifier identity there and read
 //! back by the next run: every verdict but a time limit measured in time (a time limit in fuel
@@ -101,10 +103,12 @@ impl RewardCache {
     /// The key of a sample.
     pub fn key(&self, input: &RewardInput) -> [u8; 32] {
         let mut h = Sha256::new();
+        let metadata = serde_json::Value::Object(input.metadata.clone()).to_string();
         for part in [
             self.identity.as_bytes(),
             input.completion.as_bytes(),
             input.reference.to_string().as_bytes(),
+            metadata.as_bytes(),
         ] {
             h.update((part.len() as u64).to_le_bytes());
             h.update(part);

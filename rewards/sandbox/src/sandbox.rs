@@ -18,7 +18,7 @@ use crate::guest::{Interpreter, InterpreterError, hex};
 /// The guest path of the read-only standard library (the interpreter's compiled-in prefix).
 const GUEST_STDLIB: &str = "/usr/local/lib/python3.11";
 /// How often the epoch advances: the granularity of CPU limits and of yielding to tokio.
-pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(5);
+const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// Wasm stack for the guest's native frames (deep recursion through C needs a lot). It must
 /// stay below the async fiber stack.
 const MAX_WASM_STACK: usize = 48 << 20;
