@@ -181,7 +181,7 @@ fn serve_reward(
     };
     runtime.block_on(areal_serve::serve_reward(
         verifier,
-        threads,
+        &config.reward_service,
         listen,
         |addr| {
             // one line a launcher (or a user) can wait for

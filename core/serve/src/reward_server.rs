@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use areal_core::RewardService;
 use areal_core::config::bounds::MAX_DEADLINE_MS;
+use areal_core::{RewardService, RewardServiceConfig};
 use areal_proto::pb::verifier_server::{Verifier, VerifierServer};
 use areal_proto::{MAX_MESSAGE_BYTES, PROTOCOL_VERSION, check_header, pb};
 use areal_sdk::RewardVerifier;
@@ -102,17 +102,18 @@ fn failure(sample_id: u64, message: String) -> pb::VerifyResult {
     }
 }
 
-/// Serve `verifier` on `threads` threads until `shutdown` completes. `on_bound` gets the
-/// address actually bound (port 0 picks one) once the server accepts calls.
+/// Serve `verifier` as `config` says (its threads and its reward cache; the deadline is each
+/// sample's own) until `shutdown` completes. `on_bound` gets the address actually bound
+/// (port 0 picks one) once the server accepts calls.
 pub async fn serve_reward(
     verifier: Arc<dyn RewardVerifier>,
-    threads: usize,
+    config: &RewardServiceConfig,
     listen: Listen,
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
-    // the default deadline is never used: every sample carries its own
-    let service = RewardService::new(verifier, threads, Duration::from_secs(60));
+    let threads = config.threads;
+    let service = RewardService::from_config(verifier, config);
     let server = RewardServer {
         service: Arc::new(service),
         threads,

@@ -39,7 +39,10 @@ impl Server {
             runtime
                 .block_on(serve_reward(
                     Arc::new(SuccessorVerifier),
-                    2,
+                    &areal_core::RewardServiceConfig {
+                        threads: 2,
+                        ..Default::default()
+                    },
                     listen,
                     move |addr| bound_tx.send(addr).unwrap(),
                     async {
