@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use areal_sandbox::{Limits, Mode, Outcome};
-use areal_sdk::{PluginConfig, PluginError, Reward, RewardInput, Verdict};
+use areal_sdk::{PluginConfig, PluginError, Reward, RewardInput, Verdict, VerifyContext};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
@@ -189,6 +189,17 @@ impl Options {
         }
     }
 
+    /// The limits of a sample that must be done by `ctx`'s deadline (the engine stops waiting
+    /// there, so the run stops there too); `None` when the deadline has passed already.
+    pub(crate) fn limits_within(&self, kind: &str, ctx: &VerifyContext) -> Option<Limits> {
+        if ctx.expired() {
+            return None;
+        }
+        let mut limits = self.limits(kind);
+        limits.wall = limits.wall.min(ctx.remaining());
+        Some(limits)
+    }
+
     /// The limits as provenance records them.
     fn limits_json(&self, kind: &str) -> Map<String, Value> {
         let l = self.limits(kind);
@@ -273,10 +284,16 @@ pub(crate) fn stopped(outcome: &Outcome, limits: &Limits, mode: Mode) -> String 
     }
 }
 
-/// The last `n` bytes of a guest's stderr, as text, for an error message.
-pub(crate) fn tail(stderr: &[u8], n: usize) -> String {
-    let start = stderr.len().saturating_sub(n);
-    String::from_utf8_lossy(&stderr[start..]).trim().to_owned()
+/// The end of a guest's stderr (its last 2000 bytes) for an error message: `"; its stderr
+/// ends: ..."`, or nothing when it wrote none.
+pub(crate) fn stderr_note(stderr: &[u8]) -> String {
+    let start = stderr.len().saturating_sub(2000);
+    let tail = String::from_utf8_lossy(&stderr[start..]).trim().to_owned();
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!("; its stderr ends: {tail}")
+    }
 }
 
 /// The verdict a plugin named, checked: the engine's own failure verdicts are not for it.

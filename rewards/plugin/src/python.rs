@@ -27,7 +27,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::{
-    Options, PluginProvenance, metadata_of, reward, seed_of, sha256_hex, stopped, tail,
+    Options, PluginProvenance, metadata_of, reward, seed_of, sha256_hex, stderr_note, stopped,
     verdict_named, verdict_of,
 };
 
@@ -140,18 +140,10 @@ impl RewardVerifier for PythonReward {
             "options": self.options.options,
             "env": self.options.env,
         });
-        let mut limits = self.options.limits(NAME);
-        // The engine stops waiting at its deadline: the run stops there too.
-        if ctx.expired() {
-            return Err(PluginError::failed(
-                NAME,
-                format!(
-                    "{}: the deadline passed before the plugin ran",
-                    self.provenance.file
-                ),
-            ));
-        }
-        limits.wall = limits.wall.min(ctx.remaining());
+        let limits = self
+            .options
+            .limits_within(NAME, ctx)
+            .ok_or_else(|| fail("the deadline passed before the plugin ran".into()))?;
         let run = Run {
             args: Vec::new(),
             // the harness sets os.environ from the job (the snapshot's was read at its start)
@@ -164,14 +156,6 @@ impl RewardVerifier for PythonReward {
             .sandbox
             .run_blocking(&run)
             .map_err(|e| fail(e.to_string()))?;
-        let stderr_note = || {
-            let t = tail(&report.stderr, 2000);
-            if t.is_empty() {
-                String::new()
-            } else {
-                format!("; its stderr ends: {t}")
-            }
-        };
         match &report.outcome {
             Outcome::Exited(0) => {}
             other => {
@@ -184,11 +168,15 @@ impl RewardVerifier for PythonReward {
                     }
                     _ => stopped(other, &limits, self.options.mode),
                 };
-                return Err(fail(format!("{why}{}", stderr_note())));
+                return Err(fail(format!("{why}{}", stderr_note(&report.stderr))));
             }
         }
-        let at = find_last(&report.stdout, MARK)
-            .ok_or_else(|| fail(format!("the harness said nothing back{}", stderr_note())))?;
+        let at = find_last(&report.stdout, MARK).ok_or_else(|| {
+            fail(format!(
+                "the harness said nothing back{}",
+                stderr_note(&report.stderr)
+            ))
+        })?;
         let reply: Reply = serde_json::from_slice(&report.stdout[at + MARK.len()..])
             .map_err(|e| fail(format!("the harness's reply is not JSON: {e}")))?;
         if let Some(error) = reply.error {

@@ -22,7 +22,7 @@ use areal_sdk::{
 };
 use serde_json::{Map, Value};
 
-use crate::{Options, PluginProvenance, metadata_of, reward, seed_of, stopped, tail};
+use crate::{Options, PluginProvenance, metadata_of, reward, seed_of, stderr_note, stopped};
 
 /// The name the kind is registered under.
 pub const NAME: &str = "wasm";
@@ -133,15 +133,6 @@ fn clip(message: &str) -> &str {
     &message[..end]
 }
 
-fn stderr_note(stderr: &[u8]) -> String {
-    let t = tail(stderr, 2000);
-    if t.is_empty() {
-        String::new()
-    } else {
-        format!("; its stderr ends: {t}")
-    }
-}
-
 impl RewardVerifier for WasmReward {
     fn name(&self) -> &str {
         NAME
@@ -149,6 +140,11 @@ impl RewardVerifier for WasmReward {
 
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError> {
         let file = &self.provenance.file;
+        let fail = |m: String| PluginError::failed(NAME, format!("{file}: {m}"));
+        let limits = self
+            .options
+            .limits_within(NAME, ctx)
+            .ok_or_else(|| fail("the deadline passed before the plugin ran".into()))?;
         let (metadata, _) = metadata_of(input);
         let sample = Sample {
             prompt: input.prompt.clone(),
@@ -156,23 +152,10 @@ impl RewardVerifier for WasmReward {
             reference: input.reference.to_string(),
             metadata: Value::Object(metadata).to_string(),
         };
-        let mut limits = self.options.limits(NAME);
-        // The engine stops waiting at its deadline: the run stops there too.
-        if ctx.expired() {
-            return Err(PluginError::failed(
-                NAME,
-                format!(
-                    "{}: the deadline passed before the plugin ran",
-                    self.provenance.file
-                ),
-            ));
-        }
-        limits.wall = limits.wall.min(ctx.remaining());
         let report = self
             .host
             .call_blocking(&self.options_json, Some(&sample), &limits, seed_of(input))
-            .map_err(|e| PluginError::failed(NAME, format!("{file}: {e}")))?;
-        let fail = |m: String| PluginError::failed(NAME, format!("{file}: {m}"));
+            .map_err(|e| fail(e.to_string()))?;
         let scored = match report.outcome {
             CallOutcome::Scored(s) => s,
             CallOutcome::Configured => return Err(fail("did not score the sample".into())),

@@ -22,8 +22,8 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use crate::capture::Capture;
 use crate::guest::hex;
 use crate::sandbox::{
-    GuestClock, MemoryCap, Mode, Outcome, SandboxError, SeededRandom, TimeBudget, classify,
-    load_or_compile, spawn_epoch_ticker,
+    GuestClock, MemoryCap, Metered, Mode, Outcome, SandboxError, SeededRandom, TimeBudget,
+    block_on, classify, load_or_compile, meter, spawn_epoch_ticker,
 };
 use crate::{Limits, wasmtime_version};
 
@@ -86,6 +86,15 @@ struct State {
     table: ResourceTable,
     memory: MemoryCap,
     time: TimeBudget,
+}
+
+impl Metered for State {
+    fn memory(&mut self) -> &mut MemoryCap {
+        &mut self.memory
+    }
+    fn time(&mut self) -> &mut TimeBudget {
+        &mut self.time
+    }
 }
 
 impl WasiView for State {
@@ -232,13 +241,7 @@ impl ComponentHost {
         limits: &Limits,
         seed: u64,
     ) -> Result<CallReport, SandboxError> {
-        thread_local! {
-            static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .expect("building a current-thread tokio runtime");
-        }
-        RUNTIME.with(|rt| rt.block_on(self.call(options, sample, limits, seed)))
+        block_on(self.call(options, sample, limits, seed))
     }
 
     /// In a fresh instance: `configure(options)`, then `score(sample)` unless `sample` is
@@ -285,22 +288,10 @@ impl ComponentHost {
             time: TimeBudget::new((self.mode == Mode::Fast).then_some(limits.cpu)),
         };
         let mut store = Store::new(&self.engine, state);
-        store.limiter(|s| &mut s.memory);
-        if self.mode == Mode::Deterministic {
-            store.set_fuel(limits.fuel)?;
-        }
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|mut ctx| {
-            if ctx
-                .data_mut()
-                .time
-                .left()
-                .is_some_and(|left| left.is_zero())
-            {
-                return Ok(wasmtime::UpdateDeadline::Interrupt);
-            }
-            Ok(wasmtime::UpdateDeadline::Yield(1))
-        });
+        meter(
+            &mut store,
+            (self.mode == Mode::Deterministic).then_some(limits.fuel),
+        )?;
         let call = async {
             let reward = self.pre.instantiate_async(&mut store).await?;
             if let Err(message) = reward.call_configure(&mut store, options).await? {

@@ -268,6 +268,57 @@ impl ResourceLimiter for MemoryCap {
     }
 }
 
+/// A store's guest state with the two limits every guest runs under.
+pub(crate) trait Metered: Send + 'static {
+    fn memory(&mut self) -> &mut MemoryCap;
+    fn time(&mut self) -> &mut TimeBudget;
+}
+
+impl Metered for Guest {
+    fn memory(&mut self) -> &mut MemoryCap {
+        &mut self.memory
+    }
+    fn time(&mut self) -> &mut TimeBudget {
+        &mut self.time
+    }
+}
+
+/// Put a store under its guest's limits: memory by its cap, `fuel` when given (deterministic
+/// mode), and at every epoch tick a yield to tokio (so the wall-time timeout can fire), or an
+/// interrupt once the time budget (the guest's own CPU time plus its sleeps, see
+/// `TimeBudget`) is spent. In deterministic mode fuel is the only CPU bound.
+pub(crate) fn meter<T: Metered>(store: &mut Store<T>, fuel: Option<u64>) -> wasmtime::Result<()> {
+    store.limiter(|g| g.memory());
+    if let Some(fuel) = fuel {
+        store.set_fuel(fuel)?;
+    }
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|mut ctx| {
+        if ctx
+            .data_mut()
+            .time()
+            .left()
+            .is_some_and(|left| left.is_zero())
+        {
+            return Ok(wasmtime::UpdateDeadline::Interrupt);
+        }
+        Ok(wasmtime::UpdateDeadline::Yield(1))
+    });
+    Ok(())
+}
+
+/// Run `future` to completion on the current thread, on a tokio runtime of the thread's own
+/// (the blocking entry points of the sandbox; not for use inside an async context).
+pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("building a current-thread tokio runtime");
+    }
+    RUNTIME.with(|rt| rt.block_on(future))
+}
+
 /// The wasmtime host of the interpreter. Build once per process; runs are independent.
 pub struct Sandbox {
     engine: Engine,
@@ -401,13 +452,7 @@ impl Sandbox {
     /// Run one guest to completion on the current thread, on a tokio runtime of the thread's
     /// own. Not for use inside an async context: `.await` [`Sandbox::run`] there.
     pub fn run_blocking(&self, run: &Run) -> Result<RunReport, SandboxError> {
-        thread_local! {
-            static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .expect("building a current-thread tokio runtime");
-        }
-        RUNTIME.with(|rt| rt.block_on(self.run(run)))
+        block_on(self.run(run))
     }
 
     /// Run one guest in a fresh store. Errors are the host's; whatever the guest does is an
@@ -433,26 +478,8 @@ impl Sandbox {
             (self.mode == Mode::Fast).then_some(limits.cpu),
         )?;
         let mut store = Store::new(&self.engine, guest);
-        store.limiter(|g| &mut g.memory);
-        if self.mode == Mode::Deterministic {
-            store.set_fuel(limits.fuel)?;
-        }
-        // Every tick the guest yields to tokio (so the wall-time timeout can fire), and past
-        // its time limit (its own CPU time plus its sleeps, see `TimeBudget`) it is
-        // interrupted. In deterministic mode fuel is the only CPU bound.
         let deterministic = self.mode == Mode::Deterministic;
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|mut ctx| {
-            if ctx
-                .data_mut()
-                .time
-                .left()
-                .is_some_and(|left| left.is_zero())
-            {
-                return Ok(wasmtime::UpdateDeadline::Interrupt);
-            }
-            Ok(wasmtime::UpdateDeadline::Yield(1))
-        });
+        meter(&mut store, deterministic.then_some(limits.fuel))?;
 
         let call = async {
             let instance = self.pre.instantiate_async(&mut store).await?;
@@ -581,22 +608,10 @@ fn preinitialize(
         limits.map(|l| l.cpu),
     )?;
     let mut store = Store::new(engine, guest);
-    store.limiter(|g| &mut g.memory);
-    if mode == Mode::Deterministic {
-        store.set_fuel(u64::MAX)?;
-    }
-    store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(|mut ctx| {
-        if ctx
-            .data_mut()
-            .time
-            .left()
-            .is_some_and(|left| left.is_zero())
-        {
-            return Ok(wasmtime::UpdateDeadline::Interrupt);
-        }
-        Ok(wasmtime::UpdateDeadline::Yield(1))
-    });
+    meter(
+        &mut store,
+        (mode == Mode::Deterministic).then_some(u64::MAX),
+    )?;
     let wall = limits.map_or(Duration::MAX, |l| l.wall);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()

@@ -52,44 +52,10 @@ pub mod bindings {
 
 use bindings::areal::reward::types as wit;
 
-/// What a reward concluded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Fully correct.
-    Accepted,
-    /// Partly correct.
-    Partial,
-    /// An answer was found and it is wrong.
-    WrongAnswer,
-    /// No answer could be found.
-    NoAnswer,
-    /// No code could be found.
-    NoCode,
-    /// Graded code raised an error.
-    RuntimeError,
-    /// Graded code ran too long.
-    TimeLimit,
-    /// Graded code used too much memory.
-    MemoryLimit,
-    /// Graded code printed too much.
-    OutputLimit,
-}
-
-impl From<Verdict> for wit::Verdict {
-    fn from(v: Verdict) -> Self {
-        match v {
-            Verdict::Accepted => wit::Verdict::Accepted,
-            Verdict::Partial => wit::Verdict::Partial,
-            Verdict::WrongAnswer => wit::Verdict::WrongAnswer,
-            Verdict::NoAnswer => wit::Verdict::NoAnswer,
-            Verdict::NoCode => wit::Verdict::NoCode,
-            Verdict::RuntimeError => wit::Verdict::RuntimeError,
-            Verdict::TimeLimit => wit::Verdict::TimeLimit,
-            Verdict::MemoryLimit => wit::Verdict::MemoryLimit,
-            Verdict::OutputLimit => wit::Verdict::OutputLimit,
-        }
-    }
-}
+/// What a reward concluded: the WIT contract's own `verdict` (`Accepted`, `Partial`,
+/// `WrongAnswer`, `NoAnswer`, `NoCode`, `RuntimeError`, `TimeLimit`, `MemoryLimit`,
+/// `OutputLimit`).
+pub use wit::Verdict;
 
 /// One sample to score.
 #[derive(Clone, Debug, PartialEq)]
@@ -188,7 +154,7 @@ pub mod __private {
         })?;
         Ok(wit::Outcome {
             reward: outcome.reward,
-            verdict: outcome.verdict.into(),
+            verdict: outcome.verdict,
             details: (!outcome.details.is_empty())
                 .then(|| Value::Object(outcome.details).to_string()),
         })

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use areal_core::metrics::percentile;
 use areal_sdk::{
     BuildContext, FinishReason, PluginConfig, RewardInput, RewardPlugin, RewardVerifier, Split,
     Task, VerifyContext,
@@ -103,14 +104,6 @@ fn samples(n: usize) -> anyhow::Result<Vec<RewardInput>> {
     Ok(out)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 /// `verifier` over `inputs` on `threads` threads: per-call latencies and the wall time.
 fn measure(
     form: &'static str,
@@ -160,7 +153,6 @@ fn measure(
         lat.extend(l);
         total += t;
     }
-    lat.sort_by(f64::total_cmp);
     Ok(Row {
         form,
         threads,
@@ -218,7 +210,6 @@ fn native(
             }
         }
     }
-    lat.sort_by(f64::total_cmp);
     Ok(Row {
         form: "Python, native process (unsandboxed)",
         threads,

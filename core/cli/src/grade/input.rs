@@ -47,8 +47,26 @@ impl Lines {
     }
 }
 
+/// A numbered line: its text, or why it has none.
+pub(crate) type Line = (usize, Result<String, String>);
+
+impl Lines {
+    /// The next `n` lines (fewer at the end of the input) into `batch`, which is cleared
+    /// first; an empty batch is the end.
+    pub(crate) fn next_batch(&mut self, batch: &mut Vec<Line>, n: usize) -> anyhow::Result<()> {
+        batch.clear();
+        for line in self.by_ref() {
+            batch.push(line?);
+            if batch.len() == n {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Iterator for Lines {
-    type Item = anyhow::Result<(usize, Result<String, String>)>;
+    type Item = anyhow::Result<Line>;
 
     fn next(&mut self) -> Option<Self::Item> {
         let mut bytes = Vec::new();

@@ -54,13 +54,7 @@ pub(super) fn run(args: GradeMathArgs) -> anyhow::Result<()> {
     let mut batch: Vec<(usize, Result<String, String>)> = Vec::with_capacity(BATCH);
     let mut lines = Lines::new(input);
     loop {
-        batch.clear();
-        for line in lines.by_ref() {
-            batch.push(line?);
-            if batch.len() == BATCH {
-                break;
-            }
-        }
+        lines.next_batch(&mut batch, BATCH)?;
         if batch.is_empty() {
             break;
         }

@@ -12,7 +12,7 @@ use areal_sdk::{FinishReason, RewardInput, Verdict};
 use clap::Args;
 use serde_json::{Map, Value, json};
 
-use super::input::{Lines, line_progress, open_input};
+use super::input::{Lines, check_flags, line_progress, open_input};
 use crate::{ConfigArgs, loader, runtime};
 
 #[derive(Debug, Args)]
@@ -39,11 +39,7 @@ const BATCH: usize = 512;
 pub(super) fn run(args: GradeRewardArgs) -> anyhow::Result<()> {
     let mut loader = loader(&args.config)?;
     if let Some(j) = args.threads {
-        anyhow::ensure!(
-            (1..=super::input::MAX_THREADS).contains(&j),
-            "--threads {j}: between 1 and {} may run at once",
-            super::input::MAX_THREADS
-        );
+        check_flags(Vec::new(), j)?;
         loader = loader.set(&format!("reward_service.threads={j}"))?;
     }
     let (config, verifier) = areal_core::resolve_reward(&loader)?;
@@ -59,13 +55,7 @@ pub(super) fn run(args: GradeRewardArgs) -> anyhow::Result<()> {
     let mut lines = Lines::new(input);
     let mut batch = Vec::with_capacity(BATCH);
     loop {
-        batch.clear();
-        for line in lines.by_ref() {
-            batch.push(line?);
-            if batch.len() == BATCH {
-                break;
-            }
-        }
+        lines.next_batch(&mut batch, BATCH)?;
         if batch.is_empty() {
             break;
         }
