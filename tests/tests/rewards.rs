@@ -220,3 +220,70 @@ async fn the_reward_cache_answers_repeated_completions_with_the_same_rewards() {
         "the testkit's short completions repeat: {rates:?}"
     );
 }
+
+/// Counts its calls and takes 200 ms over each, so that identical samples overlap.
+#[derive(Default)]
+struct SlowCounting(std::sync::atomic::AtomicUsize);
+
+impl areal_sdk::RewardVerifier for SlowCounting {
+    fn name(&self) -> &str {
+        "slow-counting"
+    }
+
+    fn verify(
+        &self,
+        input: &RewardInput,
+        _ctx: &areal_sdk::VerifyContext,
+    ) -> Result<areal_sdk::Reward, areal_sdk::PluginError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(200));
+        if input.completion == "fail" {
+            return Err(areal_sdk::PluginError::failed("slow-counting", "as asked"));
+        }
+        Ok(areal_sdk::Reward::new(1.0, Verdict::Accepted))
+    }
+
+    fn cache_identity(&self) -> Option<String> {
+        Some("1".into())
+    }
+}
+
+/// A group whose completions agree is sent to the cache all at once: the first sample is
+/// verified and the others wait for its reward instead of being verified again; when that
+/// verification fails, each of them is verified on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_samples_in_flight_together_are_verified_once() {
+    let verifier = Arc::new(SlowCounting::default());
+    let service = Arc::new(RewardService::from_config(
+        verifier.clone(),
+        &areal_core::RewardServiceConfig {
+            threads: 8,
+            cache: true,
+            cache_dir: String::new(),
+            ..Default::default()
+        },
+    ));
+    let group = |completion: &'static str| {
+        (1..=8u64)
+            .map(|id| {
+                let service = service.clone();
+                let mut sample = input(id);
+                sample.completion = completion.into();
+                tokio::spawn(async move { service.verify(sample).await })
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut cached = 0;
+    for job in group("same") {
+        let verified = job.await.unwrap();
+        assert_eq!(verified.reward.verdict, Verdict::Accepted);
+        cached += usize::from(verified.cached);
+    }
+    assert_eq!(verifier.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(cached, 7);
+    assert_eq!(service.cache().unwrap().stats(), (7, 8));
+    for job in group("fail") {
+        assert_eq!(job.await.unwrap().reward.verdict, Verdict::Error);
+    }
+    assert_eq!(verifier.0.load(std::sync::atomic::Ordering::SeqCst), 1 + 8);
+}

@@ -111,6 +111,10 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
         if !of_kind.is_empty() {
             set.push(format!("{kind}.kind=remote"));
             set.push(format!("{kind}.endpoints={}", endpoints(&of_kind)));
+            if kind == "reward" {
+                // the servers start the worker processes the config asks for, not the trainer
+                set.push("reward_service.workers=0".into());
+            }
         }
     }
     tracing::info!(target: "areal::launch", servers = urls.len(), "servers listening; training");
@@ -135,6 +139,11 @@ struct Server {
     child: Child,
     /// Its standard input: closing it stops the server.
     stdin: Option<ChildStdin>,
+    /// How it was started, to start it again.
+    exe: PathBuf,
+    config: Vec<std::ffi::OsString>,
+    /// Where it listens, once it does.
+    addr: Option<String>,
 }
 
 /// A server's index and its address, or why it has none.
@@ -146,9 +155,18 @@ pub(crate) struct Servers {
     started: Vec<Server>,
     /// Each server's address once it listens, or why it does not.
     listening: Option<(mpsc::Sender<Listening>, mpsc::Receiver<Listening>)>,
+    /// The shared token every server is started with (in its environment), if any.
+    token: Option<String>,
 }
 
 impl Servers {
+    /// Start every server from now on with `token` (in its environment): calls without it
+    /// are refused.
+    pub(crate) fn with_token(mut self, token: String) -> Self {
+        self.token = Some(token);
+        self
+    }
+
     /// Start `exe serve KIND` on a free loopback port with `config` (command-line options),
     /// logging to `logs/KIND-N.log`.
     pub(crate) fn start(
@@ -158,10 +176,27 @@ impl Servers {
         config: &[std::ffi::OsString],
         logs: &Path,
     ) -> anyhow::Result<()> {
-        let index = self.started.len();
         let same_kind = self.started.iter().filter(|s| s.kind == kind).count();
         let log = logs.join(format!("{kind}-{same_kind}.log"));
-        let log_file = std::fs::File::create(&log)
+        let index = self.started.len();
+        let server = self.spawn(index, exe, kind, config, log, "127.0.0.1:0")?;
+        self.started.push(server);
+        Ok(())
+    }
+
+    fn spawn(
+        &mut self,
+        index: usize,
+        exe: &Path,
+        kind: &'static str,
+        config: &[std::ffi::OsString],
+        log: PathBuf,
+        listen: &str,
+    ) -> anyhow::Result<Server> {
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
             .with_context(|| format!("cannot create {}", log.display()))?;
         let mut command = Command::new(exe);
         command
@@ -170,13 +205,16 @@ impl Servers {
                 "serve",
                 kind,
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--until-stdin-closes",
             ])
             .args(config)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log_file.try_clone().context("cannot share the log file")?);
+        if let Some(token) = &self.token {
+            command.env(areal_serve::TOKEN_ENV, token);
+        }
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let mut child = command
@@ -188,7 +226,7 @@ impl Servers {
         let tx = tx.clone();
         // the first line says where it listens; the rest joins its log
         std::thread::Builder::new()
-            .name(format!("areal-{kind}-{same_kind}"))
+            .name(format!("areal-{kind}-{index}"))
             .spawn(move || {
                 let mut lines = BufReader::new(stdout).lines();
                 let first = match lines.next() {
@@ -213,13 +251,79 @@ impl Servers {
                 }
             })
             .context("cannot start a thread")?;
-        self.started.push(Server {
+        Ok(Server {
             kind,
             log,
             child,
             stdin,
-        });
-        Ok(())
+            exe: exe.to_owned(),
+            config: config.to_vec(),
+            addr: None,
+        })
+    }
+
+    /// Start again, at the address it had, every server that has exited; each one's index
+    /// and how that went.
+    pub(crate) fn restart_exited(&mut self, timeout: Duration) -> Vec<(usize, anyhow::Result<()>)> {
+        let mut done = Vec::new();
+        for index in 0..self.started.len() {
+            let server = &mut self.started[index];
+            let status = match server.child.try_wait() {
+                Ok(Some(status)) => status,
+                _ => continue,
+            };
+            let Some(addr) = server.addr.clone() else {
+                continue;
+            };
+            tracing::warn!(
+                target: "areal::launch",
+                kind = server.kind,
+                index,
+                %status,
+                log = %server.log.display(),
+                "a server exited; starting it again at {addr}"
+            );
+            let (exe, kind, config, log) = (
+                server.exe.clone(),
+                server.kind,
+                server.config.clone(),
+                server.log.clone(),
+            );
+            let listen = addr.trim_start_matches("http://").to_owned();
+            let result = self
+                .spawn(index, &exe, kind, &config, log, &listen)
+                .and_then(|mut fresh| {
+                    fresh.addr = Some(addr.clone());
+                    self.started[index] = fresh;
+                    self.wait_one(index, timeout)
+                });
+            done.push((index, result));
+        }
+        done
+    }
+
+    /// Wait until server `index` (just started again) listens.
+    fn wait_one(&mut self, index: usize, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let Some((_, rx)) = &self.listening else {
+            bail!("no server was started");
+        };
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((i, Ok(_))) if i == index => return Ok(()),
+                Ok((i, Err(why))) if i == index => {
+                    let server = &self.started[index];
+                    bail!(
+                        "it failed to start: {why}; its log {}:\n{}",
+                        server.log.display(),
+                        tail(&server.log)
+                    )
+                }
+                Ok(_) => {}
+                Err(_) => bail!("it did not listen within {:.0} s", timeout.as_secs_f64()),
+            }
+        }
     }
 
     /// Wait until every server listens; `(kind, url)` of each, in order.
@@ -249,7 +353,11 @@ impl Servers {
                 ),
             };
             match line {
-                Ok(addr) => urls[index] = Some(format!("http://{addr}")),
+                Ok(addr) => {
+                    let url = format!("http://{addr}");
+                    self.started[index].addr = Some(url.clone());
+                    urls[index] = Some(url);
+                }
                 Err(why) => {
                     let server = &self.started[index];
                     bail!(

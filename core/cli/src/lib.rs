@@ -29,6 +29,7 @@ mod bench;
 mod grade;
 mod launch;
 mod serve;
+mod workers;
 
 // The built-in plugins: naming the crates links their registrations.
 use areal_algo_ppo as _;
@@ -354,17 +355,38 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the async runtime")
 }
 
+/// With `reward_service.workers`, start the worker processes and verify through them instead
+/// of with `verifier` (which stays the name and cache identity); the workers live as long as
+/// what is returned.
+pub(crate) fn in_workers(
+    config: &areal_core::Config,
+    verifier: &mut Arc<dyn areal_sdk::RewardVerifier>,
+    dir: Option<&Path>,
+) -> anyhow::Result<Option<workers::RewardWorkers>> {
+    Ok(
+        workers::start(config, verifier, dir)?.map(|(through, workers)| {
+            *verifier = through;
+            workers
+        }),
+    )
+}
+
 fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
     let loader = match &args.resume {
         Some(dir) => resume_loader(dir, &args.config, args.allow_config_change)?,
         None => loader(&args.config)?,
     };
-    let (config, plugins) = areal_core::resolve(&loader)?;
+    let (config, mut plugins) = areal_core::resolve(&loader)?;
     let out = match (&args.resume, args.out) {
         (Some(dir), _) => dir.clone(),
         (None, Some(out)) => out,
         (None, None) => Path::new("runs").join(utc_timestamp()),
     };
+    let _workers = in_workers(
+        &config,
+        &mut plugins.verifier,
+        Some(&out.join("reward-workers")),
+    )?;
     let steps = config.train.steps;
     let observer: Arc<dyn Observer> = if args.quiet {
         Arc::new(areal_core::Quiet)
@@ -499,7 +521,8 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
         let beside = args.checkpoint.parent().map(|p| p.join("config.toml"));
         config_args.config = beside.filter(|p| p.exists());
     }
-    let (config, plugins) = areal_core::resolve(&loader(&config_args)?)?;
+    let (config, mut plugins) = areal_core::resolve(&loader(&config_args)?)?;
+    let _workers = in_workers(&config, &mut plugins.verifier, None)?;
     let split = if args.split == "validation" {
         areal_sdk::Split::Validation
     } else {
@@ -624,9 +647,15 @@ impl Progress {
 
 impl Observer for Progress {
     fn on_step(&self, m: &StepMetrics) {
+        // What a step costs on each side: generation, verification, training.
         let msg = format!(
-            "v{} reward {:.3} lag≤{} gen {:.0} tok/s",
-            m.policy_version, m.reward_mean, m.staleness.token_lag_max, m.gen_tokens_per_s
+            "v{} reward {:.3} lag≤{} gen {:.0} tok/s, reward p50 {:.0} ms, train {:.0} ms",
+            m.policy_version,
+            m.reward_mean,
+            m.staleness.token_lag_max,
+            m.gen_tokens_per_s,
+            m.reward_latency_p50_ms,
+            m.train_ms
         );
         self.rl_phase();
         match &self.bar {

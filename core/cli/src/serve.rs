@@ -171,7 +171,8 @@ fn serve_reward(
     }: RewardArgs,
 ) -> anyhow::Result<()> {
     let listen = listen(addr, &args)?;
-    let (config, verifier) = areal_core::resolve_reward(&loader(&args.config)?)?;
+    let (config, mut verifier) = areal_core::resolve_reward(&loader(&args.config)?)?;
+    let _workers = crate::in_workers(&config, &mut verifier, None)?;
     let threads = config.reward_service.threads;
     let name = verifier.name().to_owned();
     let runtime = runtime()?;

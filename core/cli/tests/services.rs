@@ -530,3 +530,59 @@ fn the_built_in_job_through_launched_servers_evaluates_exactly_as_in_process() {
         .expect("the burn servers measure their time");
     assert!((0.0..=1.0).contains(&gen_busy), "{r}");
 }
+
+/// `reward_service.workers`: the run's reward in worker processes. One killed with SIGKILL
+/// mid-run is started again at its address and its sample sent once more, so no sample loses
+/// its reward; the workers' logs are in the run folder, and none outlives the run.
+#[test]
+fn a_reward_worker_killed_mid_run_is_replaced_and_loses_no_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit_config(dir.path(), "token_delay_us = 5000\n");
+    let run = dir.path().join("run");
+    let workers = run.join("reward-workers");
+    let train = spawn_train(&train_args(
+        &config,
+        &run,
+        &["--set", "reward_service.workers=2"],
+    ));
+    wait_for_steps(&run, 15);
+    let needle = workers.join("config.toml").display().to_string();
+    let before = processes_mentioning(&needle);
+    assert_eq!(before.len(), 2, "two workers: {before:#?}");
+    let pid = first_pid_mentioning(&needle);
+    let status = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = finish(train);
+
+    let s = summary(&run);
+    assert_eq!(s["steps"], 60, "{s}");
+    assert_eq!(s["reward_failures"], 0, "{s}");
+    assert_eq!(s["samples_trained"], samples_in_steps(&run));
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("a server exited; starting it again"),
+        "{said}"
+    );
+    assert!(workers.join("reward-0.log").exists() && workers.join("reward-1.log").exists());
+    assert_none_left(&needle);
+}
+
+/// The pid of the first process whose command line mentions `needle`.
+fn first_pid_mentioning(needle: &str) -> u32 {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline"))
+            && String::from_utf8_lossy(&cmdline)
+                .replace('\0', " ")
+                .contains(needle)
+        {
+            return pid;
+        }
+    }
+    panic!("no process mentions {needle}");
+}

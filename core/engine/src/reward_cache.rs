@@ -19,11 +19,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use areal_sdk::{Reward, RewardInput, Verdict};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
 
 /// Rewards by content key.
 pub struct RewardCache {
     identity: String,
     memory: Mutex<HashMap<[u8; 32], Reward>>,
+    /// Keys being verified now, with whoever waits for their reward.
+    in_flight: Mutex<HashMap<[u8; 32], Vec<oneshot::Sender<Reward>>>>,
     file: Option<Mutex<std::fs::File>>,
     path: Option<PathBuf>,
     hits: AtomicU64,
@@ -78,6 +81,7 @@ impl RewardCache {
         Ok(Self {
             identity,
             memory: Mutex::new(memory),
+            in_flight: Mutex::new(HashMap::new()),
             file,
             path,
             hits: AtomicU64::new(0),
@@ -160,12 +164,78 @@ impl RewardCache {
         }
     }
 
+    /// After a miss on `key`: verify it ([`Flight::Lead`]), or, when the same key is being
+    /// verified now, wait for that reward ([`Flight::Follow`]; a follow that gets it counts as
+    /// a hit). Identical samples sent together — a group whose completions agree — are
+    /// verified once.
+    pub fn join(&self, key: [u8; 32]) -> Flight<'_> {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(waiting) = in_flight.get_mut(&key) {
+            let (tx, rx) = oneshot::channel();
+            waiting.push(tx);
+            return Flight::Follow(rx);
+        }
+        in_flight.insert(key, Vec::new());
+        Flight::Lead(Lead { cache: self, key })
+    }
+
+    /// A follower got its reward from the leader: a hit.
+    pub fn count_hit(&self) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Hits and lookups so far.
     pub fn stats(&self) -> (u64, u64) {
         (
             self.hits.load(Ordering::Relaxed),
             self.lookups.load(Ordering::Relaxed),
         )
+    }
+}
+
+/// What [`RewardCache::join`] tells a caller to do.
+pub enum Flight<'a> {
+    /// Verify the sample, then [`Lead::finish`] with its reward.
+    Lead(Lead<'a>),
+    /// Wait for the leader's reward; an error (the leader failed or was dropped): verify
+    /// the sample yourself.
+    Follow(oneshot::Receiver<Reward>),
+}
+
+/// The verification of a key that others may be waiting for. Dropped unfinished (its sample
+/// abandoned), the waiters are released to verify on their own.
+pub struct Lead<'a> {
+    cache: &'a RewardCache,
+    key: [u8; 32],
+}
+
+impl Lead<'_> {
+    /// Keep `reward` and hand it to every waiter; a failure is kept by no one and handed to
+    /// no one (each waiter tries for itself).
+    pub fn finish(self, reward: &Reward) {
+        self.cache.put(self.key, reward);
+        let waiting = self
+            .cache
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key)
+            .unwrap_or_default();
+        if !reward.verdict.is_failure() {
+            for tx in waiting {
+                let _ = tx.send(reward.clone());
+            }
+        }
+    }
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        self.cache
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
     }
 }
 

@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, Sender};
 use tokio::sync::oneshot;
 
 use crate::config::RewardServiceConfig;
-use crate::reward_cache::RewardCache;
+use crate::reward_cache::{Flight, RewardCache};
 
 /// A verified sample with how long it waited in the queue and ran.
 #[derive(Clone, Debug)]
@@ -85,7 +85,8 @@ impl RewardService {
         }
     }
 
-    /// The service `config` asks for: its threads, its deadline and, with `cache = true`, a
+    /// The service `config` asks for: its threads (at least two per worker process when the
+    /// verifier runs in `workers`), its deadline and, with `cache = true`, a
     /// reward cache for a verifier that has a
     /// [`cache_identity`](RewardVerifier::cache_identity), kept in `cache_dir` across runs
     /// when that is set. A cache folder that cannot be used is a warning and the cache then
@@ -114,11 +115,10 @@ impl RewardService {
             }
             (false, _) => None,
         };
-        let mut service = Self::new(
-            verifier,
-            config.threads,
-            Duration::from_millis(config.deadline_ms),
-        );
+        // With worker processes, the threads only wait on them: two samples in flight per
+        // worker keep each one busy while an answer travels back.
+        let threads = config.threads.max(2 * config.workers);
+        let mut service = Self::new(verifier, threads, Duration::from_millis(config.deadline_ms));
         service.cache = cache;
         service
     }
@@ -153,20 +153,34 @@ impl RewardService {
     /// [`RewardService::verify`] with a deadline of its own (a remote client's, say).
     pub async fn verify_within(&self, input: RewardInput, deadline: Duration) -> Verified {
         let submitted = Instant::now();
-        let key = self.cache.as_ref().map(|c| c.key(&input));
-        if let (Some(cache), Some(key)) = (&self.cache, &key)
-            && let Some(reward) = cache.get(key)
-        {
+        let Some(cache) = &self.cache else {
+            return self.verify_uncached(input, deadline, submitted).await;
+        };
+        let key = cache.key(&input);
+        if let Some(reward) = cache.get(&key) {
             return Verified {
                 reward,
                 latency: submitted.elapsed(),
                 cached: true,
             };
         }
+        let lead = match cache.join(key) {
+            Flight::Lead(lead) => lead,
+            Flight::Follow(rx) => match rx.await {
+                Ok(reward) => {
+                    cache.count_hit();
+                    return Verified {
+                        reward,
+                        latency: submitted.elapsed(),
+                        cached: true,
+                    };
+                }
+                // The leader failed: this sample is verified on its own.
+                Err(_) => return self.verify_uncached(input, deadline, submitted).await,
+            },
+        };
         let verified = self.verify_uncached(input, deadline, submitted).await;
-        if let (Some(cache), Some(key)) = (&self.cache, key) {
-            cache.put(key, &verified.reward);
-        }
+        lead.finish(&verified.reward);
         verified
     }
 

@@ -2,6 +2,10 @@
 //!
 //! - `chain-sum` (task and reward): add a chain of digits step by step, with imperfect
 //!   demonstrations for the supervised warm-up; see [`chain_sum`].
+//! - `code` (task): programming problems from JSONL files of LiveCodeBench records, in
+//!   LiveCodeBench's prompt format, for the `lcb` reward; see [`code`].
+//! - `code-arith` (task): the built-in code job, one-line programs computing an arithmetic
+//!   function, graded by hidden tests; imperfect demonstrations; see [`code_arith`].
 //! - `math` (task): maths problems from JSONL files in MATH's format, for the `math` reward;
 //!   see [`math`].
 //!
@@ -16,7 +20,10 @@
 //! ```
 
 pub mod chain_sum;
+pub mod code;
+pub mod code_arith;
 pub mod math;
+mod splits;
 
 areal_sdk::register_task!(
     chain_sum::NAME,
@@ -32,4 +39,14 @@ areal_sdk::register_task!(
     math::NAME,
     "maths problems from JSONL (`problem`, `answer`), MATH's format; graded by the `math` reward",
     math::build_task
+);
+areal_sdk::register_task!(
+    code::NAME,
+    "programming problems from JSONL (LiveCodeBench records), LiveCodeBench's prompts; graded by the `lcb` reward",
+    code::build_task
+);
+areal_sdk::register_task!(
+    code_arith::NAME,
+    "write a one-line Python program for an arithmetic function; hidden tests (the `lcb` reward); imperfect demonstrations",
+    code_arith::build_task
 );

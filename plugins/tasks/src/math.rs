@@ -19,9 +19,11 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use areal_sdk::{BuildContext, PluginConfig, PluginError, Split, Task, TaskItem, stable_hash};
+use areal_sdk::{BuildContext, PluginConfig, PluginError, Split, Task, TaskItem};
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+use crate::splits::{Splits, read_items};
 
 /// The name the maths task is registered under (`[task] kind = "math"`).
 pub const NAME: &str = "math";
@@ -82,9 +84,7 @@ pub struct Problem {
 #[derive(Clone, Debug)]
 pub struct MathTask {
     options: MathTaskOptions,
-    train: Arc<Vec<Problem>>,
-    eval: Arc<Vec<Problem>>,
-    validation: Arc<Vec<Problem>>,
+    splits: Splits<Problem>,
 }
 
 /// Reads problems from JSONL `text` (named `file` in errors). Every line must be a record with
@@ -131,38 +131,18 @@ pub fn read_problems(
     Ok(out)
 }
 
-/// Whether the problem `id` is held out (1 in 20, a different 20th for each `salt`).
-fn held_out_as(id: &str, salt: u64) -> bool {
-    stable_hash(id).wrapping_add(salt).is_multiple_of(20)
+impl crate::splits::Identified for Problem {
+    fn id(&self) -> &str {
+        &self.id
+    }
 }
 
 impl MathTask {
     /// The task from problems already read: `train` split further into train and
     /// validation, and into eval too when `eval` is `None`.
     pub fn new(options: MathTaskOptions, train: Vec<Problem>, eval: Option<Vec<Problem>>) -> Self {
-        let (mut eval, rest): (Vec<Problem>, Vec<Problem>) = match eval {
-            Some(e) => (e, train),
-            None => train.into_iter().partition(|p| held_out_as(&p.id, 0)),
-        };
-        let (validation, train): (Vec<Problem>, Vec<Problem>) =
-            rest.into_iter().partition(|p| held_out_as(&p.id, 7));
-        if let Some(n) = options.eval_items {
-            eval.truncate(n);
-        }
-        Self {
-            options,
-            train: Arc::new(train),
-            eval: Arc::new(eval),
-            validation: Arc::new(validation),
-        }
-    }
-
-    fn split(&self, split: Split) -> &[Problem] {
-        match split {
-            Split::Train => &self.train,
-            Split::Eval => &self.eval,
-            Split::Validation => &self.validation,
-        }
+        let splits = Splits::new(train, eval, options.eval_items);
+        Self { options, splits }
     }
 }
 
@@ -172,24 +152,11 @@ impl Task for MathTask {
     }
 
     fn len(&self, split: Split) -> Option<usize> {
-        Some(self.split(split).len())
+        Some(self.splits.get(split).len())
     }
 
     fn item(&self, split: Split, index: u64) -> Result<TaskItem, PluginError> {
-        let list = self.split(split);
-        let p = usize::try_from(index)
-            .ok()
-            .and_then(|i| list.get(i))
-            .ok_or_else(|| {
-                PluginError::failed(
-                    NAME,
-                    format!(
-                        "the {} split has {} items, not {index}",
-                        split.as_str(),
-                        list.len()
-                    ),
-                )
-            })?;
+        let p = self.splits.at(NAME, split, index)?;
         Ok(TaskItem {
             id: p.id.clone(),
             prompt: self.options.template.replace("{problem}", &p.problem),
@@ -198,32 +165,11 @@ impl Task for MathTask {
     }
 
     fn demonstration(&self, item: &TaskItem) -> Result<Option<String>, PluginError> {
-        let found = self
-            .train
-            .iter()
-            .chain(self.validation.iter())
-            .chain(self.eval.iter())
-            .find(|p| p.id == item.id);
-        Ok(found.map(|p| match &p.solution {
+        Ok(self.splits.find(&item.id).map(|p| match &p.solution {
             Some(s) => s.clone(),
             None => format!("\\boxed{{{}}}", p.answer),
         }))
     }
-}
-
-fn read_file(
-    config: &PluginConfig,
-    key: &str,
-    path: &str,
-    options: &MathTaskOptions,
-) -> Result<Vec<Problem>, PluginError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| config.invalid(key, format!("cannot read {path}: {e}")))?;
-    let problems = read_problems(&text, path, options).map_err(|e| config.invalid(key, e))?;
-    if problems.is_empty() {
-        return Err(config.invalid(key, format!("{path} has no problems")));
-    }
-    Ok(problems)
 }
 
 pub(crate) fn build_task(
@@ -246,9 +192,14 @@ pub(crate) fn build_task(
             ),
         ));
     }
-    let train = read_file(config, "path", &options.path, &options)?;
+    let read = |key: &str, path: &str| {
+        read_items(config, key, path, "problems", |text, file| {
+            read_problems(text, file, &options)
+        })
+    };
+    let train = read("path", &options.path)?;
     let eval = match &options.eval_path {
-        Some(p) => Some(read_file(config, "eval_path", p, &options)?),
+        Some(p) => Some(read("eval_path", p)?),
         None => None,
     };
     let task = MathTask::new(options, train, eval);

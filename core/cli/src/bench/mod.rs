@@ -8,6 +8,7 @@ use clap::Subcommand;
 mod async_vs_sync;
 mod controller;
 mod fleet;
+mod heavy;
 mod math;
 mod resume;
 mod reward;
@@ -16,9 +17,10 @@ mod stats;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCommand {
-    /// Grade reference solutions in the wasm sandbox and with native Python (a fresh process
-    /// per problem, and per test) at each thread count; print latency, throughput, start-up
-    /// and execution time, and the ratios.
+    /// Grade reference solutions in the wasm sandbox (on threads of this process, and in
+    /// worker processes) and with native Python (a fresh process per problem, and per test)
+    /// at each count; print latency, throughput, start-up and execution time, the ratios and
+    /// the scaling; `--set heavy` for CPU-heavy programs and their wasm ÷ native time each.
     Sandbox(sandbox::BenchSandboxArgs),
     /// The engine alone: the controller, rollout workflows, reward service, buffer and trainer
     /// loop on the testkit's near-zero-cost plugins (a bigram model, one generated token per

@@ -19,8 +19,22 @@ use serde_json::{Value, json};
 
 const NATIVE_RUNNER: &str = include_str!("native_runner.py");
 
+/// Which programs the bench grades.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ProgramSet {
+    /// `--problems`: LiveCodeBench records with reference solutions (small public tests).
+    Lcb,
+    /// CPU-heavy programs at the sizes of LiveCodeBench's private tests, their expected
+    /// output what native Python prints; adds a table of execution time wasm ÷ native per
+    /// program.
+    Heavy,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct BenchSandboxArgs {
+    /// The programs: `lcb` (the records of `--problems`) or `heavy`.
+    #[arg(long, value_enum, default_value = "lcb")]
+    set: ProgramSet,
     /// LiveCodeBench records, each with a reference solution in `code` (the format of
     /// `areal grade code`).
     #[arg(
@@ -34,9 +48,13 @@ pub(crate) struct BenchSandboxArgs {
     /// Timed passes over the whole set per runner and thread count (after one untimed pass).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Thread counts to measure.
+    /// Thread counts to measure (sandboxes on threads of this process).
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     threads: Vec<usize>,
+    /// Worker-process counts to measure (the `lcb` reward in `areal serve reward` workers,
+    /// as `areal grade code -j N` and `reward_service.workers` run it); empty for none.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    workers: Vec<usize>,
     /// Also write the report (markdown) to this file.
     #[arg(long)]
     markdown: Option<PathBuf>,
@@ -50,6 +68,8 @@ struct Item {
 
 #[derive(Default)]
 struct Samples {
+    /// Execution times (ms) of each item's tests, by item.
+    by_item: Vec<Vec<f64>>,
     per_test_ms: Vec<f64>,
     per_problem_ms: Vec<f64>,
     startup_ms: Vec<f64>,
@@ -102,13 +122,16 @@ fn load(path: &PathBuf) -> anyhow::Result<Vec<Item>> {
 
 #[allow(clippy::print_stderr, clippy::print_stdout)]
 pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
-    let items = Arc::new(load(&args.problems)?);
+    let (python, python_version) = resolve_python(&args.python)?;
+    let items = Arc::new(match args.set {
+        ProgramSet::Lcb => load(&args.problems)?,
+        ProgramSet::Heavy => heavy_items(&python)?,
+    });
     let n_tests: usize = items.iter().map(|i| i.problem.tests.len()).sum();
     let functional = items
         .iter()
         .filter(|i| i.problem.func_name.is_some())
         .count();
-    let (python, python_version) = resolve_python(&args.python)?;
     let sandbox = areal_reward_code::shared_sandbox(Mode::Fast)?;
     let options = GradeOptions::default();
     eprintln!(
@@ -141,6 +164,22 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             rows.push((label, threads, native));
         }
     }
+    for &workers in &args.workers {
+        let (verifier, started) = crate::grade::code::lcb_workers(&sandbox, &options, workers)?;
+        let through = measure(args.rounds, || {
+            workers_round(verifier.as_ref(), &items, workers)
+        })?;
+        drop(started);
+        eprintln!(
+            "  wasm, worker processes, {workers}: {:.1} tests/s",
+            through.tests_per_second()
+        );
+        rows.push((
+            "wasm worker processes (fresh instance per test)",
+            workers,
+            through,
+        ));
+    }
 
     let mut report = String::new();
     report.push_str(&format!(
@@ -155,7 +194,7 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         areal_sandbox::wasmtime_version(),
         options.cpu_limit().as_secs_f64(),
     ));
-    report.push_str("| runner | threads | tests/s | per-test latency p50 (ms) | per-problem latency p50 (ms) | start-up p50 (ms) | execution p50 (ms) |\n");
+    report.push_str("| runner | threads or workers | tests/s | per-test latency p50 (ms) | per-problem latency p50 (ms) | start-up p50 (ms) | execution p50 (ms) |\n");
     report.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
     for (label, threads, s) in &rows {
         report.push_str(&format!(
@@ -187,15 +226,27 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             ));
         }
     }
-    if let (Some(&lo), Some(&hi)) = (args.threads.first(), args.threads.last())
-        && lo != hi
-    {
-        report.push_str(&format!("\nThroughput scaling {lo} → {hi} threads:\n\n"));
-        for label in [
-            "wasm sandbox",
+    let scalings = [
+        (&args.threads, "threads", "wasm sandbox"),
+        (
+            &args.threads,
+            "threads",
             "native python (fresh process per problem)",
+        ),
+        (
+            &args.threads,
+            "threads",
             "native python (fresh process per test)",
-        ] {
+        ),
+        (&args.workers, "worker processes", "wasm worker processes"),
+    ];
+    for (i, (counts, unit, label)) in scalings.into_iter().enumerate() {
+        if let (Some(&lo), Some(&hi)) = (counts.first(), counts.last())
+            && lo != hi
+        {
+            if i == 0 || i == 3 {
+                report.push_str(&format!("\nThroughput scaling {lo} → {hi} {unit}:\n\n"));
+            }
             if let (Some(a), Some(b)) = (find(label, lo), find(label, hi)) {
                 report.push_str(&format!(
                     "- {label}: {:.2}×\n",
@@ -203,6 +254,35 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
                 ));
             }
         }
+    }
+    if args.set == ProgramSet::Heavy
+        && let (Some(&t), Some(w)) = (args.threads.first(), find("wasm sandbox", args.threads[0]))
+        && let Some(n) = find("native python (fresh process per problem)", t)
+    {
+        report.push_str(&format!(
+            "\nExecution time per program (the program alone, start-up excluded; medians, {t} thread{}):\n\n\
+             | program | native (ms) | wasm (ms) | wasm ÷ native |\n|---|---:|---:|---:|\n",
+            if t == 1 { "" } else { "s" }
+        ));
+        let mut ratios = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            let (native, wasm) = (median(&n.by_item[i]), median(&w.by_item[i]));
+            ratios.push(wasm / native);
+            report.push_str(&format!(
+                "| {} | {native:.0} | {wasm:.0} | {:.2}× |\n",
+                item.id,
+                wasm / native
+            ));
+        }
+        let mut sorted = ratios.clone();
+        sorted.sort_by(f64::total_cmp);
+        report.push_str(&format!(
+            "\nwasm ÷ native: median {:.2}×, geometric mean {:.2}×, range {:.2}×–{:.2}×\n",
+            median(&ratios),
+            (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len().max(1) as f64).exp(),
+            sorted.first().copied().unwrap_or(0.0),
+            sorted.last().copied().unwrap_or(0.0),
+        ));
     }
     println!("{report}");
     if let Some(path) = &args.markdown {
@@ -220,6 +300,11 @@ fn measure(
     let mut all = Samples::default();
     for _ in 0..rounds.max(1) {
         let s = round()?;
+        all.by_item
+            .resize(all.by_item.len().max(s.by_item.len()), Vec::new());
+        for (all, s) in all.by_item.iter_mut().zip(s.by_item) {
+            all.extend(s);
+        }
         all.per_test_ms.extend(s.per_test_ms);
         all.per_problem_ms.extend(s.per_problem_ms);
         all.startup_ms.extend(s.startup_ms);
@@ -245,9 +330,10 @@ fn wasm_round(
     let seconds = started.elapsed().as_secs_f64();
     let mut s = Samples {
         seconds,
+        by_item: vec![Vec::new(); items.len()],
         ..Samples::default()
     };
-    for (item, grade) in items.iter().zip(grades) {
+    for (i, (item, grade)) in items.iter().zip(grades).enumerate() {
         let grade = grade.context("a sandbox worker panicked")?;
         if grade.verdict != Verdict::Accepted {
             bail!(
@@ -262,12 +348,145 @@ fn wasm_round(
             s.tests += 1;
             s.per_test_ms.push(run.wall_ms);
             if let Some(exec) = run.exec_ms {
+                s.by_item[i].push(exec);
                 s.exec_ms.push(exec);
                 s.startup_ms.push(run.wall_ms - exec);
             }
         }
     }
     Ok(s)
+}
+
+/// One pass over `items` through worker processes: two calls in flight per worker.
+fn workers_round(
+    verifier: &dyn areal_sdk::RewardVerifier,
+    items: &[Item],
+    workers: usize,
+) -> anyhow::Result<Samples> {
+    let next = AtomicUsize::new(0);
+    let started = Instant::now();
+    let results: Vec<anyhow::Result<(usize, f64)>> = std::thread::scope(|scope| {
+        let callers: Vec<_> = (0..2 * workers.max(1))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break };
+                        done.push(grade_in_worker(verifier, item).map(|ms| (i, ms)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        callers
+            .into_iter()
+            .flat_map(|c| c.join().expect("a bench caller panicked"))
+            .collect()
+    });
+    let mut s = Samples {
+        seconds: started.elapsed().as_secs_f64(),
+        by_item: vec![Vec::new(); items.len()],
+        ..Samples::default()
+    };
+    for r in results {
+        let (i, wall_ms) = r?;
+        s.tests += items[i].problem.tests.len();
+        s.per_problem_ms.push(wall_ms);
+    }
+    Ok(s)
+}
+
+/// Grade a reference solution through the workers; the grading's wall time (ms).
+fn grade_in_worker(verifier: &dyn areal_sdk::RewardVerifier, item: &Item) -> anyhow::Result<f64> {
+    let mut record = json!({
+        "question_id": item.id,
+        "public_test_cases": serde_json::to_string(&item.problem.tests)?,
+    });
+    if let Some(func) = &item.problem.func_name {
+        record["metadata"] = json!({ "func_name": func });
+    }
+    let input = areal_sdk::RewardInput {
+        sample_id: 0,
+        item_id: item.id.clone(),
+        prompt: String::new(),
+        completion: format!("```python\n{}\n```", item.code),
+        completion_ids: Vec::new(),
+        finish_reason: areal_sdk::FinishReason::Stop,
+        reference: record,
+        metadata: Default::default(),
+    };
+    let ctx = areal_sdk::VerifyContext::with_timeout(std::time::Duration::from_secs(3600));
+    let reward = verifier
+        .verify(&input, &ctx)
+        .map_err(|e| anyhow::anyhow!("{}: {}", item.id, areal_core::chain(&e)))?;
+    if reward.verdict != Verdict::Accepted {
+        bail!(
+            "{}: the reference solution got {} in a worker: {:?}",
+            item.id,
+            reward.verdict.as_str(),
+            reward.provenance.details.get("message")
+        );
+    }
+    Ok(reward.provenance.wall_ms)
+}
+
+/// The heavy set as items: each program's expected output is what native `python` prints.
+fn heavy_items(python: &str) -> anyhow::Result<Vec<Item>> {
+    let mut items = Vec::new();
+    for h in super::heavy::set() {
+        let probe = Item {
+            id: h.id.to_owned(),
+            problem: Problem {
+                id: Some(h.id.to_owned()),
+                tests: Vec::new(),
+                func_name: None,
+            },
+            code: h.code.to_owned(),
+        };
+        let output = native_output(python, &probe, &h.input)
+            .with_context(|| format!("{}: native python", h.id))?;
+        let mut item = probe;
+        item.problem.tests.push(areal_reward_code::TestCase {
+            input: h.input,
+            output,
+            kind: TestKind::Stdin,
+        });
+        items.push(item);
+    }
+    Ok(items)
+}
+
+/// What `item`'s program prints for `input` in native `python`.
+fn native_output(python: &str, item: &Item, input: &str) -> anyhow::Result<String> {
+    let job = json!({
+        "kind": "stdin",
+        "func": null,
+        "code": item.code,
+        "prelude": PRELUDE,
+        "inputs": [input],
+    });
+    let mut child = Command::new(python)
+        .args(["-c", NATIVE_RUNNER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {python}"))?;
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(job.to_string().as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let report: Value = serde_json::from_slice(&out.stdout).context("no report")?;
+    Ok(report["outputs"][0]
+        .as_str()
+        .context("no output")?
+        .to_owned())
 }
 
 /// The real interpreter behind `python` (a pyenv shim costs ~100 ms a start) and its version.
@@ -351,6 +570,7 @@ fn native_round(
     let seconds = started.elapsed().as_secs_f64();
     let mut s = Samples {
         seconds,
+        by_item: vec![Vec::new(); items.len()],
         ..Samples::default()
     };
     let mut per_problem = vec![0.0; items.len()];
@@ -361,6 +581,7 @@ fn native_round(
         s.tests += n;
         s.startup_ms.push(r.startup_ms);
         for e in &r.exec_ms {
+            s.by_item[r.item].push(*e);
             s.exec_ms.push(*e);
             s.per_test_ms.push(r.wall_ms / n as f64);
         }

@@ -31,8 +31,10 @@ pub(crate) struct GradeCodeArgs {
     /// Stdout per test, in bytes.
     #[arg(long, default_value_t = GradeOptions::default().output_bytes)]
     output_bytes: usize,
-    /// Parallel sandboxes (1 to 64). One is the fastest today: sandboxes on several threads
-    /// of one process slow each other down (docs/benchmarks.md).
+    /// Parallel sandboxes (1 to 64): from 2 on, each in a worker process of its own (the
+    /// `lcb` reward in `areal serve reward` on loopback, as `reward_service.workers` runs
+    /// it), so that they do not slow each other down as threads of one process do; one per
+    /// core is the usual choice. 1 grades in this process.
     #[arg(long, short = 'j', default_value_t = 1)]
     threads: usize,
     /// Reward = fraction of tests passed instead of 1 iff accepted.
@@ -57,6 +59,7 @@ pub(crate) struct GradeCodeArgs {
 struct Job {
     id: Option<String>,
     problem: Problem,
+    record: Value,
     text: Text,
 }
 
@@ -82,6 +85,7 @@ fn parse_line(line: &str, max_tests_bytes: usize) -> Result<Job, String> {
     Ok(Job {
         id: problem.id.clone(),
         problem,
+        record,
         text,
     })
 }
@@ -107,7 +111,7 @@ pub(super) fn run(args: GradeCodeArgs) -> anyhow::Result<()> {
     let input = open_input(&args.file)?;
     let sandbox = areal_reward_code::shared_sandbox(options.mode)?;
     let threads = args.threads;
-    let pool = Pool::new(Arc::clone(&sandbox), threads);
+    let grader = Grader::new(&sandbox, &options, threads)?;
     let options = Arc::new(options);
 
     let bar = line_progress(args.quiet);
@@ -137,13 +141,7 @@ pub(super) fn run(args: GradeCodeArgs) -> anyhow::Result<()> {
                 let message = format!("line {line_no}: {message}");
                 let _ = tx.send(error_line(line_no, &message, &sandbox));
             }
-            Ok(job) => {
-                let options = Arc::clone(&options);
-                // The pool's own receiver is dropped: the job answers on `tx`.
-                let _ = pool.submit(move |sb| {
-                    let _ = tx.send(grade_job(sb, line_no, job, &options));
-                });
-            }
+            Ok(job) => grader.submit(line_no, job, &options, tx),
         }
         pending.push_back(rx);
         while pending.len() > threads * 4 {
@@ -157,8 +155,14 @@ pub(super) fn run(args: GradeCodeArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let summary: Vec<String> = counts.iter().map(|(v, n)| format!("{v} {n}")).collect();
     eprintln!(
-        "graded {graded} lines in {:.1} s on {threads} threads: {}; mean reward {:.3}",
+        "graded {graded} lines in {:.1} s with {threads} sandbox{} ({}): {}; mean reward {:.3}",
         started.elapsed().as_secs_f64(),
+        if threads == 1 { "" } else { "es" },
+        if threads == 1 {
+            "in process"
+        } else {
+            "worker processes"
+        },
         summary.join(", "),
         if graded > 0 {
             total_reward / graded as f64
@@ -167,6 +171,159 @@ pub(super) fn run(args: GradeCodeArgs) -> anyhow::Result<()> {
         }
     );
     Ok(())
+}
+
+/// Where programs are graded: sandboxes on threads of this process, or the `lcb` reward in
+/// worker processes.
+enum Grader {
+    InProcess(Pool),
+    Workers {
+        jobs: crossbeam_channel::Sender<(usize, Job, crossbeam_channel::Sender<Value>)>,
+        // last: the workers stop once the threads that call them are gone
+        _workers: crate::workers::RewardWorkers,
+    },
+}
+
+impl Grader {
+    fn new(
+        sandbox: &Arc<Sandbox>,
+        options: &GradeOptions,
+        sandboxes: usize,
+    ) -> anyhow::Result<Self> {
+        if sandboxes <= 1 {
+            return Ok(Self::InProcess(Pool::new(Arc::clone(sandbox), 1)));
+        }
+        let (verifier, workers) = lcb_workers(sandbox, options, sandboxes)?;
+        let (jobs, queue) =
+            crossbeam_channel::unbounded::<(usize, Job, crossbeam_channel::Sender<Value>)>();
+        // two calls in flight per worker: one graded, one on its way
+        for _ in 0..2 * sandboxes {
+            let (queue, verifier, sandbox) =
+                (queue.clone(), Arc::clone(&verifier), Arc::clone(sandbox));
+            std::thread::Builder::new()
+                .name("areal-grade".into())
+                .spawn(move || {
+                    for (line, job, tx) in queue {
+                        let _ = tx.send(grade_remote(verifier.as_ref(), line, job, &sandbox));
+                    }
+                })?;
+        }
+        Ok(Self::Workers {
+            jobs,
+            _workers: workers,
+        })
+    }
+
+    /// Grade `job` (line `line`); its result comes on `tx`.
+    fn submit(
+        &self,
+        line: usize,
+        job: Job,
+        options: &Arc<GradeOptions>,
+        tx: crossbeam_channel::Sender<Value>,
+    ) {
+        match self {
+            Self::InProcess(pool) => {
+                let options = Arc::clone(options);
+                // The pool's own receiver is dropped: the job answers on `tx`.
+                let _ = pool.submit(move |sb| {
+                    let _ = tx.send(grade_job(sb, line, job, &options));
+                });
+            }
+            Self::Workers { jobs, .. } => {
+                let _ = jobs.send((line, job, tx));
+            }
+        }
+    }
+}
+
+/// The `lcb` reward with `options` in `count` worker processes (`reward_service.workers`): the
+/// verifier that grades through them, and the workers.
+pub(crate) fn lcb_workers(
+    sandbox: &Arc<Sandbox>,
+    options: &GradeOptions,
+    count: usize,
+) -> anyhow::Result<(
+    Arc<dyn areal_sdk::RewardVerifier>,
+    crate::workers::RewardWorkers,
+)> {
+    let mut reward = serde_json::to_value(options)?;
+    reward["kind"] = areal_reward_code::NAME.into();
+    let config = areal_core::Config {
+        reward,
+        reward_service: areal_core::RewardServiceConfig {
+            workers: count,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let local: Arc<dyn areal_sdk::RewardVerifier> = Arc::new(areal_reward_code::LcbVerifier::new(
+        Arc::clone(sandbox),
+        options.clone(),
+    ));
+    crate::workers::start(&config, &local, None)?
+        .ok_or_else(|| anyhow::anyhow!("no worker was asked for"))
+}
+
+/// Grade `job` with the `lcb` reward in the workers: the same verdict and provenance as in
+/// process; a program (`code`) is sent as a fenced response.
+fn grade_remote(
+    verifier: &dyn areal_sdk::RewardVerifier,
+    line: usize,
+    job: Job,
+    sandbox: &Sandbox,
+) -> Value {
+    let completion = match job.text {
+        Text::Completion(c) => c,
+        Text::Code(c) if c.lines().any(|l| l.contains("```")) => {
+            return error_line(
+                line,
+                &format!(
+                    "line {line}: a `code` with a ``` line cannot be fenced for the workers: grade it with -j 1, or give it as a `completion`"
+                ),
+                sandbox,
+            );
+        }
+        Text::Code(c) => format!("```python\n{}\n```", c.trim_end_matches('\n')),
+    };
+    let input = areal_sdk::RewardInput {
+        sample_id: line as u64,
+        item_id: job.id.clone().unwrap_or_else(|| format!("line-{line}")),
+        prompt: String::new(),
+        completion,
+        completion_ids: Vec::new(),
+        finish_reason: areal_sdk::FinishReason::Stop,
+        reference: job.record,
+        metadata: Default::default(),
+    };
+    let ctx = areal_sdk::VerifyContext::with_timeout(std::time::Duration::from_secs(86_400));
+    match verifier.verify(&input, &ctx) {
+        Ok(reward) => {
+            let count = |key: &str| {
+                reward
+                    .provenance
+                    .details
+                    .get(key)
+                    .cloned()
+                    .unwrap_or(0.into())
+            };
+            json!({
+                "line": line,
+                "id": job.id,
+                "reward": reward.value,
+                "verdict": reward.verdict,
+                "passed": count("passed"),
+                "total": count("total"),
+                "wall_ms": reward.provenance.wall_ms,
+                "provenance": reward.provenance,
+            })
+        }
+        Err(e) => error_line(
+            line,
+            &format!("line {line}: {}", areal_core::chain(&e)),
+            sandbox,
+        ),
+    }
 }
 
 fn receive(rx: crossbeam_channel::Receiver<Value>, sandbox: &Sandbox) -> Value {

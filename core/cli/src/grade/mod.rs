@@ -2,7 +2,7 @@
 
 use clap::Subcommand;
 
-mod code;
+pub(crate) mod code;
 mod input;
 mod math;
 mod reward;

@@ -13,6 +13,8 @@ pub const MAX_CONCURRENT: usize = 1 << 20;
 pub const MAX_NEW_TOKENS: usize = 1 << 20;
 /// Most verifier threads (`reward_service.threads`).
 pub const MAX_REWARD_THREADS: usize = 1024;
+/// Most reward worker processes (`reward_service.workers`).
+pub const MAX_REWARD_WORKERS: usize = 256;
 /// Longest per-sample verification deadline (`reward_service.deadline_ms`): a day.
 pub const MAX_DEADLINE_MS: u64 = 86_400_000;
 /// Largest packed micro-batch (`train.token_budget`), in tokens.

@@ -188,12 +188,19 @@ impl Default for RolloutConfig {
     }
 }
 
-/// `[reward_service]`: the threads verifiers run on.
+/// `[reward_service]`: the threads (or processes) verifiers run on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RewardServiceConfig {
     /// Verifier threads. By default 2.
     pub threads: usize,
+    /// Worker processes to verify in (`areal` commands that run a reward start them as
+    /// `areal serve reward` on loopback, one verifier thread each): each has an address
+    /// space of its own, so sandboxes on different cores do not slow each other down as
+    /// threads of one process do; a worker that dies is started again and its sample sent
+    /// once more. One per core is the usual choice for code rewards. 0 verifies on
+    /// `threads` threads of this process. By default 0.
+    pub workers: usize,
     /// Per-sample deadline in milliseconds; a verifier that has not answered by then costs
     /// that sample (verdict `verifier_timeout`). By default 10000.
     pub deadline_ms: u64,
@@ -210,6 +217,7 @@ impl Default for RewardServiceConfig {
     fn default() -> Self {
         Self {
             threads: 2,
+            workers: 0,
             deadline_ms: 10_000,
             cache: false,
             cache_dir: ".cache/rewards".into(),

@@ -88,6 +88,21 @@ impl Config {
         let s = &self.reward_service;
         p.in_range("reward_service.threads", s.threads, MAX_REWARD_THREADS);
         p.check(
+            s.workers <= MAX_REWARD_WORKERS,
+            "reward_service.workers",
+            || format!("must be at most {MAX_REWARD_WORKERS}, found {}", s.workers),
+        );
+        p.check(
+            s.workers == 0 || self.reward.get("kind").and_then(|k| k.as_str()) != Some("remote"),
+            "reward_service.workers",
+            || {
+                format!(
+                    "is {}, but `[reward] kind = \"remote\"` already verifies on servers: set it to 0",
+                    s.workers
+                )
+            },
+        );
+        p.check(
             (1..=MAX_DEADLINE_MS).contains(&s.deadline_ms),
             "reward_service.deadline_ms",
             || {
