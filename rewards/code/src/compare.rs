@@ -9,6 +9,9 @@
 
 use std::collections::HashMap;
 
+use num_bigint::BigInt;
+use num_integer::Integer;
+use num_traits::{One, Pow, Signed, Zero};
 use sha2::{Digest, Sha256};
 
 /// A value as Python's `==` sees it: a SHA-256 digest of a canonical form under which equal
@@ -37,8 +40,10 @@ pub fn parse_python_json(text: &str) -> Result<PyValue, String> {
 
 /// The guest harness's closed encoding of a return value (`harness.py`): JSON `null`, `true`,
 /// `false`, strings and arrays (lists) as themselves, and `{"i": "<digits>"}` (int),
-/// `{"f": "<repr>"}` (float), `{"t": [...]}` (tuple), `{"e": [...]}` (set),
-/// `{"d": [k1, v1, k2, v2, ...]}` (dict). Anything else is an error.
+/// `{"f": "<repr>"}` (float), `{"q": "<p>/<q>"}` (`fractions.Fraction`), `{"m": "<str>"}`
+/// (`decimal.Decimal`), `{"t": [...]}` (tuple), `{"e": [...]}` (set),
+/// `{"d": [k1, v1, k2, v2, ...]}` (dict). Anything else is an error. Numbers of every kind
+/// compare by their exact value, as Python's `==` does.
 pub fn parse_guest_value(bytes: &[u8]) -> Result<PyValue, String> {
     Parser::new(bytes, Dialect::Guest).parse()
 }
@@ -77,6 +82,10 @@ mod tag {
     pub(super) const NONE: u8 = b'N';
     pub(super) const INT: u8 = b'I';
     pub(super) const FLOAT: u8 = b'F';
+    /// A non-integral rational, reduced: `p/q` with q > 1.
+    pub(super) const RATIONAL: u8 = b'Q';
+    /// A decimal too long to write out as a fraction (only ever equal to itself).
+    pub(super) const HUGE_DECIMAL: u8 = b'H';
     pub(super) const STR: u8 = b'S';
     pub(super) const LIST: u8 = b'L';
     pub(super) const TUPLE: u8 = b'T';
@@ -150,15 +159,96 @@ fn int(text: &str) -> Option<Canon> {
 }
 
 /// A float: an integral one is the int it equals exactly (`2.0 == 2`, `-0.0 == 0`), a NaN
-/// equals nothing, any other is its bits.
+/// equals nothing, an infinity its bits, any other the rational it is exactly (`0.5 ==
+/// Fraction(1, 2) == Decimal("0.5")`, while `0.1` equals neither `Fraction(1, 10)` nor
+/// `Decimal("0.1")`, as in Python).
 fn float(f: f64) -> Canon {
     if f.is_nan() {
         None
-    } else if f.is_finite() && f.fract() == 0.0 {
+    } else if !f.is_finite() {
+        leaf(tag::FLOAT, &f.to_bits().to_le_bytes())
+    } else if f.fract() == 0.0 {
         int(&format!("{f:.0}")).expect("a formatted integral float is an integer")
     } else {
-        leaf(tag::FLOAT, &f.to_bits().to_le_bytes())
+        // f = ±mantissa · 2^exponent exactly, the exponent negative (f is not integral)
+        let bits = f.to_bits();
+        let biased = ((bits >> 52) & 0x7ff) as i64;
+        let fraction = bits & ((1 << 52) - 1);
+        let (mantissa, exponent) = if biased == 0 {
+            (fraction, -1074)
+        } else {
+            (fraction | (1 << 52), biased - 1075)
+        };
+        let mut p = BigInt::from(mantissa);
+        if f < 0.0 {
+            p = -p;
+        }
+        rational(p, BigInt::one() << (-exponent) as usize).expect("a non-zero denominator")
     }
+}
+
+/// The number `p / q`, reduced: an int when `q` divides `p`.
+fn rational(p: BigInt, q: BigInt) -> Result<Canon, String> {
+    if q.is_zero() {
+        return Err("a fraction with a zero denominator".into());
+    }
+    let g = p.gcd(&q);
+    let (mut p, mut q) = (p / &g, q / &g);
+    if q.is_negative() {
+        (p, q) = (-p, -q);
+    }
+    if q.is_one() {
+        return Ok(int(&p.to_string()).expect("an integer's digits"));
+    }
+    Ok(leaf(tag::RATIONAL, format!("{p}/{q}").as_bytes()))
+}
+
+/// Digits of a decimal written out in full past which it is kept as it is written: it then
+/// equals no int or float a test expects, only the same decimal.
+const MAX_DECIMAL_DIGITS: i128 = 100_000;
+
+/// `Decimal(text)` as Python's `==` sees it: the exact rational it is.
+fn decimal(text: &str) -> Result<Canon, String> {
+    Ok(
+        match parse_decimal(text).ok_or_else(|| format!("bad decimal {text:?}"))? {
+            Dec::NaN => None,
+            Dec::Inf(neg) => float(if neg {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            }),
+            Dec::Zero => int("0").expect("an integer"),
+            Dec::Finite(neg, digits, exponent) => {
+                let written = digits.len() as i128 + exponent.abs();
+                if written > MAX_DECIMAL_DIGITS {
+                    return Ok(leaf(
+                        tag::HUGE_DECIMAL,
+                        format!("{}{digits}e{exponent}", if neg { "-" } else { "" }).as_bytes(),
+                    ));
+                }
+                let mut p: BigInt = digits
+                    .parse()
+                    .map_err(|_| format!("bad decimal {text:?}"))?;
+                if neg {
+                    p = -p;
+                }
+                let ten = BigInt::from(10);
+                if exponent >= 0 {
+                    rational(p * ten.pow(exponent as u32), BigInt::one())?
+                } else {
+                    rational(p, ten.pow((-exponent) as u32))?
+                }
+            }
+        },
+    )
+}
+
+/// An exact integer from text the guest wrote: plain decimal digits with an optional sign.
+fn big_int(text: &str) -> Result<BigInt, String> {
+    if int(text).is_none() {
+        return Err(format!("bad int {text:?}"));
+    }
+    text.parse().map_err(|_| format!("bad int {text:?}"))
 }
 
 fn boolean(b: bool) -> Canon {
@@ -364,6 +454,14 @@ impl<'a> Parser<'a> {
                         int(&s).ok_or_else(|| format!("bad int {s:?}"))?
                     }
                     ("f", Item::Str(s)) => float(parse_float_repr(&text_of(&s))?),
+                    ("q", Item::Str(s)) => {
+                        let text = text_of(&s);
+                        let (p, q) = text
+                            .split_once('/')
+                            .ok_or_else(|| format!("bad fraction {text:?}"))?;
+                        rational(big_int(p)?, big_int(q)?)?
+                    }
+                    ("m", Item::Str(s)) => decimal(&text_of(&s))?,
                     ("t", Item::Array(members)) => container(tag::TUPLE, &members),
                     ("e", Item::Array(members)) => unordered(tag::SET, members),
                     ("d", Item::Array(flat)) => {
@@ -747,6 +845,49 @@ mod tests {
         assert!(set.py_eq(&g(r#"{"e": [{"f": "2.0"}, true]}"#)));
         assert!(!set.py_eq(&py("[1, 2]")));
         assert!(!set.py_eq(&g(r#"{"e": [{"i": "1"}]}"#)));
+    }
+
+    /// `Fraction` and `Decimal` compare by exact value, as Python's `==` does: `Fraction(1,
+    /// 2) == 0.5 == Decimal("0.5")`, `Fraction(4, 2) == 2`, but `0.1` is not `Fraction(1,
+    /// 10)` nor `Decimal("0.1")` (the float is not exactly a tenth), which equal each other.
+    #[test]
+    fn fractions_and_decimals_compare_by_exact_value() {
+        let q = |text: &str| g(&format!(r#"{{"q": "{text}"}}"#));
+        let m = |text: &str| g(&format!(r#"{{"m": "{text}"}}"#));
+        assert!(q("1/2").py_eq(&py("0.5")));
+        assert!(q("-3/4").py_eq(&py("-0.75")));
+        assert!(
+            q("4/2").py_eq(&py("2")),
+            "the host reduces: nothing of the guest's is trusted"
+        );
+        assert!(q("6/-4").py_eq(&q("-3/2")));
+        assert!(q("0/5").py_eq(&py("0")));
+        assert!(!q("1/3").py_eq(&py("0.3333333333333333")));
+        assert!(!q("1/10").py_eq(&py("0.1")));
+        assert!(q("1/10").py_eq(&m("0.1")));
+        assert!(!m("0.1").py_eq(&py("0.1")));
+        assert!(m("0.5").py_eq(&py("0.5")));
+        assert!(m("1.50").py_eq(&py("1.5")));
+        assert!(m("2.000").py_eq(&py("2")));
+        assert!(m("1E+3").py_eq(&py("1000")));
+        assert!(m("-0").py_eq(&py("0")));
+        assert!(m("Infinity").py_eq(&py("Infinity")));
+        assert!(!m("NaN").py_eq(&m("NaN")));
+        assert!(py("[0.5, 2]").py_eq(&g(r#"[{"q": "1/2"}, {"m": "2"}]"#)));
+        // A tiny float is the exact dyadic rational it is.
+        assert!(q(&format!("1/{}", num_bigint::BigInt::from(1) << 1074usize)).py_eq(&py("5e-324")));
+        // A decimal with more digits than any test could expect equals only itself.
+        assert!(m("1E+999999").py_eq(&m("10E+999998")));
+        assert!(!m("1E+999999").py_eq(&py("1")));
+        for bad in [
+            r#"{"q": "1/0"}"#,
+            r#"{"q": "1"}"#,
+            r#"{"q": "a/2"}"#,
+            r#"{"m": "x"}"#,
+            r#"{"q": ["1", "2"]}"#,
+        ] {
+            assert!(parse_guest_value(bad.as_bytes()).is_err(), "{bad}");
+        }
     }
 
     #[test]

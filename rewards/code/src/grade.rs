@@ -494,8 +494,19 @@ fn judge(
         },
         Outcome::Exited(code) => (
             Verdict::RuntimeError,
-            Some(stderr_tail().unwrap_or_else(|| format!("exited with status {code}"))),
+            Some(stderr_tail().map_or_else(|| format!("exited with status {code}"), with_hint)),
         ),
+    }
+}
+
+/// What the guest's Python lacks, said where a traceback shows it missing.
+const MISSING_MODULE_HINT: &str = "(the sandbox's CPython 3.11 has the standard library only: numpy and other packages are not importable there; docs/sandbox.md)";
+
+fn with_hint(tail: String) -> String {
+    if tail.contains("ModuleNotFoundError: No module named") {
+        format!("{tail}\n{MISSING_MODULE_HINT}")
+    } else {
+        tail
     }
 }
 

@@ -328,6 +328,52 @@ fn functional_problems_compare_return_values_like_python() {
         grade_code(&sb, &problem, code, &quick()).verdict,
         Verdict::Accepted
     );
+    // Exact numbers compare by value, as Python's == does: Fraction(3, 2) == 1.5 ==
+    // Decimal("1.5"); a Fraction of a tenth is not the float 0.1.
+    let problem = call_problem("half", &[("3", "1.5"), ("4", "2")]);
+    for (code, want) in [
+        (
+            "from fractions import Fraction\ndef half(n):\n    return Fraction(n, 2)",
+            Verdict::Accepted,
+        ),
+        (
+            "from decimal import Decimal\ndef half(n):\n    return [Decimal(n) / 2][0]",
+            Verdict::Accepted,
+        ),
+        (
+            "from fractions import Fraction\ndef half(n):\n    return Fraction(n, 3)",
+            Verdict::WrongAnswer,
+        ),
+    ] {
+        let grade = grade_code(&sb, &problem, code, &quick());
+        assert_eq!(grade.verdict, want, "{code}\n{grade:?}");
+    }
+    let problem = call_problem("tenth", &[("1", "0.1")]);
+    let code = "from fractions import Fraction\ndef tenth(n):\n    return Fraction(n, 10)";
+    assert_eq!(
+        grade_code(&sb, &problem, code, &quick()).verdict,
+        Verdict::WrongAnswer
+    );
+}
+
+/// numpy is not in the guest: a program importing it is a runtime error whose message names
+/// the module and says why.
+#[test]
+fn a_missing_module_is_named_with_the_reason() {
+    let sb = sandbox();
+    let problem = stdin_problem(&[("3\n", "6\n")]);
+    let grade = grade_code(
+        &sb,
+        &problem,
+        "import numpy as np\nprint(np.int64(int(input())) * 2)",
+        &quick(),
+    );
+    assert_eq!(grade.verdict, Verdict::RuntimeError);
+    let message = grade.message.unwrap();
+    assert!(
+        message.contains("No module named 'numpy'") && message.contains("standard library only"),
+        "{message}"
+    );
 }
 
 #[test]
