@@ -29,8 +29,6 @@ import random
 import sys
 import threading
 import time
-from decimal import Decimal as _Decimal
-from fractions import Fraction as _Fraction
 
 MARK = b"\x1eareal-result\x1e"
 EXEC_MARK = b"\x1eareal-exec-ns="
@@ -141,10 +139,12 @@ def _encode(v):
     if t is float:
         return {"f": repr(v)}
     # Exact numbers compare with Python's == by value (Fraction(1, 2) == 0.5): the host
-    # reduces and compares them, trusting nothing of this text but its digits.
-    if t is _Fraction:
+    # reduces and compares them, trusting nothing of this text but its digits. A program
+    # that returns one imported its module (not imported here: the snapshot stays small).
+    fractions, decimal = sys.modules.get("fractions"), sys.modules.get("decimal")
+    if fractions is not None and t is fractions.Fraction:
         return {"q": "%d/%d" % (v.numerator, v.denominator)}
-    if t is _Decimal:
+    if decimal is not None and t is decimal.Decimal:
         return {"m": str(v)}
     if t is list:
         return [_encode(x) for x in v]

@@ -183,10 +183,13 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
 
     let mut report = String::new();
     report.push_str(&format!(
-        "{} problems of `{}` ({functional} functional, {} stdin; {n_tests} tests), {} timed rounds after one untimed.\n\
+        "{} problems of {} ({functional} functional, {} stdin; {n_tests} tests), {} timed rounds after one untimed.\n\
          wasm: {} (guest sha256 {}…), wasmtime {}, per-test CPU limit {} s; native: {python} ({python_version}).\n\n",
         items.len(),
-        args.problems.display(),
+        match args.set {
+            ProgramSet::Lcb => format!("`{}`", args.problems.display()),
+            ProgramSet::Heavy => "the CPU-heavy set (`--set heavy`)".to_owned(),
+        },
         items.len() - functional,
         args.rounds,
         sandbox.module(),
@@ -198,12 +201,12 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
     report.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
     for (label, threads, s) in &rows {
         report.push_str(&format!(
-            "| {label} | {threads} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
+            "| {label} | {threads} | {:.1} | {} | {:.1} | {} | {} |\n",
             s.tests_per_second(),
-            median(&s.per_test_ms),
+            cell(&s.per_test_ms, 1),
             median(&s.per_problem_ms),
-            median(&s.startup_ms),
-            median(&s.exec_ms),
+            cell(&s.startup_ms, 1),
+            cell(&s.exec_ms, 2),
         ));
     }
     let find = |label: &str, threads: usize| {
@@ -290,6 +293,16 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The median of `xs` to `places` decimals, or `–` when nothing was measured (a worker reports
+/// whole gradings, not their tests).
+fn cell(xs: &[f64], places: usize) -> String {
+    if xs.is_empty() {
+        "–".into()
+    } else {
+        format!("{:.*}", places, median(xs))
+    }
 }
 
 fn measure(
