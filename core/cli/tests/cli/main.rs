@@ -85,6 +85,8 @@ fn plugins_lists_every_built_in_plugin() {
         ("reward", "testkit-successor"),
         ("reward", "wasm"),
         ("task", "chain-sum"),
+        ("task", "code"),
+        ("task", "code-arith"),
         ("task", "math"),
         ("task", "testkit-successor"),
     ];
@@ -934,4 +936,51 @@ fn a_full_disk_at_the_checkpoint_loses_nothing() {
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["steps"], 2);
     assert!(summary["checkpoint"].is_null());
+}
+
+/// The built-in code job's config loads, its model reads every character of the task, and a
+/// few RL steps run with every reward graded in the sandbox (none a failure), reported with
+/// its latency next to generation and training.
+#[test]
+fn the_code_job_trains_on_rewards_from_the_sandbox() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let config = root.join("rewards/code/examples/code-arith.toml");
+    let text_of_config = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        text_of_config.contains(&format!(
+            "alphabet = {:?}",
+            areal_tasks::code_arith::ALPHABET
+        )),
+        "the job's alphabet is the task's"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = areal(&[
+        "train",
+        "-q",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--set",
+        "warmup.enabled=false",
+        "--set",
+        "train.steps=3",
+        "--set",
+        "eval.max_items=16",
+        "--set",
+        "rollout.batch_size=2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let steps: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|m: &serde_json::Value| m["event"] == "step")
+        .collect();
+    assert_eq!(steps.len(), 3);
+    for m in &steps {
+        assert_eq!(m["reward_failures"], 0, "{m}");
+        assert!(m["reward_latency_p50_ms"].as_f64().unwrap() > 0.0, "{m}");
+    }
 }
