@@ -176,7 +176,11 @@ impl RewardCache {
             return Flight::Follow(rx);
         }
         in_flight.insert(key, Vec::new());
-        Flight::Lead(Lead { cache: self, key })
+        Flight::Lead(Lead {
+            cache: self,
+            key,
+            finished: false,
+        })
     }
 
     /// A follower got its reward from the leader: a hit.
@@ -207,12 +211,14 @@ pub enum Flight<'a> {
 pub struct Lead<'a> {
     cache: &'a RewardCache,
     key: [u8; 32],
+    finished: bool,
 }
 
 impl Lead<'_> {
     /// Keep `reward` and hand it to every waiter; a failure is kept by no one and handed to
     /// no one (each waiter tries for itself).
-    pub fn finish(self, reward: &Reward) {
+    pub fn finish(mut self, reward: &Reward) {
+        self.finished = true;
         self.cache.put(self.key, reward);
         let waiting = self
             .cache
@@ -231,6 +237,9 @@ impl Lead<'_> {
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
         self.cache
             .in_flight
             .lock()
