@@ -22,6 +22,9 @@ use areal_serve::{RemoteRewardOptions, RemoteVerifier};
 
 use crate::launch::Servers;
 
+/// Calls to keep in flight per worker: one graded while the other's answer travels back (as
+/// the reward service does with `reward_service.workers`).
+pub(crate) const CALLS_PER_WORKER: usize = 2;
 /// How long a worker may take to listen (building a sandbox compiles its module once).
 const START_TIMEOUT: Duration = Duration::from_secs(300);
 /// How often dead workers are looked for.
@@ -121,11 +124,9 @@ pub(crate) fn start(
         .into_iter()
         .map(|(_, url)| url)
         .collect();
-    let options = RemoteRewardOptions {
-        endpoints: urls,
-        ..serde_json::from_value(serde_json::json!({ "endpoints": [] }))
-            .expect("the remote reward's defaults")
-    };
+    // the `remote` reward's defaults, on these endpoints
+    let options: RemoteRewardOptions =
+        serde_json::from_value(serde_json::json!({ "endpoints": urls }))?;
     let remote = RemoteVerifier::new(&options, Some(&token))
         .map_err(|(key, why)| anyhow::anyhow!("reward workers: {key}: {why}"))?;
     tracing::info!(target: "areal::workers", workers = count, folder = %dir.display(), "reward workers listening");

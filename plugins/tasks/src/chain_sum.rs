@@ -24,7 +24,6 @@
 //! validation and eval; the held-out splits are lists of distinct prompts fixed by the task's
 //! seed.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use areal_sdk::{
@@ -35,6 +34,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Deserialize;
 use serde_json::json;
+
+use crate::splits::held_out_draws;
 
 /// The name the chain-sum task and its reward are registered under (`kind = "chain-sum"`).
 pub const NAME: &str = "chain-sum";
@@ -171,19 +172,11 @@ impl ChainSum {
         }
     }
 
+    /// Distinct prompts (terms are distinct exactly when their prompts are).
     fn held_out(&self, split: Split, count: usize) -> Vec<Vec<u32>> {
-        let mut rng = StdRng::seed_from_u64(mix_seed(self.seed, split as u64 + 101));
-        let mut seen = HashSet::new();
-        let mut out = Vec::with_capacity(count);
-        let mut attempts = 0usize;
-        while out.len() < count && attempts < count * 1000 {
-            attempts += 1;
-            let terms = self.draw_in(split, &mut rng);
-            if seen.insert(prompt(&terms)) {
-                out.push(terms);
-            }
-        }
-        out
+        held_out_draws(self.seed, split, count, |rng| {
+            Some(self.draw_in(split, rng))
+        })
     }
 
     fn item_for(&self, id: String, terms: &[u32]) -> TaskItem {

@@ -29,7 +29,7 @@ use areal_sdk::{BuildContext, PluginConfig, PluginError, Split, Task, TaskItem};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::splits::{Identified, Splits, read_items};
+use crate::splits::{Files, Identified, Splits, read_splits};
 
 /// The name the code task is registered under (`[task] kind = "code"`).
 pub const NAME: &str = "code";
@@ -294,7 +294,7 @@ pub fn fence(code: &str) -> String {
 }
 
 /// Check a template: `lcb`, or text with `{question}`.
-pub(crate) fn check_template(config: &PluginConfig, template: &str) -> Result<(), PluginError> {
+fn check_template(config: &PluginConfig, template: &str) -> Result<(), PluginError> {
     if template != LCB_TEMPLATE && !template.contains("{question}") {
         return Err(config.invalid(
             "template",
@@ -311,27 +311,21 @@ pub(crate) fn build_task(
     _ctx: &BuildContext,
 ) -> Result<Arc<dyn Task>, PluginError> {
     let options: CodeTaskOptions = config.parse()?;
-    if options.path.is_empty() {
-        return Err(config.invalid(
-            "path",
-            "missing: the JSONL file of LiveCodeBench records (`question_content`, `public_test_cases`, ...)",
-        ));
-    }
-    check_template(config, &options.template)?;
-    let read = |key: &str, path: &str| read_items(config, key, path, "records", read_records);
-    let train = read("path", &options.path)?;
-    let eval = match &options.eval_path {
-        Some(p) => Some(read("eval_path", p)?),
-        None => None,
+    let files = Files {
+        path: &options.path,
+        eval_path: options.eval_path.as_deref(),
+        eval_items: options.eval_items,
+        what: "records",
+        missing: "the JSONL file of LiveCodeBench records (`question_content`, `public_test_cases`, ...)",
     };
-    let task = CodeTask::new(NAME, options.template, train, eval, options.eval_items);
-    if task.len(Split::Train) == Some(0) {
-        return Err(config.invalid(
-            "path",
-            "every problem was held out; the train split is empty",
-        ));
-    }
-    Ok(Arc::new(task))
+    files.require_path(config)?;
+    check_template(config, &options.template)?;
+    let splits = read_splits(config, &files, read_records)?;
+    Ok(Arc::new(CodeTask {
+        name: NAME,
+        template: options.template,
+        splits,
+    }))
 }
 
 #[cfg(test)]

@@ -27,7 +27,6 @@
 //! **Splits are disjoint by function**: a function's hash puts it in exactly one of train,
 //! validation and eval, so no held-out function is ever trained on (with any example).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use areal_sdk::{
@@ -35,10 +34,11 @@ use areal_sdk::{
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::code::{CodeProblem, CodeTask, fence};
+use crate::splits::held_out_draws;
 
 /// The name the task is registered under (`[task] kind = "code-arith"`).
 pub const NAME: &str = "code-arith";
@@ -51,7 +51,8 @@ pub const ALPHABET: &str = "0123456789abcdefghijklmnopqrstuvwxyz()*+-^=`\n";
 pub const TEMPLATE: &str = "{question}\n";
 
 /// How the function is built.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Form {
     /// `a n + b`, written `3n+2`.
     Affine {
@@ -224,6 +225,8 @@ pub fn record(id: &str, form: Form, example: i64) -> Value {
         "metadata": "{}",
         "platform": NAME,
         "difficulty": "easy",
+        // what the task needs back for the item's demonstration
+        NAME: { "form": form, "example": example },
     })
 }
 
@@ -239,19 +242,14 @@ impl CodeArith {
     /// The task with `options`; its held-out splits follow from `seed`.
     pub fn new(options: CodeArithOptions, seed: u64) -> Self {
         let held = |split: Split, count: usize| -> Vec<CodeProblem> {
-            let mut rng = StdRng::seed_from_u64(mix_seed(seed, split as u64 + 101));
-            let mut seen = HashSet::new();
-            let mut out = Vec::with_capacity(count);
-            let mut attempts = 0usize;
-            while out.len() < count && attempts < count * 1000 {
-                attempts += 1;
-                let (form, example) = draw(&mut rng);
-                if split_of(form) == split && seen.insert((form, example)) {
-                    let id = format!("{}-{}", split.as_str(), out.len());
-                    out.push(problem(id, form, example));
-                }
-            }
-            out
+            held_out_draws(seed, split, count, |rng| {
+                let drawn = draw(rng);
+                (split_of(drawn.0) == split).then_some(drawn)
+            })
+            .into_iter()
+            .enumerate()
+            .map(|(i, (form, example))| problem(format!("{}-{i}", split.as_str()), form, example))
+            .collect()
         };
         let eval = held(Split::Eval, options.eval_items);
         let validation = held(Split::Validation, options.validation_items);
@@ -279,39 +277,9 @@ fn problem(id: String, form: Form, example: i64) -> CodeProblem {
 
 /// The function and example of an item, read back from its record.
 fn parse_item(item: &TaskItem) -> Option<(Form, i64)> {
-    let question = item.reference["question_content"].as_str()?;
-    let (f, example) = question.split_once('\n')?;
-    let notation = f.strip_prefix("f(n)=")?;
-    let n: i64 = example
-        .strip_prefix("f(")?
-        .split_once(')')?
-        .0
-        .parse()
-        .ok()?;
-    let split_b = |s: &str| -> Option<(String, i64)> {
-        let at = s.rfind(['+', '-'])?;
-        Some((s[..at].to_owned(), s[at..].parse().ok()?))
-    };
-    let form = if let Some(rest) = notation.strip_prefix("n^") {
-        let (k, b) = split_b(rest)?;
-        Form::Power {
-            k: k.parse().ok()?,
-            b,
-        }
-    } else if let Some((a, inner)) = notation.split_once("(n") {
-        let (_, b) = split_b(inner.strip_suffix(')')?)?;
-        Form::Scaled {
-            a: a.parse().ok()?,
-            b,
-        }
-    } else {
-        let (a, b) = split_b(notation)?;
-        Form::Affine {
-            a: a.strip_suffix('n')?.parse().ok()?,
-            b,
-        }
-    };
-    (form.notation() == notation).then_some((form, n))
+    let made = item.reference.get(NAME)?;
+    let form = Form::deserialize(made.get("form")?).ok()?;
+    Some((form, made.get("example")?.as_i64()?))
 }
 
 impl Task for CodeArith {

@@ -23,7 +23,7 @@ use areal_sdk::{BuildContext, PluginConfig, PluginError, Split, Task, TaskItem};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::splits::{Splits, read_items};
+use crate::splits::{Files, Splits, read_splits};
 
 /// The name the maths task is registered under (`[task] kind = "math"`).
 pub const NAME: &str = "math";
@@ -177,12 +177,14 @@ pub(crate) fn build_task(
     _ctx: &BuildContext,
 ) -> Result<Arc<dyn Task>, PluginError> {
     let options: MathTaskOptions = config.parse()?;
-    if options.path.is_empty() {
-        return Err(config.invalid(
-            "path",
-            "missing: the JSONL file of problems (`problem`, `answer` per line)",
-        ));
-    }
+    let files = Files {
+        path: &options.path,
+        eval_path: options.eval_path.as_deref(),
+        eval_items: options.eval_items,
+        what: "problems",
+        missing: "the JSONL file of problems (`problem`, `answer` per line)",
+    };
+    files.require_path(config)?;
     if !options.template.contains("{problem}") {
         return Err(config.invalid(
             "template",
@@ -192,24 +194,10 @@ pub(crate) fn build_task(
             ),
         ));
     }
-    let read = |key: &str, path: &str| {
-        read_items(config, key, path, "problems", |text, file| {
-            read_problems(text, file, &options)
-        })
-    };
-    let train = read("path", &options.path)?;
-    let eval = match &options.eval_path {
-        Some(p) => Some(read("eval_path", p)?),
-        None => None,
-    };
-    let task = MathTask::new(options, train, eval);
-    if task.len(Split::Train) == Some(0) {
-        return Err(config.invalid(
-            "path",
-            "every problem was held out; the train split is empty",
-        ));
-    }
-    Ok(Arc::new(task))
+    let splits = read_splits(config, &files, |text, file| {
+        read_problems(text, file, &options)
+    })?;
+    Ok(Arc::new(MathTask { options, splits }))
 }
 
 #[cfg(test)]

@@ -1,8 +1,13 @@
-//! Held-out splits of a task read from files: what the `math` and `code` tasks share.
+//! Held-out splits: of tasks read from files (what the `math` and `code` tasks share), and of
+//! procedural tasks (`chain-sum`, `code-arith`).
 
+use std::collections::HashSet;
+use std::hash::Hash;
 use std::sync::Arc;
 
-use areal_sdk::{PluginConfig, PluginError, Split, stable_hash};
+use areal_sdk::{PluginConfig, PluginError, Split, mix_seed, stable_hash};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 
 /// Whether the item `id` is held out (1 in 20, a different 20th for each `salt`).
 fn held_out_as(id: &str, salt: u64) -> bool {
@@ -94,21 +99,82 @@ impl<T: Identified> Splits<T> {
     }
 }
 
-/// The items of the JSONL file `path` (the option `key`), read by `parse` (which names the
-/// file and line of a bad record); a file that cannot be read or holds no item is an error of
-/// that option.
-pub(crate) fn read_items<T>(
-    config: &PluginConfig,
-    key: &str,
-    path: &str,
-    what: &str,
-    parse: impl FnOnce(&str, &str) -> Result<Vec<T>, String>,
-) -> Result<Vec<T>, PluginError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| config.invalid(key, format!("cannot read {path}: {e}")))?;
-    let items = parse(&text, path).map_err(|e| config.invalid(key, e))?;
-    if items.is_empty() {
-        return Err(config.invalid(key, format!("{path} has no {what}")));
+/// Where a file-backed task's items come from, as its options say.
+pub(crate) struct Files<'a> {
+    /// The option `path`: the train split (and the held-out ones without `eval_path`).
+    pub(crate) path: &'a str,
+    /// The option `eval_path`: held-out items only.
+    pub(crate) eval_path: Option<&'a str>,
+    /// At most this many eval items.
+    pub(crate) eval_items: Option<usize>,
+    /// What an item is, plural (`problems`), for errors.
+    pub(crate) what: &'a str,
+    /// What `path` must name, for the error when it is missing.
+    pub(crate) missing: &'a str,
+}
+
+impl Files<'_> {
+    /// An error of `path` when it is not given.
+    pub(crate) fn require_path(&self, config: &PluginConfig) -> Result<(), PluginError> {
+        if self.path.is_empty() {
+            return Err(config.invalid("path", format!("missing: {}", self.missing)));
+        }
+        Ok(())
     }
-    Ok(items)
+}
+
+/// The splits of the items in `files`, each file read by `parse` (which names the file and
+/// line of a bad record). A file that cannot be read or holds no item, and a train split left
+/// empty by the hold-out, are errors of their option.
+pub(crate) fn read_splits<T: Identified>(
+    config: &PluginConfig,
+    files: &Files<'_>,
+    parse: impl Fn(&str, &str) -> Result<Vec<T>, String>,
+) -> Result<Splits<T>, PluginError> {
+    let read = |key: &str, path: &str| -> Result<Vec<T>, PluginError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| config.invalid(key, format!("cannot read {path}: {e}")))?;
+        let items = parse(&text, path).map_err(|e| config.invalid(key, e))?;
+        if items.is_empty() {
+            return Err(config.invalid(key, format!("{path} has no {}", files.what)));
+        }
+        Ok(items)
+    };
+    let train = read("path", files.path)?;
+    let eval = match files.eval_path {
+        Some(p) => Some(read("eval_path", p)?),
+        None => None,
+    };
+    let splits = Splits::new(train, eval, files.eval_items);
+    if splits.get(Split::Train).is_empty() {
+        return Err(config.invalid(
+            "path",
+            "every problem was held out; the train split is empty",
+        ));
+    }
+    Ok(splits)
+}
+
+/// The held-out `split` of a procedural task of `seed`: up to `count` distinct items drawn by
+/// `draw` from a random stream of the split's own (`None`: the draw is not in the split),
+/// in the order drawn, after at most `count × 1000` draws.
+pub(crate) fn held_out_draws<T: Eq + Hash + Clone>(
+    seed: u64,
+    split: Split,
+    count: usize,
+    mut draw: impl FnMut(&mut StdRng) -> Option<T>,
+) -> Vec<T> {
+    let mut rng = StdRng::seed_from_u64(mix_seed(seed, split as u64 + 101));
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(count);
+    let mut attempts = 0usize;
+    while out.len() < count && attempts < count * 1000 {
+        attempts += 1;
+        if let Some(item) = draw(&mut rng)
+            && seen.insert(item.clone())
+        {
+            out.push(item);
+        }
+    }
+    out
 }

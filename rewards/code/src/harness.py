@@ -138,14 +138,6 @@ def _encode(v):
         return {"i": str(v)}
     if t is float:
         return {"f": repr(v)}
-    # Exact numbers compare with Python's == by value (Fraction(1, 2) == 0.5): the host
-    # reduces and compares them, trusting nothing of this text but its digits. A program
-    # that returns one imported its module (not imported here: the snapshot stays small).
-    fractions, decimal = sys.modules.get("fractions"), sys.modules.get("decimal")
-    if fractions is not None and t is fractions.Fraction:
-        return {"q": "%d/%d" % (v.numerator, v.denominator)}
-    if decimal is not None and t is decimal.Decimal:
-        return {"m": str(v)}
     if t is list:
         return [_encode(x) for x in v]
     if t is tuple:
@@ -158,6 +150,14 @@ def _encode(v):
         return {"d": flat}
     if t is set or t is frozenset:
         return {"e": [_encode(x) for x in v]}
+    # Exact numbers compare with Python's == by value (Fraction(1, 2) == 0.5): the host
+    # reduces and compares them, trusting nothing of this text but its digits. A program
+    # that returns one imported its module (not imported here: the snapshot stays small).
+    fractions, decimal = sys.modules.get("fractions"), sys.modules.get("decimal")
+    if fractions is not None and t is fractions.Fraction:
+        return {"q": "%d/%d" % (v.numerator, v.denominator)}
+    if decimal is not None and t is decimal.Decimal:
+        return {"m": str(v)}
     raise _Unencodable(t.__name__)
 
 

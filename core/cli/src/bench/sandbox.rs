@@ -379,7 +379,7 @@ fn workers_round(
     let next = AtomicUsize::new(0);
     let started = Instant::now();
     let results: Vec<anyhow::Result<(usize, f64)>> = std::thread::scope(|scope| {
-        let callers: Vec<_> = (0..2 * workers.max(1))
+        let callers: Vec<_> = (0..crate::workers::CALLS_PER_WORKER * workers.max(1))
             .map(|_| {
                 scope.spawn(|| {
                     let mut done = Vec::new();
@@ -419,20 +419,14 @@ fn grade_in_worker(verifier: &dyn areal_sdk::RewardVerifier, item: &Item) -> any
     if let Some(func) = &item.problem.func_name {
         record["metadata"] = json!({ "func_name": func });
     }
-    let input = areal_sdk::RewardInput {
-        sample_id: 0,
-        item_id: item.id.clone(),
-        prompt: String::new(),
-        completion: format!("```python\n{}\n```", item.code),
-        completion_ids: Vec::new(),
-        finish_reason: areal_sdk::FinishReason::Stop,
-        reference: record,
-        metadata: Default::default(),
-    };
-    let ctx = areal_sdk::VerifyContext::with_timeout(std::time::Duration::from_secs(3600));
-    let reward = verifier
-        .verify(&input, &ctx)
-        .map_err(|e| anyhow::anyhow!("{}: {}", item.id, areal_core::chain(&e)))?;
+    let reward = crate::grade::code::verify_record(
+        verifier,
+        0,
+        item.id.clone(),
+        areal_tasks::code::fence(&item.code),
+        record,
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {}", item.id, areal_core::chain(&e)))?;
     if reward.verdict != Verdict::Accepted {
         bail!(
             "{}: the reference solution got {} in a worker: {:?}",
@@ -457,8 +451,7 @@ fn heavy_items(python: &str) -> anyhow::Result<Vec<Item>> {
             },
             code: h.code.to_owned(),
         };
-        let output = native_output(python, &probe, &h.input)
-            .with_context(|| format!("{}: native python", h.id))?;
+        let output = native_output(python, &probe, &h.input)?;
         let mut item = probe;
         item.problem.tests.push(areal_reward_code::TestCase {
             input: h.input,
@@ -472,12 +465,22 @@ fn heavy_items(python: &str) -> anyhow::Result<Vec<Item>> {
 
 /// What `item`'s program prints for `input` in native `python`.
 fn native_output(python: &str, item: &Item, input: &str) -> anyhow::Result<String> {
+    let report = native_report(python, item, &[input])?;
+    Ok(report["outputs"][0]
+        .as_str()
+        .context("no output")?
+        .to_owned())
+}
+
+/// `item`'s program on `inputs` in one native `python` process (`native_runner.py`): its
+/// report.
+fn native_report(python: &str, item: &Item, inputs: &[&str]) -> anyhow::Result<Value> {
     let job = json!({
-        "kind": "stdin",
-        "func": null,
+        "kind": if item.problem.func_name.is_some() { "call" } else { "stdin" },
+        "func": item.problem.func_name,
         "code": item.code,
         "prelude": PRELUDE,
-        "inputs": [input],
+        "inputs": inputs,
     });
     let mut child = Command::new(python)
         .args(["-c", NATIVE_RUNNER])
@@ -493,13 +496,14 @@ fn native_output(python: &str, item: &Item, input: &str) -> anyhow::Result<Strin
         .write_all(job.to_string().as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
-        bail!("{}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "{}: native python failed: {}",
+            item.id,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
-    let report: Value = serde_json::from_slice(&out.stdout).context("no report")?;
-    Ok(report["outputs"][0]
-        .as_str()
-        .context("no output")?
-        .to_owned())
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{}: native runner printed no report", item.id))
 }
 
 /// The real interpreter behind `python` (a pyenv shim costs ~100 ms a start) and its version.
@@ -605,38 +609,11 @@ fn native_round(
 
 fn run_native(python: &str, item: &Item, job: &NativeJob) -> anyhow::Result<NativeResult> {
     let tests = &item.problem.tests[job.tests.clone()];
-    let input = json!({
-        "kind": if item.problem.func_name.is_some() { "call" } else { "stdin" },
-        "func": item.problem.func_name,
-        "code": item.code,
-        "prelude": PRELUDE,
-        "inputs": tests.iter().map(|t| t.input.as_str()).collect::<Vec<_>>(),
-    });
+    let inputs: Vec<&str> = tests.iter().map(|t| t.input.as_str()).collect();
     let spawned_at = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
     let started = Instant::now();
-    let mut child = Command::new(python)
-        .args(["-c", NATIVE_RUNNER])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot run {python}"))?;
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(input.to_string().as_bytes())?;
-    let out = child.wait_with_output()?;
+    let report = native_report(python, item, &inputs)?;
     let wall_ms = started.elapsed().as_secs_f64() * 1e3;
-    if !out.status.success() {
-        bail!(
-            "{}: native python failed: {}",
-            item.id,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("{}: native runner printed no report", item.id))?;
     let outputs = report["outputs"].as_array().context("outputs")?;
     for (test, got) in tests.iter().zip(outputs) {
         let got = got.as_str().unwrap_or_default();

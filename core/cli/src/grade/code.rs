@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use areal_reward_code::{GradeOptions, Problem, grade_code, grade_completion, reward_of};
 use areal_sandbox::{Mode, Pool, Sandbox};
-use areal_sdk::{Provenance, Verdict};
+use areal_sdk::{Provenance, Reward, Verdict};
 use clap::Args;
 use serde_json::{Value, json};
 
@@ -196,8 +196,7 @@ impl Grader {
         let (verifier, workers) = lcb_workers(sandbox, options, sandboxes)?;
         let (jobs, queue) =
             crossbeam_channel::unbounded::<(usize, Job, crossbeam_channel::Sender<Value>)>();
-        // two calls in flight per worker: one graded, one on its way
-        for _ in 0..2 * sandboxes {
+        for _ in 0..crate::workers::CALLS_PER_WORKER * sandboxes {
             let (queue, verifier, sandbox) =
                 (queue.clone(), Arc::clone(&verifier), Arc::clone(sandbox));
             std::thread::Builder::new()
@@ -284,40 +283,11 @@ fn grade_remote(
                 sandbox,
             );
         }
-        Text::Code(c) => format!("```python\n{}\n```", c.trim_end_matches('\n')),
+        Text::Code(c) => areal_tasks::code::fence(&c),
     };
-    let input = areal_sdk::RewardInput {
-        sample_id: line as u64,
-        item_id: job.id.clone().unwrap_or_else(|| format!("line-{line}")),
-        prompt: String::new(),
-        completion,
-        completion_ids: Vec::new(),
-        finish_reason: areal_sdk::FinishReason::Stop,
-        reference: job.record,
-        metadata: Default::default(),
-    };
-    let ctx = areal_sdk::VerifyContext::with_timeout(std::time::Duration::from_secs(86_400));
-    match verifier.verify(&input, &ctx) {
-        Ok(reward) => {
-            let count = |key: &str| {
-                reward
-                    .provenance
-                    .details
-                    .get(key)
-                    .cloned()
-                    .unwrap_or(0.into())
-            };
-            json!({
-                "line": line,
-                "id": job.id,
-                "reward": reward.value,
-                "verdict": reward.verdict,
-                "passed": count("passed"),
-                "total": count("total"),
-                "wall_ms": reward.provenance.wall_ms,
-                "provenance": reward.provenance,
-            })
-        }
+    let item_id = job.id.clone().unwrap_or_else(|| format!("line-{line}"));
+    match verify_record(verifier, line as u64, item_id, completion, job.record) {
+        Ok(reward) => result_line(line, job.id.as_deref(), &reward),
         Err(e) => error_line(
             line,
             &format!("line {line}: {}", areal_core::chain(&e)),
@@ -336,34 +306,69 @@ fn grade_job(sandbox: &Sandbox, line: usize, job: Job, options: &GradeOptions) -
         Text::Completion(c) => grade_completion(sandbox, &job.problem, c, options),
         Text::Code(c) => grade_code(sandbox, &job.problem, c, options),
     };
-    let reward = reward_of(&grade, options, sandbox);
+    result_line(
+        line,
+        job.id.as_deref(),
+        &reward_of(&grade, options, sandbox),
+    )
+}
+
+/// `completion` graded on the LiveCodeBench `record` by `verifier` (the `lcb` reward in
+/// workers), under a deadline of a day: the reward's own limits bound each test.
+pub(crate) fn verify_record(
+    verifier: &dyn areal_sdk::RewardVerifier,
+    sample_id: u64,
+    item_id: String,
+    completion: String,
+    record: Value,
+) -> Result<Reward, areal_sdk::PluginError> {
+    let input = areal_sdk::RewardInput {
+        sample_id,
+        item_id,
+        prompt: String::new(),
+        completion,
+        completion_ids: Vec::new(),
+        finish_reason: areal_sdk::FinishReason::Stop,
+        reference: record,
+        metadata: Default::default(),
+    };
+    let ctx = areal_sdk::VerifyContext::with_timeout(std::time::Duration::from_secs(86_400));
+    verifier.verify(&input, &ctx)
+}
+
+/// The output line of a graded input line: the `lcb` reward's value, verdict, tests passed
+/// and total, wall time and provenance (graded here or in a worker, the same).
+fn result_line(line: usize, id: Option<&str>, reward: &Reward) -> Value {
+    let count = |key: &str| {
+        reward
+            .provenance
+            .details
+            .get(key)
+            .cloned()
+            .unwrap_or(0.into())
+    };
     json!({
         "line": line,
-        "id": job.id,
+        "id": id,
         "reward": reward.value,
-        "verdict": grade.verdict,
-        "passed": grade.passed,
-        "total": grade.total,
-        "wall_ms": grade.wall_ms,
+        "verdict": reward.verdict,
+        "passed": count("passed"),
+        "total": count("total"),
+        "wall_ms": reward.provenance.wall_ms,
         "provenance": reward.provenance,
     })
 }
 
 fn error_line(line: usize, message: &str, sandbox: &Sandbox) -> Value {
-    let mut provenance = Provenance {
+    let mut reward = Reward::new(0.0, Verdict::Error);
+    reward.provenance = Provenance {
         verifier: "lcb".into(),
         verifier_version: areal_reward_code::verifier_version(sandbox),
         ..Provenance::default()
     };
-    provenance.details.insert("message".into(), message.into());
-    json!({
-        "line": line,
-        "id": null,
-        "reward": 0.0,
-        "verdict": Verdict::Error,
-        "passed": 0,
-        "total": 0,
-        "wall_ms": 0.0,
-        "provenance": provenance,
-    })
+    reward
+        .provenance
+        .details
+        .insert("message".into(), message.into());
+    result_line(line, None, &reward)
 }
