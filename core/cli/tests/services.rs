@@ -533,11 +533,12 @@ fn the_built_in_job_through_launched_servers_evaluates_exactly_as_in_process() {
 
 /// `reward_service.workers`: the run's reward in worker processes. One killed with SIGKILL
 /// mid-run is started again at its address and its sample sent once more, so no sample loses
-/// its reward; the workers' logs are in the run folder, and none outlives the run.
+/// its reward; the workers' logs are in the run folder, and none outlives the run. (Tokens are
+/// slow here so that the run outlasts the 200 ms in which a death is noticed.)
 #[test]
 fn a_reward_worker_killed_mid_run_is_replaced_and_loses_no_sample() {
     let dir = tempfile::tempdir().unwrap();
-    let config = testkit_config(dir.path(), "token_delay_us = 5000\n");
+    let config = testkit_config(dir.path(), "token_delay_us = 20000\n");
     let run = dir.path().join("run");
     let workers = run.join("reward-workers");
     let train = spawn_train(&train_args(
