@@ -30,8 +30,9 @@ pub(crate) fn quick() -> GradeOptions {
     }
 }
 
-/// Copied from `shared/data/lcb/`: the official record, and 23 public-test records, each with
-/// a reference solution written here (`code`), in `areal grade code`'s input format.
+/// Copied from `shared/data/lcb/`: the official record, and 46 public-test records (23 in
+/// `lcb_reference.jsonl`, the bench's set, 23 more in `lcb_agreement.jsonl`), each with a
+/// reference solution written here (`code`), in `areal grade code`'s input format.
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
@@ -46,10 +47,15 @@ fn official_record() -> Value {
 }
 
 fn reference_records() -> Vec<Value> {
-    std::fs::read_to_string(fixture("lcb_reference.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+    ["lcb_reference.jsonl", "lcb_agreement.jsonl"]
+        .iter()
+        .flat_map(|name| {
+            std::fs::read_to_string(fixture(name))
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<Value>>()
+        })
         .collect()
 }
 
@@ -505,7 +511,7 @@ fn deterministic_mode_gives_identical_verdicts_and_fuel() {
 #[test]
 fn reference_solutions_are_accepted_and_misplaced_ones_are_not() {
     let records = reference_records();
-    assert!(records.len() >= 20);
+    assert!(records.len() >= 40);
     let kinds: Vec<bool> = records
         .iter()
         .map(|r| Problem::from_record(r).unwrap().func_name.is_some())
