@@ -280,11 +280,7 @@ impl ComponentHost {
         let state = State {
             wasi: wasi.build(),
             table,
-            memory: MemoryCap {
-                max: limits.memory_bytes,
-                peak: 0,
-                exceeded: false,
-            },
+            memory: MemoryCap::new(limits.memory_bytes),
             time: TimeBudget::new((self.mode == Mode::Fast).then_some(limits.cpu)),
         };
         let mut store = Store::new(&self.engine, state);

@@ -18,6 +18,18 @@ pub enum InterpreterError {
          (or point {INTERPRETER_ENV} at a folder with python.wasm, lib/python3.11 and SHA256SUMS)"
     )]
     Missing(PathBuf),
+    /// The binary uses instructions the sandbox cannot stop safely.
+    #[error(
+        "{path}: uses bulk-memory instructions ({instruction}), which wasmtime runs as host \
+         code touching the guest's memory: the sandbox could not stop it safely when its time \
+         is up; build the interpreter with `make python-wasi` (no -mbulk-memory)"
+    )]
+    BulkMemory {
+        /// The binary.
+        path: PathBuf,
+        /// The first such instruction found.
+        instruction: &'static str,
+    },
     /// The binary is not the one its checksum file names.
     #[error(
         "{path}: sha256 is {actual} but SHA256SUMS says {expected}; rebuild with `make python-wasi`"

@@ -2,7 +2,7 @@
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::Weak;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -14,10 +14,12 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
 use crate::capture::Capture;
 use crate::guest::{Interpreter, InterpreterError, hex};
+use crate::watchdog::{Stop, Watch};
 
 /// The guest path of the read-only standard library (the interpreter's compiled-in prefix).
 const GUEST_STDLIB: &str = "/usr/local/lib/python3.11";
-/// How often the epoch advances: the granularity of CPU limits and of yielding to tokio.
+/// How often the epoch advances (reward components): the granularity of their CPU limits and
+/// of yielding to tokio. The interpreter has no epochs: `watchdog.rs`.
 const EPOCH_TICK: Duration = Duration::from_millis(5);
 /// Wasm stack for the guest's native frames (deep recursion through C needs a lot). It must
 /// stay below the async fiber stack.
@@ -40,7 +42,8 @@ pub fn wasmtime_version() -> &'static str {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
-    /// CPU time by epoch interruption (cheap); verdicts near a limit may vary between runs.
+    /// CPU time, checked by a watchdog thread (free for the guest); verdicts near a limit may
+    /// vary between runs.
     #[default]
     Fast,
     /// A fuel budget instead of CPU time, a fixed clock and random source: the same program,
@@ -85,11 +88,13 @@ pub struct Settings {
 pub struct Limits {
     /// Time the guest itself spends: the CPU time of the thread running it plus the time it
     /// sleeps (not the time it waits for a core, so a verdict does not depend on how busy the
-    /// machine is), enforced by epoch interruption and in the guest's sleeps. In
-    /// deterministic mode the fuel budget replaces it.
+    /// machine is), enforced by a watchdog thread (`watchdog.rs`; reward components: epoch
+    /// interruption) and in the guest's sleeps. In deterministic mode the fuel budget
+    /// replaces it.
     pub cpu: Duration,
-    /// Wall time, enforced by a timeout around the whole run: the last resort, for a guest
-    /// stuck where no other limit reaches (and for sleeping guests in deterministic mode).
+    /// Wall time, enforced by the watchdog and a timeout around the whole run: the last
+    /// resort, for a guest stuck where no other limit reaches (and for sleeping guests in
+    /// deterministic mode).
     pub wall: Duration,
     /// Linear memory, in bytes.
     pub memory_bytes: usize,
@@ -207,7 +212,7 @@ struct Guest {
     wasi: WasiP1Ctx,
     clock: GuestClock,
     memory: MemoryCap,
-    time: TimeBudget,
+    watch: Watch,
 }
 
 /// A run's time limit, counted in time the guest itself spends: the CPU time of the thread
@@ -241,12 +246,32 @@ pub(crate) struct MemoryCap {
     pub(crate) max: usize,
     pub(crate) peak: usize,
     pub(crate) exceeded: bool,
+    /// The run's watchdog, told the memory's size (the interpreter's runs).
+    watch: Option<(Watch, usize)>,
+}
+
+impl MemoryCap {
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            max,
+            peak: 0,
+            exceeded: false,
+            watch: None,
+        }
+    }
+
+    fn watched(max: usize, watch: Watch) -> Self {
+        Self {
+            watch: Some((watch, 0)),
+            ..Self::new(max)
+        }
+    }
 }
 
 impl ResourceLimiter for MemoryCap {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -255,7 +280,18 @@ impl ResourceLimiter for MemoryCap {
             return Err(wasmtime::Error::msg("memory limit"));
         }
         self.peak = self.peak.max(desired);
+        if let Some((watch, before)) = &mut self.watch {
+            *before = current;
+            watch.set_memory_len(desired);
+        }
         Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        if let Some((watch, before)) = &self.watch {
+            watch.set_memory_len(*before);
+        }
+        Ok(())
     }
 
     fn table_growing(
@@ -274,19 +310,10 @@ pub(crate) trait Metered: Send + 'static {
     fn time(&mut self) -> &mut TimeBudget;
 }
 
-impl Metered for Guest {
-    fn memory(&mut self) -> &mut MemoryCap {
-        &mut self.memory
-    }
-    fn time(&mut self) -> &mut TimeBudget {
-        &mut self.time
-    }
-}
-
-/// Put a store under its guest's limits: memory by its cap, `fuel` when given (deterministic
-/// mode), and at every epoch tick a yield to tokio (so the wall-time timeout can fire), or an
-/// interrupt once the time budget (the guest's own CPU time plus its sleeps, see
-/// `TimeBudget`) is spent. In deterministic mode fuel is the only CPU bound.
+/// Put a reward component's store under its limits: memory by its cap, `fuel` when given
+/// (deterministic mode), and at every epoch tick a yield to tokio (so the wall-time timeout
+/// can fire), or an interrupt once the time budget (the guest's own CPU time plus its sleeps,
+/// see `TimeBudget`) is spent. In deterministic mode fuel is the only CPU bound.
 pub(crate) fn meter<T: Metered>(store: &mut Store<T>, fuel: Option<u64>) -> wasmtime::Result<()> {
     store.limiter(|g| g.memory());
     if let Some(fuel) = fuel {
@@ -329,7 +356,6 @@ pub struct Sandbox {
     entry: &'static str,
     /// What runs: the module's cache key (binary, pre-initialisation source, mode).
     module: String,
-    ticker: Arc<()>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -354,8 +380,12 @@ impl Sandbox {
         settings: &Settings,
     ) -> Result<Self, SandboxError> {
         let mut config = Config::new();
+        // No epoch checks: the watchdog stops guests by revoking access to their memory,
+        // which needs that no host code touch that memory while the guest runs: interpreters
+        // with bulk-memory instructions are refused (`read_guest`); threads are not built
+        // into this wasmtime at all (`watchdog.rs`).
         config
-            .epoch_interruption(true)
+            .epoch_interruption(false)
             .consume_fuel(settings.mode == Mode::Deterministic)
             .max_wasm_stack(MAX_WASM_STACK)
             .async_stack_size(ASYNC_STACK)
@@ -377,12 +407,10 @@ impl Sandbox {
             .clone()
             .unwrap_or_else(|| interpreter.wasm().with_file_name("compiled"));
         let linker = guest_linker(&engine)?;
-        let ticker = Arc::new(());
-        spawn_epoch_ticker(engine.clone(), Arc::downgrade(&ticker));
         let (module, entry, key) = match &settings.preinit {
             None => {
                 let key = format!("python-{}", &interpreter.sha256()[..16]);
-                let wasm = || read(&interpreter.wasm());
+                let wasm = || read_guest(&interpreter.wasm());
                 (
                     load_or_compile(&engine, &key, &cache_dir, wasm)?,
                     "_start",
@@ -419,7 +447,6 @@ impl Sandbox {
             mode: settings.mode,
             entry,
             module: key,
-            ticker,
         })
     }
 
@@ -458,11 +485,14 @@ impl Sandbox {
     /// Run one guest in a fresh store. Errors are the host's; whatever the guest does is an
     /// [`Outcome`].
     pub async fn run(&self, run: &Run) -> Result<RunReport, SandboxError> {
-        let _alive = &self.ticker;
         let started = Instant::now();
         let limits = &run.limits;
         let stdout = Capture::new(limits.stdout_bytes, true);
         let stderr = Capture::new(limits.stderr_bytes, false);
+        let watch = Watch::new(
+            (self.mode == Mode::Fast).then_some(limits.cpu),
+            Some(limits.wall),
+        );
         let guest = guest_state(
             &self.interpreter,
             self.mode,
@@ -475,14 +505,17 @@ impl Sandbox {
                 seed: run.seed,
             },
             limits.memory_bytes,
-            (self.mode == Mode::Fast).then_some(limits.cpu),
+            watch.clone(),
         )?;
         let mut store = Store::new(&self.engine, guest);
         let deterministic = self.mode == Mode::Deterministic;
-        meter(&mut store, deterministic.then_some(limits.fuel))?;
+        watched(&mut store, deterministic.then_some(limits.fuel))?;
+        // Dropped before the store: the memory is accessible again before it is pooled.
+        let _restore = watch.restorer();
 
         let call = async {
             let instance = self.pre.instantiate_async(&mut store).await?;
+            watch_memory(&mut store, &instance);
             let startup = started.elapsed();
             let start = instance.get_typed_func::<(), ()>(&mut store, self.entry)?;
             let result = start.call_async(&mut store, ()).await;
@@ -496,6 +529,7 @@ impl Sandbox {
             Ok(Ok((startup, result))) => {
                 let outcome = match result {
                     Ok(()) => Outcome::Exited(0),
+                    Err(_) if watch.stopped().is_some() => Outcome::TimeLimit,
                     Err(e) => classify(&e, store.data().memory.exceeded),
                 };
                 (outcome, Some(startup))
@@ -533,13 +567,13 @@ struct GuestIo<'a> {
 }
 
 /// A fresh guest: WASI context (stdio, args, environment, the read-only stdlib mount, clocks
-/// and random source of the mode), memory cap and time limit.
+/// and random source of the mode), memory cap, and the watch of its time.
 fn guest_state(
     interpreter: &Interpreter,
     mode: Mode,
     io: GuestIo<'_>,
     memory_bytes: usize,
-    time_limit: Option<Duration>,
+    watch: Watch,
 ) -> Result<Guest, SandboxError> {
     let clock = GuestClock::new(mode);
     let mut wasi = WasiCtxBuilder::new();
@@ -566,13 +600,29 @@ fn guest_state(
     Ok(Guest {
         wasi,
         clock,
-        memory: MemoryCap {
-            max: memory_bytes,
-            peak: 0,
-            exceeded: false,
-        },
-        time: TimeBudget::new(time_limit),
+        memory: MemoryCap::watched(memory_bytes, watch.clone()),
+        watch,
     })
+}
+
+/// Put an interpreter's store under its limits: memory by its cap, `fuel` when given
+/// (deterministic mode), time by the watchdog (through the call hook).
+fn watched(store: &mut Store<Guest>, fuel: Option<u64>) -> wasmtime::Result<()> {
+    store.limiter(|g| &mut g.memory);
+    if let Some(fuel) = fuel {
+        store.set_fuel(fuel)?;
+    }
+    let watch = store.data().watch.clone();
+    store.call_hook(move |_, hook| watch.hook(hook));
+    Ok(())
+}
+
+/// Tell the run's watchdog where the instance's memory is.
+fn watch_memory(store: &mut Store<Guest>, instance: &wasmtime::Instance) {
+    if let Some(memory) = instance.get_memory(&mut *store, "memory") {
+        let base = memory.data_ptr(&*store);
+        store.data().watch.set_memory_base(base);
+    }
 }
 
 /// Run `source` in the reactor interpreter and snapshot the initialised instance as a new
@@ -587,12 +637,13 @@ fn preinitialize(
 ) -> Result<Vec<u8>, SandboxError> {
     let started = Instant::now();
     tracing::info!("pre-initialising {}", interpreter.reactor().display());
-    let wasm = read(&interpreter.reactor())?;
+    let wasm = read_guest(&interpreter.reactor())?;
     let mut wizer = wasmtime_wizer::Wizer::new();
     wizer.init_func("wizer.initialize");
     let (cx, instrumented) = wizer.instrument(&wasm)?;
     let module = Module::new(engine, &instrumented)?;
     let stderr = Capture::new(64 << 10, false);
+    let watch = Watch::new(limits.map(|l| l.cpu), limits.map(|l| l.wall));
     let guest = guest_state(
         interpreter,
         mode,
@@ -605,13 +656,14 @@ fn preinitialize(
             seed: 0,
         },
         limits.map_or(4 << 30, |l| l.memory_bytes),
-        limits.map(|l| l.cpu),
+        watch.clone(),
     )?;
     let mut store = Store::new(engine, guest);
-    meter(
+    watched(
         &mut store,
         (mode == Mode::Deterministic).then_some(u64::MAX),
     )?;
+    let _restore = watch.restorer();
     let wall = limits.map_or(Duration::MAX, |l| l.wall);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -619,14 +671,23 @@ fn preinitialize(
         .map_err(|e| SandboxError::Wasmtime(wasmtime::Error::msg(e.to_string())))?;
     let snapshot = rt.block_on(async {
         let instance = linker.instantiate_async(&mut store, &module).await?;
+        watch_memory(&mut store, &instance);
         if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
             init.call_async(&mut store, ()).await?;
         }
         let init = instance.get_typed_func::<(), ()>(&mut store, "wizer.initialize")?;
         let ran = tokio::time::timeout(wall, init.call_async(&mut store, ())).await;
+        let stopped = watch.stopped();
         let failed = match ran {
             Ok(Ok(())) => None,
             Err(_) => Some(format!("wall-time limit of {:.1} s", wall.as_secs_f64())),
+            Ok(Err(_)) if stopped == Some(Stop::Wall) => {
+                Some(format!("wall-time limit of {:.1} s", wall.as_secs_f64()))
+            }
+            Ok(Err(_)) if stopped == Some(Stop::Cpu) => Some(format!(
+                "CPU-time limit of {:.1} s",
+                limits.map_or(0.0, |l| l.cpu.as_secs_f64())
+            )),
             Ok(Err(e)) => Some(match classify(&e, store.data().memory.exceeded) {
                 Outcome::MemoryLimit => {
                     format!("memory limit of {} MiB", store.data().memory.max >> 20)
@@ -698,6 +759,38 @@ impl wasmtime_wizer::InstanceState for Snapshotted<'_> {
     }
 }
 
+/// An interpreter binary, refused if it uses bulk-memory instructions: wasmtime runs them as
+/// host code that touches the guest's memory, and the watchdog stops a guest by revoking
+/// access to that memory (`watchdog.rs`). (What does not parse is left to wasmtime to report.)
+fn read_guest(path: &Path) -> Result<Vec<u8>, SandboxError> {
+    use wasmtime::wasmparser::{Operator, Parser, Payload};
+    let wasm = read(path)?;
+    let refuse = |instruction| {
+        Err(SandboxError::Interpreter(InterpreterError::BulkMemory {
+            path: path.to_path_buf(),
+            instruction,
+        }))
+    };
+    for payload in Parser::new(0).parse_all(&wasm) {
+        let Ok(Payload::CodeSectionEntry(body)) = payload else {
+            continue;
+        };
+        let Ok(mut ops) = body.get_operators_reader() else {
+            continue;
+        };
+        while !ops.eof() {
+            match ops.read() {
+                Ok(Operator::MemoryCopy { .. }) => return refuse("memory.copy"),
+                Ok(Operator::MemoryFill { .. }) => return refuse("memory.fill"),
+                Ok(Operator::MemoryInit { .. }) => return refuse("memory.init"),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(wasm)
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, SandboxError> {
     std::fs::read(path).map_err(|e| {
         SandboxError::Interpreter(InterpreterError::Io {
@@ -754,10 +847,10 @@ fn guest_linker(engine: &Engine) -> wasmtime::Result<Linker<Guest>> {
                 };
                 // A sleep is spent from the run's time limit: one past what is left sleeps
                 // out the rest and ends the run (`time_limit`).
-                let left = caller.data_mut().time.left();
+                let left = caller.data().watch.left();
                 let sleep = left.map_or(timer.sleep, |left| timer.sleep.min(left));
                 tokio::time::sleep(sleep).await;
-                caller.data_mut().time.slept += sleep;
+                caller.data().watch.slept(sleep);
                 if left.is_some_and(|left| timer.sleep >= left) {
                     return Err(Trap::Interrupt.into());
                 }
@@ -1034,5 +1127,46 @@ impl rand::TryRng for SeededRandom {
             chunk.copy_from_slice(&v[..chunk.len()]);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(module (memory 1) (func ...))` with the given body's instructions.
+    fn module(code: &[u8]) -> Vec<u8> {
+        let mut body = vec![0x00]; // no locals
+        body.extend_from_slice(code);
+        body.push(0x0b);
+        let mut section = vec![0x01, u8::try_from(body.len()).unwrap()];
+        section.extend(body);
+        let mut wasm = b"\0asm\x01\0\0\0".to_vec();
+        wasm.extend([0x01, 0x04, 0x01, 0x60, 0x00, 0x00]); // type () -> ()
+        wasm.extend([0x03, 0x02, 0x01, 0x00]); // one function of that type
+        wasm.extend([0x05, 0x03, 0x01, 0x00, 0x01]); // memory 1
+        wasm.extend([0x0a, u8::try_from(section.len()).unwrap()]);
+        wasm.extend(section);
+        wasm
+    }
+
+    #[test]
+    fn interpreters_with_bulk_memory_instructions_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("guest.wasm");
+        // i32.const 0 ×3; memory.fill 0
+        std::fs::write(
+            &path,
+            module(&[0x41, 0, 0x41, 0, 0x41, 0, 0xfc, 0x0b, 0x00]),
+        )
+        .unwrap();
+        let err = read_guest(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("memory.fill") && err.contains("make python-wasi"),
+            "{err}"
+        );
+        // i32.const 0; i32.load; drop
+        std::fs::write(&path, module(&[0x41, 0, 0x28, 0x02, 0x00, 0x1a])).unwrap();
+        assert!(read_guest(&path).is_ok());
     }
 }

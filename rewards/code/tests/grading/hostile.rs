@@ -39,6 +39,13 @@ const PROGRAMS: &[(&str, Kind, &str, Verdict)] = &[
         "import time\nt = time.time()\nwhile time.time() - t < 1000:\n    pass",
         TLE,
     ),
+    // The watchdog stops a guest wherever it is: in CPython's C too (the regex engine).
+    (
+        "catastrophic regex backtracking",
+        Stdin,
+        "import re\nprint(re.match('(a*)*b', 'a' * 40))",
+        TLE,
+    ),
     (
         "infinite loop in a call",
         Call,
