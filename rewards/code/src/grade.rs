@@ -10,11 +10,16 @@ use crate::compare::{parse_guest_value, parse_python_json, stdout_matches};
 use crate::record::{Problem, TestKind, extract_code};
 
 const HARNESS: &str = include_str!("harness.py");
+/// How the harness compiles a stdin program (Python: `known_names(globals)`,
+/// `compile_program(source, filename, known)`, `run_program(program, globals)`): as a
+/// function's body where that changes nothing but speed, else as written. Also what
+/// `areal bench sandbox`'s native baseline runs programs with.
+pub const PROGRAM: &str = include_str!("program.py");
 
 /// What a grading sandbox is pre-initialised with: the harness, the prelude imported.
 pub(crate) fn harness_source() -> String {
     format!(
-        "PRELUDE = {}\n{HARNESS}",
+        "PRELUDE = {}\n{PROGRAM}\n{HARNESS}",
         serde_json::to_string(PRELUDE).expect("a JSON string is a Python string literal")
     )
 }
@@ -207,6 +212,11 @@ pub struct TestRun {
     /// ran to its end or drowned the measurement in stderr.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exec_ms: Option<f64>,
+    /// Whether the program's statements ran as the body of a function (fast locals), which
+    /// the harness does to a stdin program where that changes nothing but its speed, or as
+    /// written, as a module (`program.py`). `None` where `exec_ms` is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_function: Option<bool>,
     /// Fuel spent (deterministic mode).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fuel: Option<u64>,
@@ -373,9 +383,9 @@ fn grade(
             ),
             Ok(mut report) => {
                 let ran = take_started_mark(&mut report.stderr);
-                let exec_ns = take_exec_mark(&mut report.stderr);
+                let exec = take_exec_mark(&mut report.stderr);
                 let (verdict, message) = judge(&report, ran, test.kind, &test.output);
-                (verdict, message, Some((report, exec_ns)))
+                (verdict, message, Some((report, exec)))
             }
             Err(e) => (Verdict::Error, Some(e.to_string()), None),
         };
@@ -385,7 +395,8 @@ fn grade(
             instantiate_ms: report.as_ref().map_or(0.0, |(r, _)| ms(r.startup)),
             exec_ms: report
                 .as_ref()
-                .and_then(|(_, ns)| ns.map(|ns| ns as f64 / 1e6)),
+                .and_then(|(_, exec)| exec.map(|(ns, _)| ns as f64 / 1e6)),
+            as_function: report.as_ref().and_then(|(_, exec)| exec.map(|(_, f)| f)),
             fuel: report.as_ref().and_then(|(r, _)| r.fuel),
         });
         if verdict != Verdict::Accepted {
@@ -410,16 +421,19 @@ fn take_started_mark(stderr: &mut Vec<u8>) -> bool {
     }
 }
 
-/// Remove the harness's timing line from the end of stderr and return its nanoseconds.
-fn take_exec_mark(stderr: &mut Vec<u8>) -> Option<u64> {
+/// Remove the harness's timing line from the end of stderr and return what it says: the
+/// nanoseconds the program ran, and whether it ran as a function's body.
+fn take_exec_mark(stderr: &mut Vec<u8>) -> Option<(u64, bool)> {
     let at = stderr
         .windows(EXEC_MARK.len())
         .rposition(|w| w == EXEC_MARK)?;
-    let value = std::str::from_utf8(&stderr[at + EXEC_MARK.len()..])
-        .ok()?
-        .trim()
-        .parse()
-        .ok();
+    let line = std::str::from_utf8(&stderr[at + EXEC_MARK.len()..]).ok()?;
+    let (ns, how) = line.trim().split_once(' ')?;
+    let value = match (ns.parse().ok(), how) {
+        (Some(ns), "function") => Some((ns, true)),
+        (Some(ns), "module") => Some((ns, false)),
+        _ => None,
+    };
     stderr.truncate(at);
     value
 }

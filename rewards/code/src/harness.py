@@ -1,6 +1,7 @@
 # areal-rs guest harness: runs ONE LiveCodeBench test of ONE program inside the sandbox.
 #
-# The host prepends `PRELUDE = "<LiveCodeBench's import prelude>"`. Everything at module level
+# The host prepends `PRELUDE = "<LiveCodeBench's import prelude>"` and program.py (how a stdin
+# program is compiled: `compile_program`, `run_program`). Everything at module level
 # runs once, when the sandbox is built, and is snapshotted (the prelude's imports included);
 # each run then calls `areal_main()` in a fresh instance of that snapshot.
 #
@@ -15,8 +16,9 @@
 #                int, float, str, list, tuple, dict as [k1, v1, k2, v2, ...], set); the
 #                program's prints are discarded.
 #   stderr:      STARTED_MARK, written just before the program runs, then the program's own,
-#                then EXEC_MARK + the nanoseconds the program itself ran; the host strips
-#                both marks off. Without STARTED_MARK the program never ran, so an exit
+#                then EXEC_MARK + the nanoseconds the program itself ran and how it was
+#                compiled (" function" or " module", program.py); the host strips both
+#                marks off. Without STARTED_MARK the program never ran, so an exit
 #                status then is the harness's; with it, every status is the program's (it
 #                can call os._exit(n) with any n) and never counts as a grader failure.
 # Exit status: 0 ran to the end (a stdin program's SystemExit is swallowed, as LiveCodeBench
@@ -44,6 +46,8 @@ exec(compile(PRELUDE, "<prelude>", "exec"), _TEMPLATE)  # noqa: F821 (prepended 
 # - threads cannot start. The idiom `threading.stack_size(big); Thread(target=main).start()`
 #   (for deep recursion) is common, so a thread runs to completion inside start().
 sys.maxsize = 2**63 - 1
+if "maxsize" in _TEMPLATE:  # the prelude's `from sys import *` copied the 32-bit one
+    _TEMPLATE["maxsize"] = sys.maxsize
 
 
 def _start_now(self):
@@ -54,8 +58,12 @@ threading.Thread.start = _start_now
 threading.Thread.join = lambda self, timeout=None: None
 threading.stack_size = lambda size=0: 0
 
+# What a stdin program can read without binding it (program.py).
+_KNOWN = known_names(_TEMPLATE)  # noqa: F821 (program.py, prepended by the host)
+
 _stdout = sys.stdout
 _t0 = None  # when the program itself started, for start-up/exec timings
+_compiled = b"module"  # how: b"function" where compile_program made it a function's body
 
 
 def _read_exact(n):
@@ -86,7 +94,7 @@ def _finish(status):
             pass
     if _t0 is not None:
         try:
-            os.write(2, EXEC_MARK + b"%d\n" % (time.perf_counter_ns() - _t0))
+            os.write(2, EXEC_MARK + b"%d %s\n" % (time.perf_counter_ns() - _t0, _compiled))
         except BaseException:
             pass
     os._exit(status)
@@ -162,6 +170,7 @@ def _encode(v):
 
 
 def areal_main():
+    global _compiled
     try:
         header = json.loads(_read_line())
         kind = header["kind"]
@@ -176,7 +185,10 @@ def areal_main():
         g["__name__"] = "__main__"
         _start()
         try:
-            exec(compile(code, "<solution>", "exec"), g)
+            program = compile_program(code, "<solution>", _KNOWN)  # noqa: F821
+            if program[1]:
+                _compiled = b"function"
+            run_program(program, g)  # noqa: F821
         except SystemExit:
             pass
         except MemoryError:

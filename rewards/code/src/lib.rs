@@ -25,7 +25,7 @@ use areal_sdk::{
 };
 
 pub use grade::{
-    Grade, GradeOptions, PRELUDE, TestRun, bounds, grade_code, grade_completion,
+    Grade, GradeOptions, PRELUDE, PROGRAM, TestRun, bounds, grade_code, grade_completion,
     grade_completion_before,
 };
 pub use record::{Problem, RecordError, TestCase, TestKind, extract_code};

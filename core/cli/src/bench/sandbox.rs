@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use areal_reward_code::compare::{parse_python_json, stdout_matches};
-use areal_reward_code::{GradeOptions, PRELUDE, Problem, TestKind, grade_code};
+use areal_reward_code::{GradeOptions, PRELUDE, PROGRAM, Problem, TestKind, grade_code};
 use areal_sandbox::{Mode, Pool};
 use areal_sdk::Verdict;
 use clap::Args;
@@ -52,8 +52,9 @@ pub(crate) struct BenchSandboxArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     threads: Vec<usize>,
     /// Worker-process counts to measure (the `lcb` reward in `areal serve reward` workers,
-    /// as `areal grade code -j N` and `reward_service.workers` run it); empty for none.
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    /// as `areal grade code -j N` and `reward_service.workers` run it); `--workers` alone
+    /// for none.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,2")]
     workers: Vec<usize>,
     /// Also write the report (markdown) to this file.
     #[arg(long)]
@@ -483,7 +484,7 @@ fn native_report(python: &str, item: &Item, inputs: &[&str]) -> anyhow::Result<V
         "inputs": inputs,
     });
     let mut child = Command::new(python)
-        .args(["-c", NATIVE_RUNNER])
+        .args(["-c", &format!("{PROGRAM}\n{NATIVE_RUNNER}")])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -3,6 +3,7 @@
 //! Needs the WASI interpreter (`make python-wasi`); `make test` builds it first.
 
 mod hostile;
+mod program;
 
 use std::path::PathBuf;
 use std::sync::Arc;
