@@ -135,7 +135,7 @@ VARIANTS = [
         "slow, near the limit",
         "stdin-few",
         lambda c, f, o: BUSY % 50_000_000 + c,
-        "module-level code runs ~2x faster in LiveCodeBench, which wraps it in a function",
+        None,
     ),
     ("too slow", "stdin-few", lambda c, f, o: BUSY % 400_000_000 + c, None),
     ("returns a tuple", "call", lambda c, f, o: wrap_method(c, f, "tuple(r) if isinstance(r, list) else r"), None),

@@ -84,6 +84,11 @@ pub fn reward_of(grade: &Grade, options: &GradeOptions, sandbox: &Sandbox) -> Re
     if let Some(m) = &grade.message {
         reward = reward.with_detail("message", m.as_str());
     }
+    // How the program ran (the harness's `program.py`): a function's body, or as written.
+    if let Some(as_function) = grade.runs.iter().find_map(|r| r.as_function) {
+        let ran_as = if as_function { "function" } else { "module" };
+        reward = reward.with_detail("ran_as", ran_as);
+    }
     reward.provenance.verifier = NAME.into();
     reward.provenance.wall_ms = grade.wall_ms;
     reward.provenance.fuel = grade.fuel();

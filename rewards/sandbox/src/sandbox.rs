@@ -677,18 +677,18 @@ fn preinitialize(
         }
         let init = instance.get_typed_func::<(), ()>(&mut store, "wizer.initialize")?;
         let ran = tokio::time::timeout(wall, init.call_async(&mut store, ())).await;
-        let stopped = watch.stopped();
-        let failed = match ran {
-            Ok(Ok(())) => None,
-            Err(_) => Some(format!("wall-time limit of {:.1} s", wall.as_secs_f64())),
-            Ok(Err(_)) if stopped == Some(Stop::Wall) => {
+        // A run the watchdog stopped failed, even if it ended as it was stopped: its memory
+        // may be inaccessible, and the snapshot below reads it.
+        let failed = match (ran, watch.stopped()) {
+            (Ok(Ok(())), None) => None,
+            (Err(_), _) | (_, Some(Stop::Wall)) => {
                 Some(format!("wall-time limit of {:.1} s", wall.as_secs_f64()))
             }
-            Ok(Err(_)) if stopped == Some(Stop::Cpu) => Some(format!(
+            (_, Some(Stop::Cpu)) => Some(format!(
                 "CPU-time limit of {:.1} s",
                 limits.map_or(0.0, |l| l.cpu.as_secs_f64())
             )),
-            Ok(Err(e)) => Some(match classify(&e, store.data().memory.exceeded) {
+            (Ok(Err(e)), None) => Some(match classify(&e, store.data().memory.exceeded) {
                 Outcome::MemoryLimit => {
                     format!("memory limit of {} MiB", store.data().memory.max >> 20)
                 }

@@ -69,8 +69,6 @@ struct Item {
 
 #[derive(Default)]
 struct Samples {
-    /// Execution times (ms) of each item's tests, by item.
-    by_item: Vec<Vec<f64>>,
     per_test_ms: Vec<f64>,
     per_problem_ms: Vec<f64>,
     startup_ms: Vec<f64>,
@@ -135,6 +133,22 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
         .count();
     let sandbox = areal_reward_code::shared_sandbox(Mode::Fast)?;
     let options = GradeOptions::default();
+    if args.set == ProgramSet::Heavy {
+        let report = heavy_report(
+            &python,
+            &python_version,
+            &items,
+            &sandbox,
+            &options,
+            args.rounds,
+        )?;
+        println!("{report}");
+        if let Some(path) = &args.markdown {
+            std::fs::write(path, &report)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        return Ok(());
+    }
     eprintln!(
         "{} problems ({functional} functional, {} stdin), {n_tests} tests; {} timed rounds",
         items.len(),
@@ -184,13 +198,10 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
 
     let mut report = String::new();
     report.push_str(&format!(
-        "{} problems of {} ({functional} functional, {} stdin; {n_tests} tests), {} timed rounds after one untimed.\n\
+        "{} problems of `{}` ({functional} functional, {} stdin; {n_tests} tests), {} timed rounds after one untimed.\n\
          wasm: {} (guest sha256 {}…), wasmtime {}, per-test CPU limit {} s; native: {python} ({python_version}).\n\n",
         items.len(),
-        match args.set {
-            ProgramSet::Lcb => format!("`{}`", args.problems.display()),
-            ProgramSet::Heavy => "the CPU-heavy set (`--set heavy`)".to_owned(),
-        },
+        args.problems.display(),
         items.len() - functional,
         args.rounds,
         sandbox.module(),
@@ -259,41 +270,98 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             }
         }
     }
-    if args.set == ProgramSet::Heavy
-        && let (Some(&t), Some(w)) = (args.threads.first(), find("wasm sandbox", args.threads[0]))
-        && let Some(n) = find("native python (fresh process per problem)", t)
-    {
-        report.push_str(&format!(
-            "\nExecution time per program (the program alone, start-up excluded; medians, {t} thread{}):\n\n\
-             | program | native (ms) | wasm (ms) | wasm ÷ native |\n|---|---:|---:|---:|\n",
-            if t == 1 { "" } else { "s" }
-        ));
-        let mut ratios = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            let (native, wasm) = (median(&n.by_item[i]), median(&w.by_item[i]));
-            ratios.push(wasm / native);
-            report.push_str(&format!(
-                "| {} | {native:.0} | {wasm:.0} | {:.2}× |\n",
-                item.id,
-                wasm / native
-            ));
-        }
-        let mut sorted = ratios.clone();
-        sorted.sort_by(f64::total_cmp);
-        report.push_str(&format!(
-            "\nwasm ÷ native: median {:.2}×, geometric mean {:.2}×, range {:.2}×–{:.2}×\n",
-            median(&ratios),
-            (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len().max(1) as f64).exp(),
-            sorted.first().copied().unwrap_or(0.0),
-            sorted.last().copied().unwrap_or(0.0),
-        ));
-    }
     println!("{report}");
     if let Some(path) = &args.markdown {
         std::fs::write(path, &report)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The heavy set's table: each program runs natively and then in the sandbox, one after the
+/// other, `rounds` times after an untimed pass, so that both see the machine alike (on a
+/// shared machine its speed drifts by 10–30 % over minutes); a program's ratio is the median
+/// of its rounds' ratios. Execution time only: the program alone, start-up excluded.
+#[allow(clippy::print_stderr)]
+fn heavy_report(
+    python: &str,
+    python_version: &str,
+    items: &[Item],
+    sandbox: &areal_sandbox::Sandbox,
+    options: &GradeOptions,
+    rounds: usize,
+) -> anyhow::Result<String> {
+    let n = items.len();
+    let (mut native, mut wasm, mut ratios) = (vec![vec![]; n], vec![vec![]; n], vec![vec![]; n]);
+    let mut as_function = vec![None; n];
+    for round in 0..=rounds.max(1) {
+        for (i, item) in items.iter().enumerate() {
+            let job = NativeJob {
+                item: i,
+                tests: 0..1,
+            };
+            let native_ms = run_native(python, item, &job)?.exec_ms[0];
+            let grade = grade_code(sandbox, &item.problem, &item.code, options);
+            if grade.verdict != Verdict::Accepted {
+                bail!(
+                    "{}: got {} in the sandbox: {:?}",
+                    item.id,
+                    grade.verdict.as_str(),
+                    grade.message
+                );
+            }
+            let run = &grade.runs[0];
+            let wasm_ms = run
+                .exec_ms
+                .context("the harness measured no execution time")?;
+            as_function[i] = run.as_function;
+            if round > 0 {
+                native[i].push(native_ms);
+                wasm[i].push(wasm_ms);
+                ratios[i].push(wasm_ms / native_ms);
+            }
+        }
+        eprintln!(
+            "  {} {round} of {rounds}",
+            if round == 0 { "untimed pass," } else { "round" }
+        );
+    }
+    let mut report = format!(
+        "The CPU-heavy set (`--set heavy`): {n} programs, each run natively and then in the sandbox,          {rounds} rounds after an untimed one. wasm: {} (guest sha256 {}…), wasmtime {}; native:          {python} ({python_version}). Execution time of the program alone (start-up excluded),          medians; ratio: the median of the rounds' ratios.
+
+         | program | compiled as | native (ms) | wasm (ms) | wasm ÷ native |
+|---|---|---:|---:|---:|
+",
+        sandbox.module(),
+        &sandbox.guest_sha256()[..12],
+        areal_sandbox::wasmtime_version(),
+    );
+    let mut medians = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let ratio = median(&ratios[i]);
+        medians.push(ratio);
+        report.push_str(&format!(
+            "| {} | {} | {:.0} | {:.0} | {ratio:.2}× |\n",
+            item.id,
+            match as_function[i] {
+                Some(true) => "function",
+                Some(false) => "module",
+                None => "–",
+            },
+            median(&native[i]),
+            median(&wasm[i]),
+        ));
+    }
+    let mut sorted = medians.clone();
+    sorted.sort_by(f64::total_cmp);
+    report.push_str(&format!(
+        "\nwasm ÷ native: median {:.2}×, geometric mean {:.2}×, range {:.2}×–{:.2}×\n",
+        median(&medians),
+        (medians.iter().map(|r| r.ln()).sum::<f64>() / n.max(1) as f64).exp(),
+        sorted.first().copied().unwrap_or(0.0),
+        sorted.last().copied().unwrap_or(0.0),
+    ));
+    Ok(report)
 }
 
 /// The median of `xs` to `places` decimals, or `–` when nothing was measured (a worker reports
@@ -314,11 +382,6 @@ fn measure(
     let mut all = Samples::default();
     for _ in 0..rounds.max(1) {
         let s = round()?;
-        all.by_item
-            .resize(all.by_item.len().max(s.by_item.len()), Vec::new());
-        for (all, s) in all.by_item.iter_mut().zip(s.by_item) {
-            all.extend(s);
-        }
         all.per_test_ms.extend(s.per_test_ms);
         all.per_problem_ms.extend(s.per_problem_ms);
         all.startup_ms.extend(s.startup_ms);
@@ -344,10 +407,9 @@ fn wasm_round(
     let seconds = started.elapsed().as_secs_f64();
     let mut s = Samples {
         seconds,
-        by_item: vec![Vec::new(); items.len()],
         ..Samples::default()
     };
-    for (i, (item, grade)) in items.iter().zip(grades).enumerate() {
+    for (item, grade) in items.iter().zip(grades) {
         let grade = grade.context("a sandbox worker panicked")?;
         if grade.verdict != Verdict::Accepted {
             bail!(
@@ -362,7 +424,6 @@ fn wasm_round(
             s.tests += 1;
             s.per_test_ms.push(run.wall_ms);
             if let Some(exec) = run.exec_ms {
-                s.by_item[i].push(exec);
                 s.exec_ms.push(exec);
                 s.startup_ms.push(run.wall_ms - exec);
             }
@@ -400,7 +461,6 @@ fn workers_round(
     });
     let mut s = Samples {
         seconds: started.elapsed().as_secs_f64(),
-        by_item: vec![Vec::new(); items.len()],
         ..Samples::default()
     };
     for r in results {
@@ -588,7 +648,6 @@ fn native_round(
     let seconds = started.elapsed().as_secs_f64();
     let mut s = Samples {
         seconds,
-        by_item: vec![Vec::new(); items.len()],
         ..Samples::default()
     };
     let mut per_problem = vec![0.0; items.len()];
@@ -599,7 +658,6 @@ fn native_round(
         s.tests += n;
         s.startup_ms.push(r.startup_ms);
         for e in &r.exec_ms {
-            s.by_item[r.item].push(*e);
             s.exec_ms.push(*e);
             s.per_test_ms.push(r.wall_ms / n as f64);
         }

@@ -2,7 +2,7 @@
 //! locals, only where that changes nothing the program can see. Each program's expected
 //! output is what native CPython prints running it as a module after LiveCodeBench's prelude.
 
-use areal_reward_code::grade_code;
+use areal_reward_code::{grade_code, reward_of};
 use areal_sdk::Verdict;
 
 use crate::{quick, sandbox, stdin_problem};
@@ -159,7 +159,10 @@ fn stdin_programs_run_as_functions_only_where_nothing_changes() {
         let problem = stdin_problem(&[(input, output)]);
         let grade = grade_code(&sb, &problem, code, &quick());
         let ran_as = grade.runs.first().and_then(|r| r.as_function);
-        if grade.verdict != Verdict::Accepted || ran_as != Some(*as_function) {
+        let provenance = reward_of(&grade, &quick(), &sb).provenance.details["ran_as"].clone();
+        let said = if *as_function { "function" } else { "module" };
+        if grade.verdict != Verdict::Accepted || ran_as != Some(*as_function) || provenance != said
+        {
             wrong.push(format!(
                 "{name}: {} ({:?}), ran as a function: {ran_as:?}, want {as_function}",
                 grade.verdict.as_str(),
