@@ -36,6 +36,11 @@ import random\nimport statistics\nimport itertools\nimport functools\nimport ope
 import io\nimport sys\nimport json\nsys.setrecursionlimit(50000)\n";
 const MARK: &[u8] = b"\x1eareal-result\x1e";
 const EXEC_MARK: &[u8] = b"\x1eareal-exec-ns=";
+/// Before the start mark, a stdin program's compiled code: `<m> function|module\n` and the m
+/// bytes of a marshalled code object, at most `COMPILED_MAX`, passed to the program's next
+/// tests so that only its first test compiles it.
+const COMPILED_MARK: &[u8] = b"\x1eareal-compiled=";
+const COMPILED_MAX: usize = 16 << 10;
 /// The harness writes this first on stderr, just before the program runs.
 const STARTED_MARK: &[u8] = b"\x1eareal-started\n";
 
@@ -192,7 +197,8 @@ impl GradeOptions {
             wall: cpu * 4 + Duration::from_secs(5),
             memory_bytes: self.memory_mb.saturating_mul(1 << 20),
             stdout_bytes: self.output_bytes,
-            stderr_bytes: 64 << 10,
+            // The program's 64 KiB, after the compiled code the harness may write first.
+            stderr_bytes: (64 << 10) + COMPILED_MAX + 64,
             fuel: self.fuel,
         }
     }
@@ -343,6 +349,8 @@ fn grade(
         runs: Vec::with_capacity(total),
         wall_ms: 0.0,
     };
+    // The program as the harness compiled it in its first stdin test.
+    let mut compiled: Option<Compiled> = None;
     for (i, test) in problem.tests.iter().enumerate() {
         let mut limits = options.limits();
         let mut cut_short = false;
@@ -366,6 +374,7 @@ fn grade(
             test.kind,
             problem.func_name.as_deref(),
             code,
+            compiled.as_ref(),
             &test.input,
             limits,
         );
@@ -382,6 +391,9 @@ fn grade(
                 Some((report, None)),
             ),
             Ok(mut report) => {
+                if let Some(c) = take_compiled_mark(&mut report.stderr) {
+                    compiled.get_or_insert(c);
+                }
                 let ran = take_started_mark(&mut report.stderr);
                 let exec = take_exec_mark(&mut report.stderr);
                 let (verdict, message) = judge(&report, ran, test.kind, &test.output);
@@ -409,6 +421,30 @@ fn grade(
     }
     grade.wall_ms = ms(started.elapsed());
     grade
+}
+
+/// A stdin program as the harness compiled it (`COMPILED_MARK`).
+struct Compiled {
+    code: Vec<u8>,
+    as_function: bool,
+}
+
+/// Remove the harness's compiled program from the front of stderr and return it.
+fn take_compiled_mark(stderr: &mut Vec<u8>) -> Option<Compiled> {
+    let rest = stderr.strip_prefix(COMPILED_MARK)?;
+    let line_end = rest.iter().position(|&b| b == b'\n')?;
+    let (len, how) = std::str::from_utf8(&rest[..line_end])
+        .ok()?
+        .split_once(' ')?;
+    let len: usize = len.parse().ok().filter(|&n| n <= COMPILED_MAX)?;
+    let as_function = match how {
+        "function" => true,
+        "module" => false,
+        _ => return None,
+    };
+    let code = rest.get(line_end + 1..line_end + 1 + len)?.to_vec();
+    stderr.drain(..COMPILED_MARK.len() + line_end + 1 + len);
+    Some(Compiled { code, as_function })
 }
 
 /// Remove the harness's start mark from the front of stderr; whether the program ran.
@@ -442,22 +478,30 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_test(
     sandbox: &Sandbox,
     kind: TestKind,
     func: Option<&str>,
     code: &str,
+    compiled: Option<&Compiled>,
     input: &str,
     limits: Limits,
 ) -> Result<RunReport, SandboxError> {
+    let compiled = compiled.filter(|_| kind == TestKind::Stdin);
     let header = serde_json::json!({
         "kind": match kind { TestKind::Stdin => "stdin", TestKind::Functional => "call" },
         "func": func,
         "code": code.len(),
+        "compiled": compiled.map_or(0, |c| c.code.len()),
+        "as_function": compiled.is_some_and(|c| c.as_function),
     });
     let mut stdin = serde_json::to_vec(&header).expect("a JSON header");
     stdin.push(b'\n');
     stdin.extend_from_slice(code.as_bytes());
+    if let Some(c) = compiled {
+        stdin.extend_from_slice(&c.code);
+    }
     stdin.extend_from_slice(input.as_bytes());
     let run = Run {
         stdin,

@@ -5,17 +5,22 @@
 # runs once, when the sandbox is built, and is snapshotted (the prelude's imports included);
 # each run then calls `areal_main()` in a fresh instance of that snapshot.
 #
-# stdin of a run: a JSON header line {"kind": "stdin"|"call", "func": name, "code": n}, then n
-# bytes of program text, then the test's input. The header and the program are read with
-# os.read, byte for byte, so the test input is left unread on the real fd 0: `input()`,
-# `sys.stdin`, `open(0)` and `os.read(0, n)` all see exactly the test input.
+# stdin of a run: a JSON header line {"kind": "stdin"|"call", "func": name, "code": n,
+# "compiled": m, "as_function": bool}, then n bytes of program text, then m bytes of the
+# program compiled (a marshalled code object this harness wrote in an earlier test of the same
+# program, or none), then the test's input. The header and the program are read with os.read,
+# byte for byte, so the test input is left unread on the real fd 0: `input()`, `sys.stdin`,
+# `open(0)` and `os.read(0, n)` all see exactly the test input.
 #
 # Expected outputs never come here; the host decides the verdict. What leaves:
 #   stdin tests: the program's own stdout;
 #   call tests:  stdout carries MARK + the return value in a closed JSON encoding (None, bool,
 #                int, float, str, list, tuple, dict as [k1, v1, k2, v2, ...], set); the
 #                program's prints are discarded.
-#   stderr:      STARTED_MARK, written just before the program runs, then the program's own,
+#   stderr:      for a stdin program compiled here, COMPILED_MARK + "<m> function|module\n" +
+#                the m bytes of its code, marshalled (at most COMPILED_MAX: the host passes
+#                them to the program's next tests, which skip compiling); then
+#                STARTED_MARK, written just before the program runs, then the program's own,
 #                then EXEC_MARK + the nanoseconds the program itself ran and how it was
 #                compiled (" function" or " module", program.py); the host strips both
 #                marks off. Without STARTED_MARK the program never ran, so an exit
@@ -26,6 +31,7 @@
 # 2 the harness itself was misused; 3 MemoryError; 4 a call test's function is missing;
 # 5 the return value is outside the closed encoding.
 import json
+import marshal
 import os
 import random
 import sys
@@ -35,6 +41,8 @@ import time
 MARK = b"\x1eareal-result\x1e"
 EXEC_MARK = b"\x1eareal-exec-ns="
 STARTED_MARK = b"\x1eareal-started\n"
+COMPILED_MARK = b"\x1eareal-compiled="
+COMPILED_MAX = 16 << 10
 
 # The prelude, imported once into a template of the program's globals.
 _TEMPLATE = {"__builtins__": __builtins__}
@@ -169,6 +177,26 @@ def _encode(v):
     raise _Unencodable(t.__name__)
 
 
+def _compiled_program(header, code):
+    """The stdin program compiled: from the host (what an earlier test wrote), or here, and
+    then written for the host; None when it does not compile."""
+    try:
+        blob = _read_exact(int(header.get("compiled") or 0))
+        if blob:
+            return marshal.loads(blob), bool(header.get("as_function"))
+    except BaseException:
+        _fail(2)
+    try:
+        program = compile_program(code, "<solution>", _KNOWN)  # noqa: F821
+    except BaseException:
+        return None
+    blob = marshal.dumps(program[0])
+    if len(blob) <= COMPILED_MAX:
+        how = b"function" if program[1] else b"module"
+        os.write(2, COMPILED_MARK + b"%d %s\n" % (len(blob), how) + blob)
+    return program
+
+
 def areal_main():
     global _compiled
     try:
@@ -183,9 +211,11 @@ def areal_main():
     g = _TEMPLATE  # every run is a fresh instance: no copy needed (a copy touches every value)
     if kind == "stdin":
         g["__name__"] = "__main__"
+        program = _compiled_program(header, code)
         _start()
         try:
-            program = compile_program(code, "<solution>", _KNOWN)  # noqa: F821
+            if program is None:  # it does not compile: raise that as the program's error
+                program = compile_program(code, "<solution>", _KNOWN)  # noqa: F821
             if program[1]:
                 _compiled = b"function"
             run_program(program, g)  # noqa: F821

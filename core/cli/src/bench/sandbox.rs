@@ -327,11 +327,12 @@ fn heavy_report(
         );
     }
     let mut report = format!(
-        "The CPU-heavy set (`--set heavy`): {n} programs, each run natively and then in the sandbox,          {rounds} rounds after an untimed one. wasm: {} (guest sha256 {}…), wasmtime {}; native:          {python} ({python_version}). Execution time of the program alone (start-up excluded),          medians; ratio: the median of the rounds' ratios.
-
-         | program | compiled as | native (ms) | wasm (ms) | wasm ÷ native |
-|---|---|---:|---:|---:|
-",
+        "The CPU-heavy set (`--set heavy`): {n} programs, each run natively and then in the \
+         sandbox, {rounds} rounds after an untimed one. wasm: {} (guest sha256 {}…), wasmtime \
+         {}; native: {python} ({python_version}). Execution time of the program alone \
+         (start-up excluded), medians; ratio: the median of the rounds' ratios.\n\n\
+         | program | compiled as | native (ms) | wasm (ms) | wasm ÷ native |\n\
+         |---|---|---:|---:|---:|\n",
         sandbox.module(),
         &sandbox.guest_sha256()[..12],
         areal_sandbox::wasmtime_version(),

@@ -194,3 +194,51 @@ fn errors_read_as_a_module_s() {
         "{message}"
     );
 }
+
+/// A program is compiled in its first test and the harness passes the code on to the next
+/// ones: every test still runs it as it must, whichever way it was compiled.
+#[test]
+fn later_tests_run_the_code_the_first_one_compiled() {
+    let sb = sandbox();
+    let tests = [("1\n", "2\n"), ("5\n", "10\n"), ("21\n", "42\n")];
+    let problem = stdin_problem(&tests);
+    for (code, as_function) in [
+        ("n = int(input())\nprint(n * 2)\n", true),
+        (
+            "n = 0\ndef read():\n    global n\n    n = int(input())\nread()\nprint(n * 2)\n",
+            false,
+        ),
+    ] {
+        let grade = grade_code(&sb, &problem, code, &quick());
+        assert_eq!(
+            grade.verdict,
+            Verdict::Accepted,
+            "{code}: {:?}",
+            grade.message
+        );
+        let ran: Vec<_> = grade.runs.iter().map(|r| r.as_function).collect();
+        assert_eq!(ran, vec![Some(as_function); 3], "{code}");
+    }
+    // What does not compile fails in every test alike.
+    let grade = grade_code(&sb, &problem, "print(1\n", &quick());
+    assert_eq!(grade.verdict, Verdict::RuntimeError);
+    assert!(grade.message.unwrap_or_default().contains("SyntaxError"));
+}
+
+/// A program too big for its compiled code to be passed on is compiled in every test, and the
+/// harness's marks still precede it: its exit statuses remain its own (status 2 after it
+/// started is the program's `runtime_error`, never the grader's `error`).
+#[test]
+fn a_program_too_big_to_pass_on_still_owns_its_exit_status() {
+    let sb = sandbox();
+    let problem = stdin_problem(&[("", "1\n"), ("", "1\n")]);
+    let big = format!(
+        "{}print(1)\n",
+        "x = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n".repeat(4000)
+    );
+    let grade = grade_code(&sb, &problem, &big, &quick());
+    assert_eq!(grade.verdict, Verdict::Accepted, "{:?}", grade.message);
+    let forged = format!("{big}import os\nos._exit(2)\n");
+    let grade = grade_code(&sb, &problem, &forged, &quick());
+    assert_eq!(grade.verdict, Verdict::RuntimeError, "{:?}", grade.message);
+}
