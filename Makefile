@@ -20,7 +20,7 @@ train: setup
 	$(TARGET_DIR)/release/areal train
 
 # burn is ~30x slower without optimisation, so tests run in release. The code-grading tests
-# need the WASI interpreter, built first (once; ~3 min).
+# need the WASI interpreter, built first (once; ~5 min).
 test: python-wasi reward-components
 	$(CARGO) test --workspace --release --locked
 	$(MAKE) lint cuda-check
@@ -39,7 +39,7 @@ cuda-check:
 	DOCS_RS=1 CARGO_TARGET_DIR=$(TARGET_DIR)/cuda-check $(CARGO) check --locked -p areal-cli --features cuda
 
 # The sandbox's guest interpreter (CPython 3.11 for wasm32-wasip1), built from Debian's source
-# package with Debian's clang-16 into .cache/python-wasi (~3 min; installs the toolchain with apt).
+# package with Debian's clang-16 into .cache/python-wasi (~5 min; installs the toolchain with apt).
 python-wasi:
 	rewards/sandbox/scripts/build-python-wasi.sh
 
