@@ -636,8 +636,8 @@ fn the_lcb_plugin_builds_from_config_and_grades_a_sample() {
         )
         .unwrap();
     assert_eq!((reward.value, reward.verdict), (1.0, Verdict::Accepted));
-    assert_eq!(reward.provenance.limits["cpu_s"], json!(3.5));
-    // The engine's deadline bounds the grading: a program that would run for its full 21 s
+    assert_eq!(reward.provenance.limits["cpu_s"], json!(4.0));
+    // The engine's deadline bounds the grading: a program that would run for its full 24 s
     // CPU limit is stopped at the deadline. That is the program's time_limit, never the
     // grader's `error`: training drops errors without penalty, so a policy that learned to
     // loop forever would escape every penalty.
