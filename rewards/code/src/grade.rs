@@ -479,7 +479,6 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run_test(
     sandbox: &Sandbox,
     kind: TestKind,

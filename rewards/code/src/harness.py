@@ -71,7 +71,7 @@ _KNOWN = known_names(_TEMPLATE)  # noqa: F821 (program.py, prepended by the host
 
 _stdout = sys.stdout
 _t0 = None  # when the program itself started, for start-up/exec timings
-_compiled = b"module"  # how: b"function" where compile_program made it a function's body
+_ran_as = b"module"  # or b"function", where compile_program made it a function's body
 
 
 def _read_exact(n):
@@ -102,7 +102,7 @@ def _finish(status):
             pass
     if _t0 is not None:
         try:
-            os.write(2, EXEC_MARK + b"%d %s\n" % (time.perf_counter_ns() - _t0, _compiled))
+            os.write(2, EXEC_MARK + b"%d %s\n" % (time.perf_counter_ns() - _t0, _ran_as))
         except BaseException:
             pass
     os._exit(status)
@@ -198,7 +198,7 @@ def _compiled_program(header, code):
 
 
 def areal_main():
-    global _compiled
+    global _ran_as
     try:
         header = json.loads(_read_line())
         kind = header["kind"]
@@ -217,7 +217,7 @@ def areal_main():
             if program is None:  # it does not compile: raise that as the program's error
                 program = compile_program(code, "<solution>", _KNOWN)  # noqa: F821
             if program[1]:
-                _compiled = b"function"
+                _ran_as = b"function"
             run_program(program, g)  # noqa: F821
         except SystemExit:
             pass

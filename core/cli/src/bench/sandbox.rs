@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use areal_reward_code::compare::{parse_python_json, stdout_matches};
-use areal_reward_code::{GradeOptions, PRELUDE, PROGRAM, Problem, TestKind, grade_code};
+use areal_reward_code::{Grade, GradeOptions, PRELUDE, PROGRAM, Problem, TestKind, grade_code};
 use areal_sandbox::{Mode, Pool};
 use areal_sdk::Verdict;
 use clap::Args;
@@ -301,15 +301,10 @@ fn heavy_report(
                 tests: 0..1,
             };
             let native_ms = run_native(python, item, &job)?.exec_ms[0];
-            let grade = grade_code(sandbox, &item.problem, &item.code, options);
-            if grade.verdict != Verdict::Accepted {
-                bail!(
-                    "{}: got {} in the sandbox: {:?}",
-                    item.id,
-                    grade.verdict.as_str(),
-                    grade.message
-                );
-            }
+            let grade = accepted(
+                item,
+                grade_code(sandbox, &item.problem, &item.code, options),
+            )?;
             let run = &grade.runs[0];
             let wasm_ms = run
                 .exec_ms
@@ -411,15 +406,7 @@ fn wasm_round(
         ..Samples::default()
     };
     for (item, grade) in items.iter().zip(grades) {
-        let grade = grade.context("a sandbox worker panicked")?;
-        if grade.verdict != Verdict::Accepted {
-            bail!(
-                "{}: the reference solution got {} in the sandbox: {:?}",
-                item.id,
-                grade.verdict.as_str(),
-                grade.message
-            );
-        }
+        let grade = accepted(item, grade.context("a sandbox worker panicked")?)?;
         s.per_problem_ms.push(grade.wall_ms);
         for run in &grade.runs {
             s.tests += 1;
@@ -431,6 +418,19 @@ fn wasm_round(
         }
     }
     Ok(s)
+}
+
+/// `grade`, or an error naming `item` if its reference solution was not accepted.
+fn accepted(item: &Item, grade: Grade) -> anyhow::Result<Grade> {
+    if grade.verdict != Verdict::Accepted {
+        bail!(
+            "{}: the reference solution got {} in the sandbox: {:?}",
+            item.id,
+            grade.verdict.as_str(),
+            grade.message
+        );
+    }
+    Ok(grade)
 }
 
 /// One pass over `items` through worker processes: two calls in flight per worker.
