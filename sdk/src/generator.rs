@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use crate::error::PluginError;
+use crate::task::Tokenizer;
 use crate::trajectory::{Completion, GenerateRequest, WeightUpdate};
 
 /// Generates completions; a plugin wraps an in-process model or a remote inference server.
@@ -54,6 +55,15 @@ pub trait Generator: Send + Sync + 'static {
     /// Let held and future requests run again.
     async fn resume(&self) -> Result<(), PluginError> {
         Err(PluginError::unsupported(self.name(), "resume"))
+    }
+
+    /// Check, before the run starts, that the model this generator samples from reads and
+    /// writes tokens as `tokenizer` (the trainer's) does, so that a mismatch stops the run
+    /// with a clear error instead of training on tokens that mean something else. A generator
+    /// that decodes with the trainer's own weights and ids has nothing to check (the default).
+    async fn check_tokenizer(&self, tokenizer: &dyn Tokenizer) -> Result<(), PluginError> {
+        let _ = tokenizer;
+        Ok(())
     }
 
     /// Counters since the generator started, for the engine's metrics (how busy generation

@@ -12,8 +12,9 @@ use crate::{ConfigArgs, loader, runtime};
 #[derive(Debug, Subcommand)]
 pub(crate) enum ServeCommand {
     /// Serve the config's `[generator]` plugin (any registered generator); runs use
-    /// `[generator] kind = "remote"` with `endpoints = ["http://ADDR", ...]`. Runs until
-    /// SIGINT or SIGTERM.
+    /// `[generator] kind = "remote"` with `endpoints = ["http://ADDR", ...]`, or with
+    /// `--api sglang|vllm` the `sglang` or `vllm` generator (and any client of those HTTP
+    /// APIs). Runs until SIGINT or SIGTERM.
     Generator(GeneratorArgs),
     /// Serve the config's `[reward]` plugin (any registered reward) on its
     /// `reward_service.threads` threads; runs use `[reward] kind = "remote"` with
@@ -29,8 +30,29 @@ pub(crate) struct GeneratorArgs {
     /// shared token.
     #[arg(long, default_value = "127.0.0.1:50051")]
     listen: SocketAddr,
+    /// The API to serve: areal-rs's gRPC service, or the subset of SGLang's or vLLM's HTTP
+    /// API that RL uses (generation by token ids with logprobs, pause and resume, weights
+    /// loaded from a checkpoint folder, /tokenize with the config's policy tokenizer).
+    #[arg(long, value_enum, default_value = "grpc")]
+    api: Api,
+    /// With --api sglang|vllm: a checkpoint folder (`config.json` + `model.safetensors`) to
+    /// load before serving, as those servers start with `--model`; else the first weights
+    /// come from the client.
+    #[arg(long)]
+    model: Option<PathBuf>,
     #[command(flatten)]
     common: ServeArgs,
+}
+
+/// The API `areal serve generator` speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Api {
+    /// areal-rs's gRPC service (the `remote` generator).
+    Grpc,
+    /// SGLang's native HTTP API.
+    Sglang,
+    /// vLLM's token-in/token-out and RL routes.
+    Vllm,
 }
 
 #[derive(Debug, Args)]
@@ -140,17 +162,54 @@ fn shutdown(until_stdin_closes: bool) -> impl Future<Output = ()> + Send + 'stat
 fn serve_generator(
     GeneratorArgs {
         listen: addr,
+        api,
+        model,
         common: args,
     }: GeneratorArgs,
 ) -> anyhow::Result<()> {
+    if api == Api::Grpc && model.is_some() {
+        anyhow::bail!(
+            "--model is for --api sglang|vllm; a gRPC server gets its weights from the run"
+        );
+    }
     let listen = listen(addr, &args)?;
-    let (_config, generator) = areal_core::resolve_generator(&loader(&args.config)?)?;
+    let (config, generator) = areal_core::resolve_generator(&loader(&args.config)?)?;
     let name = generator.name().to_owned();
     let runtime = runtime()?;
     let shutdown = {
         let _in_runtime = runtime.enter();
         shutdown(args.until_stdin_closes)
     };
+    let http_api = match api {
+        Api::Grpc => None,
+        Api::Sglang => Some(areal_serve::InferenceApi::Sglang),
+        Api::Vllm => Some(areal_serve::InferenceApi::Vllm),
+    };
+    if let Some(http_api) = http_api {
+        let tokenizer = match areal_core::policy_tokenizer(&config) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(target: "areal::serve", error = %e, "no tokenizer from the config's [policy]: /tokenize is not served, and clients cannot check tokenizers");
+                None
+            }
+        };
+        runtime.block_on(areal_serve::serve_inference_api(
+            http_api,
+            generator,
+            tokenizer,
+            model.as_deref(),
+            listen,
+            |addr| {
+                // one line a launcher (or a user) can wait for
+                println!(
+                    "serving generator {name} on {addr} (the {} HTTP API)",
+                    http_api.name()
+                );
+            },
+            shutdown,
+        ))?;
+        return Ok(());
+    }
     runtime.block_on(areal_serve::serve_generator(
         generator,
         listen,

@@ -325,16 +325,17 @@ impl Evaluator {
         spec: &EvalSpec,
     ) -> Result<EvalOutcome, EngineError> {
         let version = weights.version;
-        self.runner
-            .generator()
-            .update_weights(weights)
+        let generator = self.runner.generator();
+        generator
+            .check_tokenizer(self.runner.tokenizer().as_ref())
             .await
-            .map_err(|e| {
-                EngineError::plugin(
-                    format!("loading weights of version {version} into the generator"),
-                    e,
-                )
-            })?;
+            .map_err(|e| EngineError::plugin("checking the generator's tokenizer", e))?;
+        generator.update_weights(weights).await.map_err(|e| {
+            EngineError::plugin(
+                format!("loading weights of version {version} into the generator"),
+                e,
+            )
+        })?;
         evaluate(&self.task, &self.runner, spec).await
     }
 }

@@ -67,7 +67,7 @@ pub use group_runner::{GroupCounters, GroupRunner, GroupSpec};
 pub use ids::IdRanges;
 pub use metrics::{EvalMetrics, StalenessStats, StepMetrics, WarmupMetrics, WarmupReport};
 pub use observer::{Observer, Quiet, RunOptions, StopRequest};
-pub use plugins::{Plugins, resolve, resolve_generator, resolve_reward};
+pub use plugins::{Plugins, policy_tokenizer, resolve, resolve_generator, resolve_reward};
 pub use reward_cache::RewardCache;
 pub use reward_service::{RewardService, Verified};
 pub use run::run;

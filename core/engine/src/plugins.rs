@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use areal_sdk::{
     BuildContext, Generator, GeneratorPlugin, PluginError, RewardPlugin, RewardVerifier, Task,
-    TaskPlugin, mix_seed,
+    TaskPlugin, Tokenizer, mix_seed,
 };
 use areal_sdk_train::burn::tensor::Device;
 use areal_sdk_train::{Algorithm, AlgorithmPlugin, Policy, PolicyContext, PolicyPlugin};
@@ -36,6 +36,18 @@ pub fn resolve_generator(
     resolve_with(loader, |config| {
         build_generator(config).map_err(|e| vec![e])
     })
+}
+
+/// The tokenizer of `config`'s `[policy]` (a generator server's `/tokenize`): the policy is
+/// built as a run builds it, and only its tokenizer kept.
+pub fn policy_tokenizer(config: &Config) -> Result<Arc<dyn Tokenizer>, PluginError> {
+    let device = areal_sdk_train::parse_device(&config.train.device)
+        .map(Device::autodiff)
+        .map_err(|m| PluginError::config("train.device", m))?;
+    let section = config.plugin("policy")?;
+    let ctx = PolicyContext::new(BuildContext::new(mix_seed(config.seed, 1), 1), device);
+    let policy = PolicyPlugin::build_from(&section, &ctx).map_err(|e| in_section("policy", e))?;
+    Ok(policy.tokenizer())
 }
 
 /// The `[generator]` plugin (a run's and a generator server's).

@@ -92,6 +92,12 @@ pub async fn run(
         ctx.evals = found.state.evals.clone();
         ctx.checkpoints = found.state.checkpoints.clone();
     }
+    ctx.controller
+        .runner()
+        .generator()
+        .check_tokenizer(ctx.controller.runner().tokenizer().as_ref())
+        .await
+        .map_err(|e| EngineError::plugin("checking the generator's tokenizer", e))?;
     if found.is_none() {
         // (a resumed run loads the checkpoint's weights when it has restored them)
         ctx.load_generator(0, "the initial weights").await?;

@@ -11,6 +11,10 @@
 
 mod fleet;
 mod generator_server;
+mod http_client;
+pub mod inference_api;
+mod inference_generator;
+mod inference_server;
 mod remote_generator;
 mod remote_reward;
 mod reward_server;
@@ -19,6 +23,9 @@ mod server;
 mod weights_folder;
 
 pub use generator_server::serve_generator;
+pub use inference_api::InferenceApi;
+pub use inference_generator::{InferenceServerGenerator, InferenceServerOptions};
+pub use inference_server::serve_inference_api;
 pub use remote_generator::{RemoteGenerator, RemoteGeneratorOptions};
 pub use remote_reward::{NAME as REMOTE, RemoteRewardOptions, RemoteVerifier};
 pub use reward_server::serve_reward;

@@ -282,7 +282,9 @@ impl Shared {
                 let (dir, update) = (dir.clone(), update.clone());
                 let (path, sha256) = tokio::task::spawn_blocking(move || {
                     let sha256 = areal_proto::weights_sha256(&update.tensors);
-                    weights_folder::write(&dir, &update).map(|path| (path, sha256))
+                    let path = weights_folder::write(&dir, &update)?;
+                    weights_folder::keep_last(&dir, weights_folder::KEEP)?;
+                    Ok::<_, String>((path, sha256))
                 })
                 .await
                 .map_err(|e| PluginError::failed(NAME, format!("writing the weights: {e}")))?

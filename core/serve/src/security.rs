@@ -124,6 +124,18 @@ pub enum ServeError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The HTTP server failed while serving.
+    #[error("serving HTTP on {addr} failed")]
+    Http {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// What was asked cannot be served this way.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl Listen {
@@ -205,6 +217,6 @@ impl tonic::service::Interceptor for SendToken {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

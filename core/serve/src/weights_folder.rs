@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use areal_sdk::WeightUpdate;
+use areal_sdk::{NamedTensor, WeightUpdate};
 use areal_sdk_train::weights_file::{read_safetensors, write_safetensors};
 
 /// The weights file of a folder.
@@ -16,15 +16,21 @@ const CONFIG_FILE: &str = "config.json";
 /// The metadata key holding the version.
 const VERSION_KEY: &str = "areal.version";
 
-/// Folders of older versions kept (a server may still be reading one).
-const KEEP: usize = 2;
+/// Folders of older versions the `remote` generator keeps (a server may still be reading one).
+pub(crate) const KEEP: usize = 2;
 
-/// Write `update` under `dir` as `v<version>` (whole or not at all) and remove the versions
-/// before the last [`KEEP`]; the folder written.
+/// The folder of `version` under `dir`.
+pub(crate) fn folder(dir: &Path, version: u64) -> PathBuf {
+    dir.join(format!("v{version:010}"))
+}
+
+/// Write `update` under `dir` as `v<version>`, whole or not at all (staged in a hidden folder,
+/// then renamed); the folder written. Older versions stay: see [`remove_except`] and
+/// [`keep_last`].
 pub(crate) fn write(dir: &Path, update: &WeightUpdate) -> Result<PathBuf, String> {
     let io = |what: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", what.display());
     std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
-    let folder = dir.join(format!("v{:010}", update.version));
+    let folder = folder(dir, update.version);
     let staged = tempfile::Builder::new()
         .prefix(".staging-")
         .tempdir_in(dir)
@@ -43,40 +49,82 @@ pub(crate) fn write(dir: &Path, update: &WeightUpdate) -> Result<PathBuf, String
     }
     let staged = staged.keep();
     std::fs::rename(&staged, &folder).map_err(|e| io(&folder, &e))?;
-    let mut versions: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| io(dir, &e))?
+    Ok(folder)
+}
+
+/// The versions written under `dir`, oldest first, with their folders.
+fn versions(dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
+    let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with('v') && n[1..].bytes().all(|b| b.is_ascii_digit()))
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?;
+            let digits = name.strip_prefix('v')?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            Some((digits.parse().ok()?, p))
         })
         .collect();
     versions.sort();
-    let old = versions.len().saturating_sub(KEEP);
-    for stale in &versions[..old] {
-        // a server still reading it keeps its open file; a failure here costs disk only
-        if let Err(e) = std::fs::remove_dir_all(stale) {
-            tracing::warn!(target: "areal::remote", folder = %stale.display(), error = %e, "cannot remove old weights");
+    Ok(versions)
+}
+
+fn remove(folder: &Path) {
+    // a server still reading it keeps its open file; a failure here costs disk only
+    if let Err(e) = std::fs::remove_dir_all(folder) {
+        tracing::warn!(target: "areal::remote", folder = %folder.display(), error = %e, "cannot remove old weights");
+    }
+}
+
+/// Remove every version under `dir` but those in `keep`; the versions removed.
+pub(crate) fn remove_except(dir: &Path, keep: &[u64]) -> Result<Vec<u64>, String> {
+    let mut removed = Vec::new();
+    for (version, folder) in versions(dir)? {
+        if !keep.contains(&version) {
+            remove(&folder);
+            removed.push(version);
         }
     }
-    Ok(folder)
+    Ok(removed)
+}
+
+/// Remove every version under `dir` but the newest `n`.
+pub(crate) fn keep_last(dir: &Path, n: usize) -> Result<(), String> {
+    let versions = versions(dir)?;
+    let old = versions.len().saturating_sub(n);
+    for (_, folder) in &versions[..old] {
+        remove(folder);
+    }
+    Ok(())
+}
+
+/// The tensors and architecture of a checkpoint folder (`model.safetensors` and
+/// `config.json`), and the version areal-rs wrote into it, if any.
+pub(crate) fn read_checkpoint(
+    path: &Path,
+) -> Result<(Vec<NamedTensor>, serde_json::Value, Option<u64>), String> {
+    let (tensors, metadata) =
+        read_safetensors(&path.join(WEIGHTS_FILE)).map_err(|e| e.to_string())?;
+    let config = path.join(CONFIG_FILE);
+    let text =
+        std::fs::read_to_string(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let architecture =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+    let version = metadata.get(VERSION_KEY).and_then(|v| v.parse().ok());
+    Ok((tensors, architecture, version))
 }
 
 /// Read the folder at `path`, which must hold `version` with the tensors whose sha256 is
 /// `sha256`.
 pub(crate) fn read(path: &Path, version: u64, sha256: &str) -> Result<WeightUpdate, String> {
-    let (tensors, metadata) =
-        read_safetensors(&path.join(WEIGHTS_FILE)).map_err(|e| e.to_string())?;
-    match metadata.get(VERSION_KEY) {
-        Some(v) if *v == version.to_string() => {}
-        other => {
-            return Err(format!(
-                "{} holds version {}, not {version}",
-                path.display(),
-                other.map_or("(none)", String::as_str)
-            ));
-        }
+    let (tensors, architecture, held) = read_checkpoint(path)?;
+    if held != Some(version) {
+        return Err(format!(
+            "{} holds version {}, not {version}",
+            path.display(),
+            held.map_or("(none)".into(), |v| v.to_string())
+        ));
     }
     let sum = areal_proto::weights_sha256(&tensors);
     if sum != sha256 {
@@ -85,11 +133,6 @@ pub(crate) fn read(path: &Path, version: u64, sha256: &str) -> Result<WeightUpda
             path.display()
         ));
     }
-    let config = path.join(CONFIG_FILE);
-    let text =
-        std::fs::read_to_string(&config).map_err(|e| format!("{}: {e}", config.display()))?;
-    let architecture =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
     Ok(WeightUpdate {
         version,
         tensors: Arc::new(tensors),
@@ -99,8 +142,6 @@ pub(crate) fn read(path: &Path, version: u64, sha256: &str) -> Result<WeightUpda
 
 #[cfg(test)]
 mod tests {
-    use areal_sdk::NamedTensor;
-
     use super::*;
 
     fn update(version: u64) -> WeightUpdate {
@@ -129,6 +170,7 @@ mod tests {
             write(dir.path(), &update(v)).unwrap();
         }
         let folder = write(dir.path(), &update(4)).unwrap();
+        keep_last(dir.path(), KEEP).unwrap();
         let sum = areal_proto::weights_sha256(&update(4).tensors);
         let back = read(&folder, 4, &sum).unwrap();
         assert_eq!(back.version, 4);
@@ -145,5 +187,9 @@ mod tests {
         assert!(e.contains("holds version 4, not 5"), "{e}");
         let e = read(&folder, 4, "00").unwrap_err();
         assert!(e.contains("differs"), "{e}");
+        // what no server holds goes; a folder that is not a version stays
+        std::fs::create_dir(dir.path().join("vnotes")).unwrap();
+        assert_eq!(remove_except(dir.path(), &[4]).unwrap(), [3]);
+        assert!(dir.path().join("vnotes").exists() && folder.exists());
     }
 }

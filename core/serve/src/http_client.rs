@@ -1,0 +1,133 @@
+//! JSON over HTTP/1.1 for the clients of inference servers: a pooled connection per server,
+//! a time limit on every call, and each failure sorted as the fleet takes it (the server is
+//! gone or broken: [`CallError::Fault`]; it answered no: [`CallError::Refused`]).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::fleet::CallError;
+use crate::inference_api::error_message;
+
+/// A client of JSON APIs.
+#[derive(Clone)]
+pub(crate) struct HttpClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    /// `Authorization: Bearer ...` on every call, when set.
+    bearer: Option<String>,
+}
+
+impl HttpClient {
+    /// A client connecting within `connect_timeout`; must be built inside a runtime.
+    pub(crate) fn new(connect_timeout: Duration, api_key: Option<&str>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Self {
+            client,
+            bearer: api_key.map(|k| format!("Bearer {k}")),
+        }
+    }
+
+    /// `method url` with `body` as JSON, within `timeout`; the answer's body parsed as `T`.
+    pub(crate) async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<&(impl Serialize + Sync)>,
+        timeout: Duration,
+    ) -> Result<T, CallError> {
+        let bytes = self.call_raw(method, url, body, timeout).await?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            CallError::Refused(format!(
+                "{url} answered what this client cannot read ({e}): {}",
+                String::from_utf8_lossy(&bytes)
+                    .chars()
+                    .take(300)
+                    .collect::<String>()
+            ))
+        })
+    }
+
+    /// [`call`](Self::call) for an answer whose body does not matter.
+    pub(crate) async fn call_raw(
+        &self,
+        method: Method,
+        url: &str,
+        body: Option<&(impl Serialize + Sync)>,
+        timeout: Duration,
+    ) -> Result<Bytes, CallError> {
+        let payload = match body {
+            Some(body) => Bytes::from(serde_json::to_vec(body).expect("requests serialise")),
+            None => Bytes::new(),
+        };
+        let mut request = Request::builder().method(method).uri(url);
+        if body.is_some() {
+            request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(bearer) = &self.bearer {
+            request = request.header(hyper::header::AUTHORIZATION, bearer);
+        }
+        let request = request
+            .body(Full::new(payload))
+            .map_err(|e| CallError::Refused(format!("cannot make a request for {url}: {e}")))?;
+        let call = async {
+            let answer = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| CallError::Fault(format!("unreachable ({})", describe(&e))))?;
+            let status = answer.status();
+            let body = answer
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| CallError::Fault(format!("the answer broke off ({e})")))?
+                .to_bytes();
+            Ok::<_, CallError>((status, body))
+        };
+        let (status, body) = tokio::time::timeout(timeout, call).await.map_err(|_| {
+            CallError::Fault(format!("no answer in {:.0} s", timeout.as_secs_f64()))
+        })??;
+        if status.is_success() {
+            return Ok(body);
+        }
+        let said = format!("HTTP {}: {}", status.as_u16(), error_message(&body));
+        Err(classify(status, said))
+    }
+}
+
+/// A server error or an overload is the server's state (another server may do); anything
+/// else it answered is a refusal of this request.
+fn classify(status: StatusCode, said: String) -> CallError {
+    if status.is_server_error()
+        || status == StatusCode::REQUEST_TIMEOUT
+        || status == StatusCode::TOO_MANY_REQUESTS
+    {
+        CallError::Fault(said)
+    } else {
+        CallError::Refused(said)
+    }
+}
+
+/// A client error with its causes, short.
+fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

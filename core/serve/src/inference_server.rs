@@ -1,0 +1,659 @@
+//! Any generator plugin behind the subset of SGLang's or vLLM's HTTP API that RL uses
+//! (`areal serve generator --api sglang|vllm`): the burn model served to any client of those
+//! APIs, and the real server the `sglang` and `vllm` generators are tested against.
+//!
+//! Served (see [`crate::inference_api`] for the bodies): generation by token ids with
+//! per-token logprobs, pause in `abort` mode and resume, weights loaded from a checkpoint
+//! folder with the version the client names, the version held, health, and `/tokenize` when
+//! the config's policy gives a tokenizer. A request this server cannot honour exactly (a
+//! sampling parameter it does not implement, streaming, another pause mode) is refused with
+//! HTTP 400 naming the field, never served approximately.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use areal_sdk::{
+    Completion, FinishReason, GenerateRequest, Generator, PolicyVersion, SamplingParams, Tokenizer,
+    WeightUpdate,
+};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::inference_api::{
+    InferenceApi, SglangGenerateRequest, SglangPauseRequest, SglangUpdateFromDiskRequest,
+    TokenizeRequest, VllmFinishRequest, VllmGenerateRequest, VllmUpdateRequest, routes,
+};
+use crate::security::{Listen, ServeError, bind, constant_time_eq};
+use crate::weights_folder;
+
+struct Served {
+    api: InferenceApi,
+    generator: Arc<dyn Generator>,
+    tokenizer: Option<Arc<dyn Tokenizer>>,
+    token: Option<String>,
+    /// Versions loaded so far (the generator's own numbering), and the label the client gave
+    /// each (what `weight_version` reports).
+    loads: AtomicU64,
+    labels: Mutex<BTreeMap<PolicyVersion, String>>,
+    /// The label of the weights held; `None` before any load.
+    held: Mutex<Option<(PolicyVersion, String)>>,
+    /// The folder loaded last.
+    model_path: Mutex<Option<PathBuf>>,
+    paused: AtomicBool,
+    /// One load at a time.
+    loading: tokio::sync::Mutex<()>,
+    /// vLLM: a weight update between `start` and `finish`, and what it loaded.
+    vllm_update: Mutex<Option<Option<PolicyVersion>>>,
+    requests: AtomicU64,
+}
+
+type Answer = Result<Response, ErrorBody>;
+
+fn refuse(status: StatusCode, message: impl Into<String>) -> ErrorBody {
+    let message = message.into();
+    ErrorBody(
+        status,
+        json!({
+            "object": "error",
+            "message": message,
+            "type": status.canonical_reason().unwrap_or("error"),
+            "code": status.as_u16(),
+        }),
+    )
+}
+
+fn bad(message: impl Into<String>) -> ErrorBody {
+    refuse(StatusCode::BAD_REQUEST, message)
+}
+
+fn ok(value: Value) -> Answer {
+    Ok(axum::Json(value).into_response())
+}
+
+/// `body` as `T`, or 400 naming the field at fault.
+fn parse<T: DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, ErrorBody> {
+    let body: &[u8] = if body.is_empty() { b"{}" } else { body };
+    let mut de = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        bad(format!("{what}: {} (at {path})", e.inner()))
+    })
+}
+
+/// Sampling parameters this server does not implement are accepted only at the value that
+/// leaves sampling unchanged.
+fn check_neutral(
+    other: &BTreeMap<String, Value>,
+    neutral: &[(&str, &[Value])],
+    where_: &str,
+) -> Result<(), ErrorBody> {
+    for (key, value) in other {
+        match neutral.iter().find(|(k, _)| k == key) {
+            Some((_, allowed)) if value.is_null() || allowed.contains(value) => {}
+            Some((_, allowed)) => {
+                return Err(bad(format!(
+                    "{where_}.{key} = {value} is not supported by this server (only {})",
+                    allowed
+                        .iter()
+                        .map(Value::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                )));
+            }
+            None => {
+                return Err(bad(format!(
+                    "{where_}.{key} is not supported by this server"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Served {
+    fn label(&self, version: PolicyVersion) -> Option<String> {
+        self.labels
+            .lock()
+            .expect("labels lock")
+            .get(&version)
+            .cloned()
+    }
+
+    fn held_label(&self) -> Option<String> {
+        self.held
+            .lock()
+            .expect("held lock")
+            .as_ref()
+            .map(|(_, l)| l.clone())
+    }
+
+    async fn generate(
+        &self,
+        input_ids: Vec<u32>,
+        max_new_tokens: usize,
+        sampling: SamplingParams,
+        stop_token_ids: Vec<u32>,
+    ) -> Result<Completion, ErrorBody> {
+        if input_ids.is_empty() {
+            return Err(bad("the request has no input tokens"));
+        }
+        if self.held.lock().expect("held lock").is_none() {
+            return Err(refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no weights loaded yet: load a checkpoint folder first",
+            ));
+        }
+        if !(sampling.temperature >= 0.0) || !(sampling.top_p > 0.0 && sampling.top_p <= 1.0) {
+            return Err(bad(format!(
+                "temperature {} and top_p {} must be ≥ 0 and in (0, 1]",
+                sampling.temperature, sampling.top_p
+            )));
+        }
+        let request = GenerateRequest {
+            sample_id: self.requests.fetch_add(1, Ordering::Relaxed),
+            input_ids,
+            max_new_tokens,
+            sampling,
+            stop_token_ids,
+        };
+        self.generator.generate(request).await.map_err(|e| {
+            refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("generation failed: {e}"),
+            )
+        })
+    }
+
+    /// Load the checkpoint folder at `path`; the generator's number for it.
+    async fn load(&self, path: &str) -> Result<PolicyVersion, ErrorBody> {
+        let folder = PathBuf::from(path);
+        if !folder.is_absolute() || !folder.is_dir() {
+            return Err(bad(format!(
+                "{path:?} is not an absolute path to a folder this server can read"
+            )));
+        }
+        let _one_at_a_time = self.loading.lock().await;
+        let read = {
+            let folder = folder.clone();
+            tokio::task::spawn_blocking(move || weights_folder::read_checkpoint(&folder))
+        };
+        let (tensors, architecture, _) = read
+            .await
+            .map_err(|e| refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+            .map_err(|e| bad(format!("cannot read the checkpoint: {e}")))?;
+        let version = self.loads.fetch_add(1, Ordering::SeqCst);
+        let update = WeightUpdate::new(version, tensors).with_architecture(architecture);
+        self.generator
+            .update_weights(update)
+            .await
+            .map_err(|e| bad(format!("cannot load {path}: {e}")))?;
+        *self.model_path.lock().expect("path lock") = Some(folder);
+        tracing::info!(target: "areal::serve", path, "weights loaded");
+        Ok(version)
+    }
+
+    /// Weights `version` are held, reported as `label`.
+    fn hold(&self, version: PolicyVersion, label: Option<String>) {
+        let label = label
+            .or_else(|| self.held_label())
+            .unwrap_or_else(|| "default".into());
+        self.labels
+            .lock()
+            .expect("labels lock")
+            .insert(version, label.clone());
+        *self.held.lock().expect("held lock") = Some((version, label));
+    }
+
+    async fn pause(&self, mode: &str) -> Result<(), ErrorBody> {
+        if mode != "abort" {
+            return Err(bad(format!(
+                "pause mode {mode:?} is not supported by this server (only \"abort\": running requests return at once with what they have)"
+            )));
+        }
+        self.generator.pause().await.map_err(|e| {
+            refuse(
+                StatusCode::NOT_IMPLEMENTED,
+                format!("the generator cannot pause: {e}"),
+            )
+        })?;
+        self.paused.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn resume(&self) -> Result<(), ErrorBody> {
+        if self.paused.swap(false, Ordering::SeqCst) {
+            self.generator.resume().await.map_err(|e| {
+                refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot resume: {e}"),
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    fn tokenize(&self, body: &Bytes) -> Answer {
+        let Some(tokenizer) = &self.tokenizer else {
+            return Err(refuse(
+                StatusCode::NOT_FOUND,
+                "this server has no tokenizer (its config's [policy] gives none)",
+            ));
+        };
+        let request: TokenizeRequest = parse(body, "tokenize")?;
+        let tokens = tokenizer
+            .encode(&request.prompt)
+            .map_err(|e| bad(e.to_string()))?;
+        ok(json!({ "count": tokens.len(), "max_model_len": null, "tokens": tokens }))
+    }
+}
+
+fn finish_sglang(c: &Completion) -> Value {
+    match c.finish_reason {
+        FinishReason::Stop => json!({ "type": "stop", "matched": c.token_ids.last() }),
+        FinishReason::Length => json!({ "type": "length", "length": c.len() }),
+        FinishReason::Interrupted => {
+            json!({ "type": "abort", "message": "paused for new weights" })
+        }
+    }
+}
+
+fn finish_vllm(c: &Completion) -> &'static str {
+    match c.finish_reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Interrupted => "abort",
+    }
+}
+
+const NEUTRAL_SGLANG: &[(&str, &[Value])] = &[];
+
+fn neutral_sampling() -> Vec<(&'static str, Vec<Value>)> {
+    vec![
+        ("top_k", vec![json!(-1), json!(0)]),
+        ("min_p", vec![json!(0), json!(0.0)]),
+        ("frequency_penalty", vec![json!(0), json!(0.0)]),
+        ("presence_penalty", vec![json!(0), json!(0.0)]),
+        ("repetition_penalty", vec![json!(1), json!(1.0)]),
+        ("n", vec![json!(1)]),
+        ("ignore_eos", vec![json!(false)]),
+        ("no_stop_trim", vec![json!(false), json!(true)]),
+        (
+            "spaces_between_special_tokens",
+            vec![json!(false), json!(true)],
+        ),
+        ("skip_special_tokens", vec![json!(false), json!(true)]),
+        (
+            "include_stop_str_in_output",
+            vec![json!(false), json!(true)],
+        ),
+        ("stop", vec![json!([])]),
+        ("min_new_tokens", vec![json!(0)]),
+        ("min_tokens", vec![json!(0)]),
+    ]
+}
+
+fn check_sampling(other: &BTreeMap<String, Value>) -> Result<(), ErrorBody> {
+    let neutral = neutral_sampling();
+    let table: Vec<(&str, &[Value])> = neutral.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    check_neutral(other, &table, "sampling_params")
+}
+
+async fn sglang_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
+    let request: SglangGenerateRequest = parse(&body, "generate")?;
+    if request.stream {
+        return Err(bad("stream = true is not supported by this server"));
+    }
+    check_neutral(&request.other, NEUTRAL_SGLANG, "generate")?;
+    let p = request.sampling_params;
+    check_sampling(&p.other)?;
+    let sampling = SamplingParams {
+        temperature: p.temperature,
+        top_p: p.top_p,
+        seed: p
+            .sampling_seed
+            .unwrap_or_else(|| s.requests.load(Ordering::Relaxed)),
+    };
+    let c = s
+        .generate(
+            request.input_ids.clone(),
+            p.max_new_tokens,
+            sampling,
+            p.stop_token_ids,
+        )
+        .await?;
+    let text = match &s.tokenizer {
+        Some(t) => t.decode(&c.token_ids).unwrap_or_default(),
+        None => String::new(),
+    };
+    let logprobs: Vec<Value> = c
+        .token_ids
+        .iter()
+        .zip(&c.behaviour_logprobs)
+        .map(|(id, lp)| json!([lp, id, null]))
+        .collect();
+    let version = c
+        .versions
+        .first()
+        .and_then(|&v| s.label(v))
+        .or_else(|| s.held_label());
+    ok(json!({
+        "text": text,
+        "output_ids": c.token_ids,
+        "meta_info": {
+            "id": request.rid.unwrap_or_default(),
+            "finish_reason": finish_sglang(&c),
+            "prompt_tokens": request.input_ids.len(),
+            "completion_tokens": c.len(),
+            "cached_tokens": 0,
+            "weight_version": version,
+            "output_token_logprobs": logprobs,
+        }
+    }))
+}
+
+async fn sglang_pause(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
+    let request: SglangPauseRequest = parse(&body, "pause_generation")?;
+    s.pause(&request.mode).await?;
+    ok(json!({ "message": "Generation paused successfully.", "status": "ok" }))
+}
+
+async fn sglang_continue(State(s): State<Arc<Served>>) -> Answer {
+    s.resume().await?;
+    ok(json!({ "message": "Generation continued successfully.", "status": "ok" }))
+}
+
+async fn sglang_update_from_disk(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
+    let request: SglangUpdateFromDiskRequest = parse(&body, "update_weights_from_disk")?;
+    match s.load(&request.model_path).await {
+        Ok(version) => {
+            s.hold(version, request.weight_version.clone());
+            let mut message = "Succeeded to update model weights.".to_owned();
+            if let Some(v) = &request.weight_version {
+                message.push_str(&format!(" Weight version updated to {v}."));
+            }
+            ok(json!({ "success": true, "message": message, "num_paused_requests": 0 }))
+        }
+        Err(ErrorBody(status, error)) => Ok((
+            status,
+            axum::Json(json!({
+                "success": false,
+                "message": error["message"],
+                "num_paused_requests": 0,
+            })),
+        )
+            .into_response()),
+    }
+}
+
+async fn weight_version(State(s): State<Arc<Served>>) -> Answer {
+    ok(json!({ "weight_version": s.held_label() }))
+}
+
+async fn sglang_model_info(State(s): State<Arc<Served>>) -> Answer {
+    let path = s.model_path.lock().expect("path lock").clone();
+    ok(json!({
+        "model_path": path.map(|p| p.display().to_string()),
+        "tokenizer_path": null,
+        "is_generation": true,
+        "preferred_sampling_params": null,
+        "weight_version": s.held_label(),
+        "served_by": format!("areal-rs {} ({})", env!("CARGO_PKG_VERSION"), s.generator.name()),
+    }))
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn tokenize(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
+    s.tokenize(&body)
+}
+
+async fn vllm_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
+    let request: VllmGenerateRequest = parse(&body, "generate")?;
+    if request.stream {
+        return Err(bad("stream = true is not supported by this server"));
+    }
+    let allowed_fields: &[(&str, &[Value])] = &[("model", &[]), ("priority", &[])];
+    let extra: BTreeMap<String, Value> = request
+        .other
+        .iter()
+        .filter(|(k, v)| !(k.as_str() == "priority" && **v == json!(0)) && k.as_str() != "model")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    check_neutral(&extra, allowed_fields, "generate")?;
+    let p = request.sampling_params;
+    let mut other = p.other.clone();
+    // text handling has no effect on ids
+    other.remove("detokenize");
+    check_sampling(&other)?;
+    let sampling = SamplingParams {
+        temperature: p.temperature,
+        top_p: p.top_p,
+        seed: p.seed.unwrap_or_else(|| s.requests.load(Ordering::Relaxed)),
+    };
+    let c = s
+        .generate(request.token_ids, p.max_tokens, sampling, p.stop_token_ids)
+        .await?;
+    let logprobs = p.logprobs.map(|_| {
+        let content: Vec<Value> = c
+            .token_ids
+            .iter()
+            .zip(&c.behaviour_logprobs)
+            .map(|(id, lp)| {
+                let lp = f64::from(*lp).max(-9999.0);
+                json!({
+                    "token": format!("token_id:{id}"),
+                    "logprob": lp,
+                    "bytes": null,
+                    "top_logprobs": [{ "token": format!("token_id:{id}"), "logprob": lp, "bytes": null }],
+                })
+            })
+            .collect();
+        json!({ "content": content })
+    });
+    ok(json!({
+        "request_id": format!("generate-tokens-{}", request.request_id.unwrap_or_default()),
+        "choices": [{
+            "index": 0,
+            "logprobs": logprobs,
+            "finish_reason": finish_vllm(&c),
+            "token_ids": c.token_ids,
+        }],
+        "prompt_logprobs": null,
+        "kv_transfer_params": null,
+    }))
+}
+
+#[derive(Deserialize)]
+struct PauseQuery {
+    #[serde(default = "abort_mode")]
+    mode: String,
+}
+
+fn abort_mode() -> String {
+    "abort".into()
+}
+
+async fn vllm_pause(State(s): State<Arc<Served>>, Query(q): Query<PauseQuery>) -> Answer {
+    s.pause(&q.mode).await?;
+    ok(json!({ "status": "paused" }))
+}
+
+async fn vllm_resume(State(s): State<Arc<Served>>) -> Answer {
+    s.resume().await?;
+    ok(json!({ "status": "resumed" }))
+}
+
+async fn vllm_is_paused(State(s): State<Arc<Served>>) -> Answer {
+    ok(json!({ "is_paused": s.paused.load(Ordering::SeqCst) }))
+}
+
+async fn vllm_init_transfer(body: Bytes) -> Answer {
+    let body: Value = parse(&body, "init_weight_transfer_engine")?;
+    if body.get("init_info").is_none() {
+        return Err(bad("Missing 'init_info' in request body"));
+    }
+    ok(json!({ "message": "Weight transfer initialized" }))
+}
+
+async fn vllm_start_update(State(s): State<Arc<Served>>) -> Answer {
+    // a client that died mid-update leaves one open: a new start replaces it
+    *s.vllm_update.lock().expect("update lock") = Some(None);
+    ok(json!({ "message": "Weight update started" }))
+}
+
+async fn vllm_update(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
+    if s.vllm_update.lock().expect("update lock").is_none() {
+        return Err(bad(
+            "start_weight_update must be called before loading a checkpoint",
+        ));
+    }
+    let request: VllmUpdateRequest = parse(&body, "update_weights")?;
+    let version = s.load(&request.update_info.path).await?;
+    *s.vllm_update.lock().expect("update lock") = Some(Some(version));
+    ok(json!({ "message": "Weights updated" }))
+}
+
+async fn vllm_finish_update(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
+    let request: VllmFinishRequest = parse(&body, "finish_weight_update")?;
+    let loaded = s.vllm_update.lock().expect("update lock").take();
+    match loaded {
+        Some(Some(version)) => {
+            s.hold(version, request.weight_version);
+            ok(json!({ "message": "Weight update finished" }))
+        }
+        Some(None) => Err(bad(
+            "No checkpoint was loaded during the shared-disk update session",
+        )),
+        None => Err(bad("No shared-disk weight update is active")),
+    }
+}
+
+/// Refuse calls without the bearer token, when there is one.
+async fn require_token(
+    State(s): State<Arc<Served>>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(token) = &s.token {
+        let sent = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !sent.is_some_and(|t| constant_time_eq(t.as_bytes(), token.as_bytes())) {
+            return refuse(
+                StatusCode::UNAUTHORIZED,
+                "this server needs a token: send `Authorization: Bearer <token>`",
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+fn router(served: Arc<Served>) -> Router {
+    let router = match served.api {
+        InferenceApi::Sglang => Router::new()
+            .route(routes::SGLANG_GENERATE, post(sglang_generate))
+            .route(routes::SGLANG_PAUSE, post(sglang_pause))
+            .route(routes::SGLANG_CONTINUE, post(sglang_continue))
+            .route(
+                routes::SGLANG_UPDATE_FROM_DISK,
+                post(sglang_update_from_disk),
+            )
+            .route(routes::SGLANG_WEIGHT_VERSION, get(weight_version))
+            .route(routes::SGLANG_MODEL_INFO, get(sglang_model_info))
+            .route("/health_generate", get(health))
+            .route("/v1/tokenize", post(tokenize)),
+        InferenceApi::Vllm => Router::new()
+            .route(routes::VLLM_GENERATE, post(vllm_generate))
+            .route(routes::VLLM_PAUSE, post(vllm_pause))
+            .route(routes::VLLM_RESUME, post(vllm_resume))
+            .route(routes::VLLM_IS_PAUSED, get(vllm_is_paused))
+            .route(routes::VLLM_INIT_TRANSFER, post(vllm_init_transfer))
+            .route(routes::VLLM_START_UPDATE, post(vllm_start_update))
+            .route(routes::VLLM_UPDATE, post(vllm_update))
+            .route(routes::VLLM_FINISH_UPDATE, post(vllm_finish_update))
+            .route(routes::VLLM_WEIGHT_INFO, get(weight_version)),
+    };
+    router
+        .route(routes::HEALTH, get(health))
+        .route(routes::TOKENIZE, post(tokenize))
+        .layer(axum::middleware::from_fn_with_state(
+            served.clone(),
+            require_token,
+        ))
+        .with_state(served)
+}
+
+impl IntoResponse for ErrorBody {
+    fn into_response(self) -> Response {
+        (self.0, axum::Json(self.1)).into_response()
+    }
+}
+
+/// An error answer: its status, and a body in the shape both servers use.
+pub(crate) struct ErrorBody(StatusCode, Value);
+
+/// Serve `generator` (with `tokenizer` for `/tokenize`, if given) behind `api` until
+/// `shutdown` completes. `on_bound` gets the address actually bound (port 0 picks one) once
+/// the server accepts calls. If `initial` is given, that checkpoint folder is loaded first
+/// (as the model a server starts with), reported as version `default`.
+pub async fn serve_inference_api(
+    api: InferenceApi,
+    generator: Arc<dyn Generator>,
+    tokenizer: Option<Arc<dyn Tokenizer>>,
+    initial: Option<&Path>,
+    listen: Listen,
+    on_bound: impl FnOnce(SocketAddr),
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    if listen.tls.is_some() {
+        return Err(ServeError::Unsupported(format!(
+            "--api {} serves plain HTTP, as SGLang and vLLM do: put a TLS proxy in front of it instead of --tls-cert",
+            api.name()
+        )));
+    }
+    let served = Arc::new(Served {
+        api,
+        generator,
+        tokenizer,
+        token: listen.token.clone().filter(|t| !t.is_empty()),
+        loads: AtomicU64::new(0),
+        labels: Mutex::new(BTreeMap::new()),
+        held: Mutex::new(None),
+        model_path: Mutex::new(None),
+        paused: AtomicBool::new(false),
+        loading: tokio::sync::Mutex::new(()),
+        vllm_update: Mutex::new(None),
+        requests: AtomicU64::new(0),
+    });
+    if let Some(folder) = initial {
+        let path = folder.display().to_string();
+        let version = served.load(&path).await.map_err(|ErrorBody(_, e)| {
+            ServeError::Unsupported(format!("{path}: {}", e["message"]))
+        })?;
+        served.hold(version, None);
+    }
+    let (listener, addr) = bind(&listen).await?;
+    tracing::info!(target: "areal::serve", %addr, api = api.name(), "inference API listening");
+    on_bound(addr);
+    axum::serve(listener, router(served))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|source| ServeError::Http { addr, source })
+}

@@ -1,0 +1,422 @@
+//! The `sglang` and `vllm` generators against servers of those APIs on real sockets
+//! (`serve_inference_api`, what `areal serve generator --api ...` runs): the check every
+//! generator passes, weights handed over on disk and removed once no server holds them, a
+//! server killed mid-sample, tokenizers that disagree, and requests a server must refuse.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use areal_sdk::{
+    FinishReason, GenerateRequest, Generator, PluginError, SamplingParams, Tokenizer, WeightUpdate,
+};
+use areal_sdk_train::Policy;
+use areal_sdk_train::burn::tensor::Device;
+use areal_serve::{
+    InferenceApi, InferenceServerGenerator, InferenceServerOptions, Listen, serve_inference_api,
+};
+use areal_testkit::{
+    BigramGenerator, BigramGeneratorOptions, BigramPolicy, BigramPolicyOptions, LetterTokenizer,
+    conformance,
+};
+use serde_json::json;
+
+/// A tokenizer that reads the letters backwards: the same vocabulary, other ids.
+struct Backwards(LetterTokenizer);
+
+impl Tokenizer for Backwards {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, PluginError> {
+        let n = self.0.letters();
+        Ok(self
+            .0
+            .encode(text)?
+            .into_iter()
+            .map(|id| n - 1 - id)
+            .collect())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, PluginError> {
+        let n = self.0.letters();
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|&id| if id < n { n - 1 - id } else { id })
+            .collect();
+        self.0.decode(&ids)
+    }
+    fn stop_token_ids(&self) -> Vec<u32> {
+        self.0.stop_token_ids()
+    }
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+}
+
+/// A server of `api` on its own thread and runtime. Dropped, it is killed: its runtime goes
+/// at once, connections and samples in flight with it.
+struct Server {
+    addr: SocketAddr,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(api: InferenceApi, token_delay_us: u64) -> Self {
+        Self::with_tokenizer(api, token_delay_us, Arc::new(LetterTokenizer::new(8)))
+    }
+
+    fn with_tokenizer(
+        api: InferenceApi,
+        token_delay_us: u64,
+        tokenizer: Arc<dyn Tokenizer>,
+    ) -> Self {
+        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+        let listen = Listen::new("127.0.0.1:0".parse().unwrap(), None);
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
+                token_delay_us,
+                jitter: 0.0,
+            }));
+            runtime.block_on(async move {
+                tokio::select! {
+                    served = serve_inference_api(api, generator, Some(tokenizer), None, listen, move |a| bound_tx.send(a).unwrap(), std::future::pending()) => served.unwrap(),
+                    _ = killed => {}
+                }
+            });
+            runtime.shutdown_background();
+        });
+        let addr = bound_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the server binds");
+        Self {
+            addr,
+            kill: Some(kill),
+            thread: Some(thread),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(kill) = self.kill.take() {
+            let _ = kill.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn client(
+    api: InferenceApi,
+    endpoints: Vec<String>,
+    dir: &std::path::Path,
+    extra: serde_json::Value,
+) -> InferenceServerGenerator {
+    let mut options = json!({
+        "endpoints": endpoints,
+        "weights_dir": dir,
+        "connect_timeout_s": 2.0,
+        "probe_interval_s": 0.05,
+        "grace_s": 10.0,
+    });
+    options
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let options: InferenceServerOptions = serde_json::from_value(options).unwrap();
+    InferenceServerGenerator::new(api, &options, None).unwrap()
+}
+
+fn policy() -> BigramPolicy {
+    let options = BigramPolicyOptions {
+        letters: 8,
+        init_std: 1.0,
+    };
+    BigramPolicy::new(&options, 11, &Device::flex().autodiff())
+}
+
+fn request(sample_id: u64, max_new_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        sample_id,
+        input_ids: vec![2],
+        max_new_tokens,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: 5,
+        },
+        stop_token_ids: vec![],
+    }
+}
+
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn versions_on_disk(dir: &std::path::Path) -> Vec<String> {
+    let mut left: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    left.sort();
+    left
+}
+
+/// Two servers of each API behind one client pass the check every generator plugin passes:
+/// weights load on both (through the shared folder), completions are well formed and carry
+/// the loaded version, greedy decoding is deterministic, and pause (abort mode) interrupts
+/// what runs while resume lets held samples go on the new weights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_and_vllm_servers_pass_the_conformance_check_over_http() {
+    for api in [InferenceApi::Sglang, InferenceApi::Vllm] {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (Server::start(api, 200), Server::start(api, 200));
+        let generator = Arc::new(client(api, vec![a.url(), b.url()], dir.path(), json!({})));
+        let policy = policy();
+        generator
+            .check_tokenizer(policy.tokenizer().as_ref())
+            .await
+            .unwrap();
+        conformance::check_generator(
+            generator.clone(),
+            WeightUpdate::new(3, policy.weights()),
+            policy.tokenizer().as_ref(),
+            "cab",
+        )
+        .await;
+        assert_eq!(generator.reissued(), 0, "{api:?}");
+        assert_eq!(generator.endpoint_failures(), 0, "{api:?}");
+        // the check ends by loading version 3 again: what no server holds is gone
+        eventually("old versions are removed", async || {
+            versions_on_disk(dir.path()) == ["v0000000003"]
+        })
+        .await;
+        let stats = generator.stats();
+        assert!(stats.tokens > 0 && stats.weight_loads >= 4, "{stats:?}");
+    }
+}
+
+/// The version a server reports is the one named at its load; a sample generated after it
+/// carries it, and the folder holds what HF tools read (`config.json`, `model.safetensors`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_version_is_a_checkpoint_folder_and_the_server_reports_it() {
+    for api in [InferenceApi::Sglang, InferenceApi::Vllm] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(api, 0);
+        let generator = client(api, vec![server.url()], dir.path(), json!({}));
+        let policy = policy();
+        for version in [4, 5] {
+            generator
+                .update_weights(WeightUpdate::new(version, policy.weights()))
+                .await
+                .unwrap();
+            let c = generator.generate(request(1, 6)).await.unwrap();
+            assert!(c.versions.iter().all(|&v| v == version), "{:?}", c.versions);
+            let route = match api {
+                InferenceApi::Sglang => "get_weight_version",
+                InferenceApi::Vllm => "weight_info",
+            };
+            let said = get(&format!("{}/{route}", server.url())).await;
+            assert_eq!(said, json!({ "weight_version": version.to_string() }));
+        }
+        let folder = dir.path().join("v0000000005");
+        assert!(folder.join("model.safetensors").exists() && folder.join("config.json").exists());
+        assert_eq!(versions_on_disk(dir.path()), ["v0000000005"]);
+    }
+}
+
+async fn get(url: &str) -> serde_json::Value {
+    http(url, None).await.1
+}
+
+/// A bare HTTP/1.1 call: the status and the JSON answer.
+async fn http(url: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let head = match body {
+        Some(b) => format!(
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+            b.len()
+        ),
+        None => format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
+    };
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// A server killed while it has samples costs each of them one re-issue to the other server:
+/// every sample completes with the version that was loaded, and the death counts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_sample_costs_one_reissue_per_sample_and_loses_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = InferenceApi::Sglang;
+    // 4 s a sample on the slow server: whatever it is given is in flight when it dies
+    let slow = Server::start(api, 200_000);
+    let fast = Server::start(api, 0);
+    let generator = Arc::new(client(
+        api,
+        vec![slow.url(), fast.url()],
+        dir.path(),
+        json!({}),
+    ));
+    generator
+        .update_weights(WeightUpdate::new(2, policy().weights()))
+        .await
+        .unwrap();
+    eventually("both servers hold the weights", async || {
+        generator.report().matches("holding version 2").count() == 2
+    })
+    .await;
+    let mut samples = tokio::task::JoinSet::new();
+    for id in 0..16 {
+        let generator = generator.clone();
+        samples.spawn(async move { generator.generate(request(id, 20)).await });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(slow);
+    let mut done = 0;
+    while let Some(result) = samples.join_next().await {
+        let c = result.unwrap().unwrap();
+        assert_eq!((c.len(), c.finish_reason), (20, FinishReason::Length));
+        assert!(c.versions.iter().all(|&v| v == 2));
+        done += 1;
+    }
+    assert_eq!(done, 16);
+    assert!(
+        (1..=16).contains(&generator.reissued()),
+        "the slow server had samples"
+    );
+    assert_eq!(generator.endpoint_failures(), 1, "one server died once");
+}
+
+/// A server whose tokenizer gives other ids for the same text is refused before it gets
+/// work, with the ids that differ; the run does not start on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_another_tokenizer_is_refused_naming_the_difference() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = InferenceApi::Vllm;
+    let other = Server::with_tokenizer(api, 0, Arc::new(Backwards(LetterTokenizer::new(8))));
+    let generator = client(api, vec![other.url()], dir.path(), json!({}));
+    let error = generator
+        .check_tokenizer(policy().tokenizer().as_ref())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("tokenizer differs from the trainer's")
+            && error.contains(&other.url())
+            && error.contains("first differing at position 0"),
+        "{error}"
+    );
+    let error = generator
+        .generate(request(1, 3))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("refuses us"), "{error}");
+}
+
+/// What a server cannot honour exactly is refused with 400 naming the field; the server goes
+/// on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_the_server_cannot_honour_are_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let sglang = Server::start(InferenceApi::Sglang, 0);
+    let generator = client(
+        InferenceApi::Sglang,
+        vec![sglang.url()],
+        dir.path(),
+        json!({}),
+    );
+    generator
+        .update_weights(WeightUpdate::new(1, policy().weights()))
+        .await
+        .unwrap();
+    let url = format!("{}/generate", sglang.url());
+    let cases = [
+        (
+            r#"{"input_ids":[1],"sampling_params":{"max_new_tokens":2,"top_k":5}}"#,
+            "sampling_params.top_k = 5 is not supported",
+        ),
+        (
+            r#"{"input_ids":[1],"sampling_params":{"max_new_tokens":2,"regex":"a+"}}"#,
+            "sampling_params.regex is not supported",
+        ),
+        (
+            r#"{"input_ids":[1],"sampling_params":{"max_new_tokens":2},"stream":true}"#,
+            "stream = true",
+        ),
+        (
+            r#"{"input_ids":[1],"sampling_params":{"max_new_tokens":"two"}}"#,
+            "sampling_params.max_new_tokens",
+        ),
+        (
+            r#"{"text":"abc","sampling_params":{"max_new_tokens":2}}"#,
+            "input_ids",
+        ),
+    ];
+    for (body, expected) in cases {
+        let (status, answer) = http(&url, Some(body)).await;
+        let message = answer["message"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(message.contains(expected), "{body}: {message}");
+    }
+    let (status, answer) = http(
+        &format!("{}/pause_generation", sglang.url()),
+        Some(r#"{"mode":"in_place"}"#),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains("only \"abort\"")
+    );
+    let (status, answer) = http(
+        &format!("{}/update_weights_from_disk", sglang.url()),
+        Some(r#"{"model_path":"/no/such/folder","weight_version":"9"}"#),
+    )
+    .await;
+    assert_eq!((status, answer["success"].clone()), (400, json!(false)));
+    // neutral values pass, and the server still serves
+    let (status, answer) = http(
+        &url,
+        Some(r#"{"input_ids":[1],"sampling_params":{"max_new_tokens":2,"top_k":-1,"temperature":0},"return_logprob":true}"#),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        answer["meta_info"]["output_token_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(answer["meta_info"]["weight_version"], "1");
+    let c = generator.generate(request(2, 3)).await.unwrap();
+    assert_eq!(c.len(), 3);
+}
