@@ -387,7 +387,8 @@ impl Shared {
         Ok(())
     }
 
-    /// Have server `index` load `version` from `folder`; the version it then reports.
+    /// Have server `index` load `version` from `folder`, and check that it then reports that
+    /// version.
     async fn push(
         &self,
         index: usize,
@@ -756,47 +757,64 @@ impl Shared {
 
     /// Wait until the samples the pause aborted have come back. A sample that reached a
     /// server just after its pause is held there, not running, and comes back only after the
-    /// resume: the wait ends after [`DRAIN`] whatever is left.
+    /// resume: the wait ends once no sample has come back for [`QUIET`] (the aborted ones come
+    /// back together), and after [`DRAIN`] whatever is left. One that comes back later is
+    /// still taken right (see `generate_on`).
     async fn drain(&self) {
-        let deadline = tokio::time::Instant::now() + DRAIN.min(self.call_timeout);
-        loop {
-            let left: usize = self.fleet.members().iter().map(|m| m.in_flight()).sum();
-            if left == 0 {
-                return;
-            }
-            if tokio::time::Instant::now() >= deadline {
+        let started = tokio::time::Instant::now();
+        let deadline = started + DRAIN.min(self.call_timeout);
+        let in_flight = || -> usize { self.fleet.members().iter().map(|m| m.in_flight()).sum() };
+        let mut left = in_flight();
+        let mut since = started;
+        while left > 0 {
+            let now = tokio::time::Instant::now();
+            if now >= deadline || now - since >= QUIET {
                 tracing::debug!(target: "areal::remote", left, "samples held by paused servers");
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let now_left = in_flight();
+            if now_left < left {
+                since = tokio::time::Instant::now();
+            }
+            left = now_left;
         }
     }
 }
 
 /// The longest `pause` waits for aborted samples to come back.
 const DRAIN: Duration = Duration::from_secs(5);
+/// How long `pause` waits for the next aborted sample to come back before taking those left
+/// for held by the paused servers.
+const QUIET: Duration = Duration::from_millis(50);
 
 fn malformed(why: impl std::fmt::Display) -> CallError {
     CallError::Refused(format!("sent a malformed answer: {why}"))
 }
 
 /// Watch server `index` every `interval`: one that takes work is health-checked (or taken
-/// out); one that does not is checked, caught up and put to work.
+/// out); one that does not is checked, caught up and put to work. While the run has the
+/// servers paused, those that take work are left alone: SGLang answers `/health` by
+/// generating a token, which waits for the resume (the pause and the weight load find a dead
+/// server on their own).
 async fn watch_server(shared: Arc<Shared>, index: usize, interval: Duration) {
     loop {
-        let url = shared.endpoint(index).url(routes::HEALTH);
-        let health = shared
-            .http
-            .call_raw(Method::GET, &url, None::<&()>, shared.probe_timeout)
-            .await;
-        match health {
-            Ok(_) if !shared.fleet.is_ready(index) => catch_up(&shared, index).await,
-            Ok(_) => {}
-            Err(CallError::Fault(said)) => {
-                shared.set_held(index, None);
-                shared.fleet.set_down(index, said);
+        let ready = shared.fleet.is_ready(index);
+        if !(ready && *shared.paused.borrow()) {
+            let url = shared.endpoint(index).url(routes::HEALTH);
+            let health = shared
+                .http
+                .call_raw(Method::GET, &url, None::<&()>, shared.probe_timeout)
+                .await;
+            match health {
+                Ok(_) if !ready => catch_up(&shared, index).await,
+                Ok(_) => {}
+                Err(CallError::Fault(said)) => {
+                    shared.set_held(index, None);
+                    shared.fleet.set_down(index, said);
+                }
+                Err(CallError::Refused(said)) => shared.fleet.set_refused(index, said),
             }
-            Err(CallError::Refused(said)) => shared.fleet.set_refused(index, said),
         }
         tokio::time::sleep(interval).await;
     }

@@ -92,8 +92,8 @@ fn parse<T: DeserializeOwned>(body: &Bytes, what: &str) -> Result<T, ErrorBody> 
     })
 }
 
-/// Sampling parameters this server does not implement are accepted only at the value that
-/// leaves sampling unchanged.
+/// Fields this server does not implement are accepted only at a value that leaves the answer
+/// unchanged (an empty list: any value does).
 fn check_neutral(
     other: &BTreeMap<String, Value>,
     neutral: &[(&str, &[Value])],
@@ -101,7 +101,8 @@ fn check_neutral(
 ) -> Result<(), ErrorBody> {
     for (key, value) in other {
         match neutral.iter().find(|(k, _)| k == key) {
-            Some((_, allowed)) if value.is_null() || allowed.contains(value) => {}
+            Some((_, allowed))
+                if value.is_null() || allowed.is_empty() || allowed.contains(value) => {}
             Some((_, allowed)) => {
                 return Err(bad(format!(
                     "{where_}.{key} = {value} is not supported by this server (only {})",
@@ -155,7 +156,8 @@ impl Served {
                 "no weights loaded yet: load a checkpoint folder first",
             ));
         }
-        if !(sampling.temperature >= 0.0) || !(sampling.top_p > 0.0 && sampling.top_p <= 1.0) {
+        let valid = sampling.temperature >= 0.0 && sampling.top_p > 0.0 && sampling.top_p <= 1.0;
+        if !valid {
             return Err(bad(format!(
                 "temperature {} and top_p {} must be ≥ 0 and in (0, 1]",
                 sampling.temperature, sampling.top_p
@@ -277,8 +279,6 @@ fn finish_vllm(c: &Completion) -> &'static str {
     }
 }
 
-const NEUTRAL_SGLANG: &[(&str, &[Value])] = &[];
-
 fn neutral_sampling() -> Vec<(&'static str, Vec<Value>)> {
     vec![
         ("top_k", vec![json!(-1), json!(0)]),
@@ -304,10 +304,38 @@ fn neutral_sampling() -> Vec<(&'static str, Vec<Value>)> {
     ]
 }
 
-fn check_sampling(other: &BTreeMap<String, Value>) -> Result<(), ErrorBody> {
-    let neutral = neutral_sampling();
+fn check_fields(
+    other: &BTreeMap<String, Value>,
+    neutral: &[(&'static str, Vec<Value>)],
+    where_: &str,
+) -> Result<(), ErrorBody> {
     let table: Vec<(&str, &[Value])> = neutral.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-    check_neutral(other, &table, "sampling_params")
+    check_neutral(other, &table, where_)
+}
+
+fn check_sampling(other: &BTreeMap<String, Value>) -> Result<(), ErrorBody> {
+    check_fields(other, &neutral_sampling(), "sampling_params")
+}
+
+/// Fields of SGLang's `GenerateReqInput` besides those read, at values that change nothing
+/// here.
+fn neutral_sglang_request() -> Vec<(&'static str, Vec<Value>)> {
+    vec![
+        ("return_text_in_logprobs", vec![]),
+        ("logprob_start_len", vec![json!(-1)]),
+        ("top_logprobs_num", vec![json!(0)]),
+        ("log_metrics", vec![]),
+    ]
+}
+
+/// Fields of vLLM's `GenerateRequest` besides those read, at values that change nothing here.
+fn neutral_vllm_request() -> Vec<(&'static str, Vec<Value>)> {
+    vec![
+        ("model", vec![]),
+        ("priority", vec![json!(0)]),
+        ("cache_salt", vec![]),
+        ("stream_options", vec![]),
+    ]
 }
 
 async fn sglang_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
@@ -315,7 +343,7 @@ async fn sglang_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
     if request.stream {
         return Err(bad("stream = true is not supported by this server"));
     }
-    check_neutral(&request.other, NEUTRAL_SGLANG, "generate")?;
+    check_fields(&request.other, &neutral_sglang_request(), "generate")?;
     let p = request.sampling_params;
     check_sampling(&p.other)?;
     let sampling = SamplingParams {
@@ -426,14 +454,7 @@ async fn vllm_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
     if request.stream {
         return Err(bad("stream = true is not supported by this server"));
     }
-    let allowed_fields: &[(&str, &[Value])] = &[("model", &[]), ("priority", &[])];
-    let extra: BTreeMap<String, Value> = request
-        .other
-        .iter()
-        .filter(|(k, v)| !(k.as_str() == "priority" && **v == json!(0)) && k.as_str() != "model")
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    check_neutral(&extra, allowed_fields, "generate")?;
+    check_fields(&request.other, &neutral_vllm_request(), "generate")?;
     let p = request.sampling_params;
     let mut other = p.other.clone();
     // text handling has no effect on ids

@@ -1,6 +1,8 @@
-//! Weights through a shared filesystem: the client writes each version once as a folder
-//! (`v<version>/model.safetensors` and `config.json`), every server reads it
-//! (`LoadWeights`), checking the version and the sha256 the client computed.
+//! Weights through a shared filesystem: the client writes each version once as a checkpoint
+//! folder in the Hugging Face layout (`v<version>/model.safetensors` and `config.json`), and
+//! every server reads it: a generator server on `LoadWeights`, checking the version and the
+//! sha256 the client computed; an SGLang or vLLM server (or `areal serve generator --api`) on
+//! its load-from-disk route.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -420,3 +420,66 @@ async fn requests_the_server_cannot_honour_are_refused_naming_the_field() {
     let c = generator.generate(request(2, 3)).await.unwrap();
     assert_eq!(c.len(), 3);
 }
+
+/// A sample that reaches a server just after its pause is held there and runs after the
+/// update: SGLang names the version in its answer, which the tokens then carry; vLLM does not,
+/// so the answer is not kept and the sample comes back interrupted with nothing, to run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_crossed_a_pause_keeps_a_version_only_if_the_server_names_it() {
+    for api in [InferenceApi::Sglang, InferenceApi::Vllm] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(api, 0);
+        let generator = Arc::new(client(api, vec![server.url()], dir.path(), json!({})));
+        let policy = policy();
+        generator
+            .update_weights(WeightUpdate::new(1, policy.weights()))
+            .await
+            .unwrap();
+        eventually("the server holds version 1", async || {
+            generator.report().contains("holding version 1")
+        })
+        .await;
+        // the server is paused behind the client's back, as if the client's pause overtook
+        // the sample on the way
+        let (route, body) = match api {
+            InferenceApi::Sglang => ("pause_generation", r#"{"mode":"abort"}"#),
+            InferenceApi::Vllm => ("pause?mode=abort", "{}"),
+        };
+        let url = format!("{}/{route}", server.url());
+        assert_eq!(http(&url, Some(body)).await.0, 200);
+        let held = tokio::spawn({
+            let generator = generator.clone();
+            async move { generator.generate(request(9, 5)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if held.is_finished() {
+            panic!(
+                "{api:?}: the paused server let the sample go: {:?}",
+                held.await
+            );
+        }
+        generator.pause().await.unwrap();
+        generator
+            .update_weights(WeightUpdate::new(2, policy.weights()))
+            .await
+            .unwrap();
+        generator.resume().await.unwrap();
+        let c = tokio::time::timeout(Duration::from_secs(20), held)
+            .await
+            .expect("the held sample returns after the resume")
+            .unwrap()
+            .unwrap();
+        match api {
+            InferenceApi::Sglang => {
+                assert_eq!(c.finish_reason, FinishReason::Length);
+                assert_eq!(c.versions, vec![2; 5], "the version SGLang names");
+                assert_eq!(generator.dropped(), 0);
+            }
+            InferenceApi::Vllm => {
+                assert_eq!(c.finish_reason, FinishReason::Interrupted);
+                assert!(c.is_empty(), "{c:?}");
+                assert_eq!(generator.dropped(), 1);
+            }
+        }
+    }
+}

@@ -8,6 +8,7 @@ use clap::Subcommand;
 mod async_vs_sync;
 mod controller;
 mod fleet;
+mod handover;
 mod heavy;
 mod math;
 mod resume;
@@ -31,6 +32,11 @@ pub(crate) enum BenchCommand {
     /// rollout throughput against N × one server's; and the time to push one weight update
     /// to N servers for the built-in model and a random model of 0.5 B parameters.
     Fleet(fleet::BenchFleetArgs),
+    /// The time of one weight hand-over on disk to a server of SGLang's or vLLM's HTTP API
+    /// (`areal serve generator --api ...`): the checkpoint folder written, loaded by the
+    /// server and its version checked, for the built-in model and a random model with
+    /// Qwen2.5-0.5B's architecture.
+    Handover(handover::BenchHandoverArgs),
     /// Asynchronous against synchronous RL on real workloads: time to a target accuracy,
     /// final accuracy, how busy each side is, for η = 0 (synchronous) and η > 0 over seeds,
     /// plus the naive-PPO staleness ablation; writes results.json, plots and a table.
@@ -55,6 +61,7 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Sandbox(args) => sandbox::run(args),
         BenchCommand::Controller(args) => controller::run(args),
         BenchCommand::Fleet(args) => fleet::run(args),
+        BenchCommand::Handover(args) => handover::run(args),
         BenchCommand::AsyncVsSync(args) => async_vs_sync::run(args),
         BenchCommand::Math(args) => math::run(args),
         BenchCommand::Resume(args) => resume::run(args),
