@@ -1,17 +1,18 @@
-//! The model's `config.json`, in Hugging Face's field names (Llama / Qwen2).
+//! The model's `config.json`, in Hugging Face's field names (Qwen2, Qwen3, Llama).
 
 use serde::{Deserialize, Serialize};
 
 /// Architecture of a decoder-only transformer, as Hugging Face writes it in `config.json`.
 ///
-/// Unknown fields are ignored, so real Qwen2/Llama configs load; fields this implementation
-/// does not support (sliding windows, rope scaling) are rejected by [`ModelConfig::check`].
+/// Unknown fields are ignored, so real Qwen2, Qwen3 and Llama configs load; values this
+/// implementation does not support (sliding windows, RoPE scaling other than `llama3`, MLP
+/// biases) are rejected by [`ModelConfig::check`], naming the field.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
     /// Model class names; written as `["Qwen2ForCausalLM"]`.
     #[serde(default = "default_architectures")]
     pub architectures: Vec<String>,
-    /// `"qwen2"` or `"llama"`.
+    /// `"qwen2"`, `"qwen3"` or `"llama"`.
     #[serde(default = "default_model_type")]
     pub model_type: String,
     /// Vocabulary size.
@@ -24,6 +25,9 @@ pub struct ModelConfig {
     pub num_hidden_layers: usize,
     /// Query heads.
     pub num_attention_heads: usize,
+    /// Width of one head, when it is not `hidden_size / num_attention_heads` (Qwen3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
     /// Key/value heads (grouped-query attention); defaults to the query heads.
     #[serde(default)]
     pub num_key_value_heads: Option<usize>,
@@ -47,9 +51,12 @@ pub struct ModelConfig {
     /// End-of-sequence token(s).
     #[serde(default)]
     pub eos_token_id: Option<EosTokens>,
-    /// RoPE scaling (not supported; must be absent or null).
+    /// RoPE scaling: absent, null, or of type `llama3` (Llama 3.1 and later).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<serde_json::Value>,
+    /// Whether the feed-forward projections have biases (not supported when true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_bias: Option<bool>,
     /// Sliding-window attention (not supported when enabled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub use_sliding_window: Option<bool>,
@@ -76,6 +83,20 @@ impl EosTokens {
             EosTokens::Many(ids) => ids.clone(),
         }
     }
+}
+
+/// RoPE scaling of type `llama3`: low frequencies slowed by `factor`, high ones kept, a smooth
+/// blend between (Hugging Face's `_compute_llama3_parameters`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3Scaling {
+    /// How much the low frequencies are slowed.
+    pub factor: f64,
+    /// Wavelengths above `original / low_freq_factor` are slowed whole.
+    pub low_freq_factor: f64,
+    /// Wavelengths below `original / high_freq_factor` are kept.
+    pub high_freq_factor: f64,
+    /// The context length the model was first trained for.
+    pub original_max_position_embeddings: f64,
 }
 
 fn default_architectures() -> Vec<String> {
@@ -123,7 +144,9 @@ impl ModelConfig {
             attention_bias: Some(true),
             bos_token_id: None,
             eos_token_id: None,
+            head_dim: None,
             rope_scaling: None,
+            mlp_bias: None,
             use_sliding_window: None,
             torch_dtype: default_dtype(),
         }
@@ -136,7 +159,55 @@ impl ModelConfig {
 
     /// Width of one head.
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Whether queries and keys are RMS-normalised per head before RoPE (Qwen3).
+    pub fn qk_norm(&self) -> bool {
+        self.model_type == "qwen3"
+    }
+
+    /// The `llama3` RoPE scaling, if the config asks for it; an error names the field at
+    /// fault for any other scaling.
+    pub fn llama3_scaling(&self) -> Result<Option<Llama3Scaling>, String> {
+        let Some(scaling) = self.rope_scaling.as_ref().filter(|v| !v.is_null()) else {
+            return Ok(None);
+        };
+        let kind = scaling
+            .get("rope_type")
+            .or_else(|| scaling.get("type"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("(none)");
+        match kind {
+            "default" => Ok(None),
+            "llama3" => {
+                let field = |name: &str| {
+                    scaling
+                        .get(name)
+                        .and_then(serde_json::Value::as_f64)
+                        .filter(|v| v.is_finite() && *v > 0.0)
+                        .ok_or_else(|| {
+                            format!("`rope_scaling.{name}` must be a positive number for llama3")
+                        })
+                };
+                let s = Llama3Scaling {
+                    factor: field("factor")?,
+                    low_freq_factor: field("low_freq_factor")?,
+                    high_freq_factor: field("high_freq_factor")?,
+                    original_max_position_embeddings: field("original_max_position_embeddings")?,
+                };
+                if s.high_freq_factor <= s.low_freq_factor {
+                    return Err(
+                        "`rope_scaling.high_freq_factor` must exceed `low_freq_factor`".into(),
+                    );
+                }
+                Ok(Some(s))
+            }
+            other => Err(format!(
+                "`rope_scaling.rope_type` {other:?} is not supported (only \"llama3\")"
+            )),
+        }
     }
 
     /// Whether q/k/v have biases (Qwen2 by default).
@@ -158,7 +229,10 @@ impl ModelConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("`{name}` must be positive"));
         }
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
+        if self.head_dim == Some(0) {
+            return Err("`head_dim` must be positive".into());
+        }
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "`hidden_size` {} is not a multiple of `num_attention_heads` {}",
                 self.hidden_size, self.num_attention_heads
@@ -177,8 +251,15 @@ impl ModelConfig {
                 self.kv_heads()
             ));
         }
-        if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err("`rope_scaling` is not supported".into());
+        self.llama3_scaling()?;
+        if self.mlp_bias == Some(true) {
+            return Err("`mlp_bias` = true is not supported".into());
+        }
+        if !["qwen2", "qwen3", "llama"].contains(&self.model_type.as_str()) {
+            return Err(format!(
+                "`model_type` {:?} is not supported (qwen2, qwen3 or llama)",
+                self.model_type
+            ));
         }
         if self.use_sliding_window == Some(true) {
             return Err("`use_sliding_window` is not supported".into());
@@ -195,18 +276,26 @@ impl ModelConfig {
             n(self.intermediate_size),
             n(self.vocab_size),
         );
-        let kv = n(self.kv_heads()).saturating_mul(n(self.head_dim()));
+        let hd = n(self.head_dim());
+        let kv = n(self.kv_heads()).saturating_mul(hd);
+        let q = n(self.num_attention_heads).saturating_mul(hd);
         let bias = if self.qkv_bias() {
-            d.saturating_add(kv.saturating_mul(2))
+            q.saturating_add(kv.saturating_mul(2))
         } else {
             0
         };
-        // q and o are d × d, k and v are d × kv
+        let qk_norm = if self.qk_norm() {
+            hd.saturating_mul(2)
+        } else {
+            0
+        };
+        // q is d × q and o is q × d, k and v are d × kv
         let attention = d
-            .saturating_mul(d)
+            .saturating_mul(q)
             .saturating_mul(2)
             .saturating_add(d.saturating_mul(kv).saturating_mul(2))
-            .saturating_add(bias);
+            .saturating_add(bias)
+            .saturating_add(qk_norm);
         let mlp = d.saturating_mul(f).saturating_mul(3);
         let layer = attention
             .saturating_add(mlp)

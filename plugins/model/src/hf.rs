@@ -63,6 +63,11 @@ pub fn export(model: &Transformer) -> Vec<NamedTensor> {
                 vectors.push((format!("{p}.self_attn.{name}.bias"), bias.val()));
             }
         }
+        for (name, norm) in [("q_norm", &a.q_norm), ("k_norm", &a.k_norm)] {
+            if let Some(norm) = norm {
+                vectors.push((format!("{p}.self_attn.{name}.weight"), norm.gamma.val()));
+            }
+        }
         let m = &layer.mlp;
         for (name, lin) in [
             ("gate_proj", &m.gate_proj),
@@ -187,6 +192,7 @@ pub fn import(
     );
     let hd = config.head_dim();
     let kv = config.kv_heads() * hd;
+    let q = config.num_attention_heads * hd;
     let bias = config.qkv_bias();
     let eps = config.rms_norm_eps;
     let embed = src.matrix("model.embed_tokens.weight", v, d)?;
@@ -195,10 +201,18 @@ pub fn import(
         let p = format!("model.layers.{i}");
         layers.push(DecoderLayer {
             self_attn: Attention::new(
-                src.linear(&format!("{p}.self_attn.q_proj"), d, d, bias)?,
+                src.linear(&format!("{p}.self_attn.q_proj"), d, q, bias)?,
                 src.linear(&format!("{p}.self_attn.k_proj"), d, kv, bias)?,
                 src.linear(&format!("{p}.self_attn.v_proj"), d, kv, bias)?,
-                src.linear(&format!("{p}.self_attn.o_proj"), d, d, false)?,
+                src.linear(&format!("{p}.self_attn.o_proj"), q, d, false)?,
+                if config.qk_norm() {
+                    Some((
+                        src.norm(&format!("{p}.self_attn.q_norm.weight"), hd, eps)?,
+                        src.norm(&format!("{p}.self_attn.k_norm.weight"), hd, eps)?,
+                    ))
+                } else {
+                    None
+                },
                 config,
             ),
             mlp: Mlp {
@@ -255,6 +269,60 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<NamedTensor>, PluginError> {
 pub const CONFIG_FILE: &str = "config.json";
 /// Weights file of a checkpoint folder.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// The index of a checkpoint sharded into several safetensors files.
+pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Every tensor of the checkpoint folder `dir`: `model.safetensors`, or the shards that
+/// `model.safetensors.index.json` names (as Hugging Face saves models over ~5 GB). Each
+/// tensor must be in the shard the index says, and each shard hold only indexed tensors.
+pub fn read_weights(dir: &Path) -> Result<Vec<NamedTensor>, PluginError> {
+    let index_path = dir.join(WEIGHTS_INDEX_FILE);
+    if !index_path.exists() {
+        return read_safetensors(&dir.join(WEIGHTS_FILE));
+    }
+    let text = std::fs::read_to_string(&index_path)
+        .map_err(|e| caused(format!("cannot read {}", index_path.display()), e))?;
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: BTreeMap<String, String>,
+    }
+    let index: Index = serde_json::from_str(&text)
+        .map_err(|e| caused(format!("{}: no `weight_map`", index_path.display()), e))?;
+    let mut shards: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (tensor, shard) in &index.weight_map {
+        if shard.contains('/') || shard.contains('\\') || shard.starts_with('.') {
+            return Err(failed(format!(
+                "{}: shard {shard:?} of `{tensor}` is not a file name in the folder",
+                index_path.display()
+            )));
+        }
+        shards.entry(shard).or_default().push(tensor);
+    }
+    let mut out = Vec::with_capacity(index.weight_map.len());
+    for (shard, names) in shards {
+        let tensors = read_safetensors(&dir.join(shard))?;
+        if let Some(stray) = tensors
+            .iter()
+            .find(|t| index.weight_map.get(&t.name).map(String::as_str) != Some(shard))
+        {
+            return Err(failed(format!(
+                "{shard} holds `{}`, which {} does not place there",
+                stray.name, WEIGHTS_INDEX_FILE
+            )));
+        }
+        if tensors.len() != names.len() {
+            let held: std::collections::BTreeSet<&str> =
+                tensors.iter().map(|t| t.name.as_str()).collect();
+            let missing = names.iter().find(|n| !held.contains(*n)).unwrap_or(&"?");
+            return Err(failed(format!(
+                "{WEIGHTS_INDEX_FILE} places `{missing}` in {shard}, which does not hold it"
+            )));
+        }
+        out.extend(tensors);
+    }
+    Ok(out)
+}
+
 /// Tokenizer file of a checkpoint folder.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
@@ -288,7 +356,7 @@ pub fn load_checkpoint(
     config
         .check_fits()
         .map_err(|e| caused(path.display().to_string(), e))?;
-    let tensors = read_safetensors(&dir.join(WEIGHTS_FILE))?;
+    let tensors = read_weights(dir)?;
     let model =
         import(&config, tensors, device).map_err(|e| caused(dir.display().to_string(), e))?;
     let stop = config

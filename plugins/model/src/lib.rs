@@ -34,8 +34,8 @@ mod model;
 mod policy;
 mod tokenizer;
 
-pub use config::{EosTokens, ModelConfig};
-pub use model::{Attention, DecoderLayer, INIT_STD, LayerKv, Mlp, Transformer, rope_tables};
+pub use config::{EosTokens, Llama3Scaling, ModelConfig};
+pub use model::{Attention, DecoderLayer, INIT_STD, LayerKv, Mlp, Rope, Transformer, rope_tables};
 pub use policy::{TransformerOptions, TransformerPolicy, packed_logprobs};
 pub use tokenizer::{EOS, HfTokenizer, UNK, char_tokenizer};
 

@@ -11,7 +11,7 @@ use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
-use crate::config::ModelConfig;
+use crate::config::{Llama3Scaling, ModelConfig};
 
 /// Standard deviation of the initial weights (Hugging Face's `initializer_range`).
 pub const INIT_STD: f32 = 0.02;
@@ -27,10 +27,60 @@ pub struct Attention {
     pub v_proj: Linear,
     /// Output projection.
     pub o_proj: Linear,
+    /// RMSNorm of each query head before RoPE (Qwen3).
+    pub q_norm: Option<RmsNorm>,
+    /// RMSNorm of each key head before RoPE (Qwen3).
+    pub k_norm: Option<RmsNorm>,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
     rope_theta: f64,
+    // `llama3` RoPE scaling; a factor of 0 is none
+    rope_factor: f64,
+    rope_low_freq_factor: f64,
+    rope_high_freq_factor: f64,
+    rope_original_max: f64,
+}
+
+/// How positions turn into rotations: the head width, the base and any scaling.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    /// Width of one head.
+    pub head_dim: usize,
+    /// The base (`rope_theta`).
+    pub theta: f64,
+    /// `rope_scaling` of type `llama3`, if any.
+    pub llama3: Option<Llama3Scaling>,
+}
+
+impl Rope {
+    /// The rotation speed of each of the `head_dim / 2` pairs.
+    pub fn inv_freq(&self) -> Vec<f64> {
+        let half = self.head_dim / 2;
+        (0..half)
+            .map(|i| {
+                let f = 1.0 / self.theta.powf(2.0 * i as f64 / self.head_dim as f64);
+                match &self.llama3 {
+                    None => f,
+                    Some(s) => {
+                        let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+                        let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen > low_wavelen {
+                            f / s.factor
+                        } else if wavelen < high_wavelen {
+                            f
+                        } else {
+                            let smooth = (s.original_max_position_embeddings / wavelen
+                                - s.low_freq_factor)
+                                / (s.high_freq_factor - s.low_freq_factor);
+                            (1.0 - smooth) * f / s.factor + smooth * f
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
 }
 
 /// The SwiGLU feed-forward block: `down(silu(gate(x)) · up(x))`.
@@ -128,20 +178,15 @@ fn rms_norm(d: usize, eps: f64, device: &Device) -> RmsNorm {
 
 /// `cos` and `sin` tables `[positions, head_dim]` for rotate-half RoPE (Hugging Face layout:
 /// the frequency of pair `i` sits at columns `i` and `i + head_dim/2`).
-pub fn rope_tables(
-    positions: &[usize],
-    head_dim: usize,
-    theta: f64,
-    device: &Device,
-) -> (Tensor<2>, Tensor<2>) {
-    let half = head_dim / 2;
+pub fn rope_tables(positions: &[usize], rope: &Rope, device: &Device) -> (Tensor<2>, Tensor<2>) {
+    let head_dim = rope.head_dim;
+    let inv_freq = rope.inv_freq();
     let mut cos = Vec::with_capacity(positions.len() * head_dim);
     let mut sin = Vec::with_capacity(positions.len() * head_dim);
     for &p in positions {
         for _ in 0..2 {
-            for i in 0..half {
-                let inv_freq = 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64);
-                let angle = p as f64 * inv_freq;
+            for f in &inv_freq {
+                let angle = p as f64 * f;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);
             }
@@ -166,23 +211,47 @@ fn apply_rope(x: Tensor<4>, cos: Tensor<4>, sin: Tensor<4>) -> Tensor<4> {
 }
 
 impl Attention {
-    /// An attention block from its projections, shaped by `config`.
+    /// An attention block from its projections (and per-head query/key norms, for Qwen3),
+    /// shaped by `config`, which must pass [`ModelConfig::check`].
     pub fn new(
         q_proj: Linear,
         k_proj: Linear,
         v_proj: Linear,
         o_proj: Linear,
+        qk_norms: Option<(RmsNorm, RmsNorm)>,
         config: &ModelConfig,
     ) -> Self {
+        let scaling = config.llama3_scaling().ok().flatten();
+        let (q_norm, k_norm) = qk_norms.unzip();
         Self {
             q_proj,
             k_proj,
             v_proj,
             o_proj,
+            q_norm,
+            k_norm,
             heads: config.num_attention_heads,
             kv_heads: config.kv_heads(),
             head_dim: config.head_dim(),
             rope_theta: config.rope_theta,
+            rope_factor: scaling.map_or(0.0, |s| s.factor),
+            rope_low_freq_factor: scaling.map_or(0.0, |s| s.low_freq_factor),
+            rope_high_freq_factor: scaling.map_or(0.0, |s| s.high_freq_factor),
+            rope_original_max: scaling.map_or(0.0, |s| s.original_max_position_embeddings),
+        }
+    }
+
+    /// Its rotary embedding.
+    pub fn rope(&self) -> Rope {
+        Rope {
+            head_dim: self.head_dim,
+            theta: self.rope_theta,
+            llama3: (self.rope_factor > 0.0).then_some(Llama3Scaling {
+                factor: self.rope_factor,
+                low_freq_factor: self.rope_low_freq_factor,
+                high_freq_factor: self.rope_high_freq_factor,
+                original_max_position_embeddings: self.rope_original_max,
+            }),
         }
     }
 
@@ -197,9 +266,15 @@ impl Attention {
         let [b, t, _] = x.dims();
         let split =
             |y: Tensor<3>, heads: usize| y.reshape([b, t, heads, self.head_dim]).swap_dims(1, 2);
-        let q = split(self.q_proj.forward(x.clone()), self.heads);
-        let k = split(self.k_proj.forward(x.clone()), self.kv_heads);
+        let mut q = split(self.q_proj.forward(x.clone()), self.heads);
+        let mut k = split(self.k_proj.forward(x.clone()), self.kv_heads);
         let v = split(self.v_proj.forward(x), self.kv_heads);
+        if let Some(norm) = &self.q_norm {
+            q = norm.forward(q);
+        }
+        if let Some(norm) = &self.k_norm {
+            k = norm.forward(k);
+        }
         (
             apply_rope(q, cos.clone(), sin.clone()),
             apply_rope(k, cos, sin),
@@ -261,6 +336,8 @@ impl Transformer {
         );
         let hd = config.head_dim();
         let kv = config.kv_heads() * hd;
+        let q = config.num_attention_heads * hd;
+        let eps = config.rms_norm_eps;
         let embed = Tensor::<2>::from_data(
             TensorData::new(normal(&mut rng, v * d, INIT_STD), [v, d]),
             device,
@@ -268,10 +345,13 @@ impl Transformer {
         let layers = (0..config.num_hidden_layers)
             .map(|_| DecoderLayer {
                 self_attn: Attention::new(
-                    linear(&mut rng, d, d, config.qkv_bias(), device),
+                    linear(&mut rng, d, q, config.qkv_bias(), device),
                     linear(&mut rng, d, kv, config.qkv_bias(), device),
                     linear(&mut rng, d, kv, config.qkv_bias(), device),
-                    linear(&mut rng, d, d, false, device),
+                    linear(&mut rng, q, d, false, device),
+                    config
+                        .qk_norm()
+                        .then(|| (rms_norm(hd, eps, device), rms_norm(hd, eps, device))),
                     config,
                 ),
                 mlp: Mlp {
@@ -315,9 +395,8 @@ impl Transformer {
         Some(head.forward(x).reshape([b, t]))
     }
 
-    fn head_dim_and_theta(&self) -> (usize, f64) {
-        let a = &self.layers[0].self_attn;
-        (a.head_dim, a.rope_theta)
+    fn rope(&self) -> Rope {
+        self.layers[0].self_attn.rope()
     }
 
     /// Hidden states to logits.
@@ -347,9 +426,8 @@ impl Transformer {
     fn run(&self, tokens: Tensor<2, Int>, keep_kv: bool) -> (Tensor<3>, Vec<LayerKv>) {
         let [_, t] = tokens.dims();
         let device = tokens.device();
-        let (hd, theta) = self.head_dim_and_theta();
         let positions: Vec<usize> = (0..t).collect();
-        let (cos, sin) = rope_tables(&positions, hd, theta, &device);
+        let (cos, sin) = rope_tables(&positions, &self.rope(), &device);
         let (cos, sin) = (cos.unsqueeze::<4>(), sin.unsqueeze::<4>());
         let mut x = self.embed_tokens.forward(tokens);
         let mut kvs = Vec::with_capacity(self.layers.len());
@@ -388,8 +466,9 @@ impl Transformer {
     ) -> Tensor<2> {
         let [b, _] = tokens.dims();
         let device = tokens.device();
-        let (hd, theta) = self.head_dim_and_theta();
-        let (cos, sin) = rope_tables(positions, hd, theta, &device);
+        let rope = self.rope();
+        let hd = rope.head_dim;
+        let (cos, sin) = rope_tables(positions, &rope, &device);
         let (cos, sin) = (cos.reshape([b, 1, 1, hd]), sin.reshape([b, 1, 1, hd]));
         let capacity = cache.first().map_or(0, |c| c.k.dims()[2]);
         assert!(
