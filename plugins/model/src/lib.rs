@@ -28,12 +28,14 @@
 //! assert_eq!(model.forward(tokens).dims(), [1, 5, config.vocab_size]);
 //! ```
 
+mod chat;
 mod config;
 pub mod hf;
 mod model;
 mod policy;
 mod tokenizer;
 
+pub use chat::{CHAT_TEMPLATE_FILE, ChatMessage, ChatTemplate, TOKENIZER_CONFIG_FILE};
 pub use config::{EosTokens, Llama3Scaling, ModelConfig};
 pub use model::{Attention, DecoderLayer, INIT_STD, LayerKv, Mlp, Rope, Transformer, rope_tables};
 pub use policy::{TransformerOptions, TransformerPolicy, packed_logprobs};

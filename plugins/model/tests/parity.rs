@@ -197,3 +197,45 @@ fn sharded_checkpoints_read_as_one_file() {
     let error = read_weights(dir.path()).unwrap_err().to_string();
     assert!(error.contains(&moved), "{error}");
 }
+
+/// Chat templates render as transformers' `apply_chat_template` renders them: three templates
+/// in the styles models ship, saved as transformers saves a tokenizer, over conversations with
+/// and without the generation prompt (`plugins/model/scripts/make_chat_fixtures.py`).
+#[test]
+fn chat_templates_render_as_transformers_renders_them() {
+    use areal_model::{ChatMessage, ChatTemplate};
+    #[derive(Deserialize)]
+    struct ChatCase {
+        template: String,
+        messages: Vec<ChatMessage>,
+        add_generation_prompt: bool,
+        expected: String,
+    }
+    #[derive(Deserialize)]
+    struct ChatExpected {
+        cases: Vec<ChatCase>,
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat");
+    let expected: ChatExpected =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    assert_eq!(expected.cases.len(), 18);
+    for case in &expected.cases {
+        let template = ChatTemplate::from_folder(&dir.join(&case.template))
+            .unwrap()
+            .expect("the folder has a chat template");
+        let text = template
+            .render(&case.messages, case.add_generation_prompt)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.template));
+        assert_eq!(
+            text, case.expected,
+            "{} with add_generation_prompt = {}",
+            case.template, case.add_generation_prompt
+        );
+    }
+    // a folder without one has none
+    assert!(
+        ChatTemplate::from_folder(&fixture("qwen2"))
+            .unwrap()
+            .is_none()
+    );
+}

@@ -1,0 +1,141 @@
+"""Chat-template fixtures: conversations rendered by transformers' `apply_chat_template`.
+
+The templates are written here in the styles models ship (ChatML with a default system
+message, as Qwen's; Llama 3's headers with `bos_token` and `| trim`; one using `namespace`,
+`loop` variables, `tojson` and Python string methods). Each is saved with a tokenizer as
+transformers saves one (`tokenizer_config.json`, and `chat_template.jinja` where this version
+writes it), and every conversation is rendered with and without the generation prompt:
+
+    plugins/model/scripts/setup-transformers.sh
+    .cache/transformers/bin/python plugins/model/scripts/make_chat_fixtures.py
+
+Writes plugins/model/tests/fixtures/chat/<template>/ and expected.json.
+"""
+
+import json
+import os
+import sys
+
+import transformers
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "chat")
+
+TEMPLATES = {
+    "chatml": (
+        "{%- if messages[0]['role'] == 'system' %}\n"
+        "    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+        "{%- else %}\n"
+        "    {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}\n"
+        "{%- endif %}\n"
+        "{%- for message in messages %}\n"
+        "    {%- if message.role == 'system' and loop.first %}\n"
+        "        {%- continue %}\n"
+        "    {%- endif %}\n"
+        "    {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}\n"
+        "    {{- '<|im_start|>assistant\\n' }}\n"
+        "{%- endif %}\n"
+    ),
+    "llama3": (
+        "{{- bos_token }}\n"
+        "{%- for message in messages %}\n"
+        "    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}\n"
+        "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
+        "{%- endif %}\n"
+    ),
+    "thinking": (
+        "{%- set ns = namespace(last_user=-1) %}\n"
+        "{%- for message in messages %}\n"
+        "    {%- if message.role == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}\n"
+        "{%- endfor %}\n"
+        "{%- for message in messages %}\n"
+        "    {%- set content = message.content %}\n"
+        "    {%- if message.role == 'assistant' and '</think>' in content %}\n"
+        "        {%- set content = content.split('</think>')[-1].lstrip('\\n') %}\n"
+        "    {%- endif %}\n"
+        "    {%- if message.role not in ['system', 'user', 'assistant'] %}\n"
+        "        {{- raise_exception('unknown role ' + message.role) }}\n"
+        "    {%- endif %}\n"
+        "{{ loop.index }}. {{ message.role | upper }}{% if loop.index0 == ns.last_user %} (last){% endif %}: {{ content.strip() }}\n"
+        "    {% if message.role == 'system' %}\n"
+        "[system rules apply]\n"
+        "    {% endif %}\n"
+        "{%- if not loop.last %}\n"
+        "\n"
+        "{% endif %}\n"
+        "{%- endfor %}\n"
+        "{{- '\\nmeta: ' + {'turns': messages | length, 'first': messages[0].role, 'ok': true} | tojson }}\n"
+        "{%- if add_generation_prompt %}\n"
+        "{{ eos_token }}<think>\n"
+        "{% endif %}\n"
+    ),
+}
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+3?"}],
+    [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Capital of France?"},
+        {"role": "assistant", "content": "<think>\nEasy.\n</think>\n\nParis"},
+        {"role": "user", "content": "  And of Italy? \u00e9\u00e0 \"quoted\" <tag> & more  "},
+    ],
+    [
+        {"role": "user", "content": "Line one\nLine two\n"},
+        {"role": "assistant", "content": "\n  Indented reply\n"},
+    ],
+]
+
+
+def tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    inner = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=inner, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def main() -> int:
+    cases = []
+    for name, template in TEMPLATES.items():
+        tok = tokenizer()
+        tok.chat_template = template
+        folder = os.path.join(OUT, name)
+        os.makedirs(folder, exist_ok=True)
+        tok.save_pretrained(folder)
+        # the vocabulary is not what is tested: keep the folder small
+        for extra in ("tokenizer.json", "special_tokens_map.json"):
+            path = os.path.join(folder, extra)
+            if os.path.exists(path):
+                os.remove(path)
+        for messages in CONVERSATIONS:
+            for generation_prompt in (False, True):
+                text = tok.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=generation_prompt
+                )
+                cases.append(
+                    {
+                        "template": name,
+                        "messages": messages,
+                        "add_generation_prompt": generation_prompt,
+                        "expected": text,
+                    }
+                )
+    with open(os.path.join(OUT, "expected.json"), "w") as f:
+        json.dump(
+            {"made_with": {"transformers": transformers.__version__}, "cases": cases},
+            f,
+            ensure_ascii=False,
+            indent=1,
+        )
+        f.write("\n")
+    print(f"{len(cases)} renderings of {len(TEMPLATES)} templates -> {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
