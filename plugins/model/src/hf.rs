@@ -323,6 +323,64 @@ pub fn read_weights(dir: &Path) -> Result<Vec<NamedTensor>, PluginError> {
     Ok(out)
 }
 
+/// Generation defaults of a checkpoint folder.
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+/// A checkpoint's `generation_config.json`: the tokens that end a generation and the
+/// sampling its authors suggest (the run's `rollout` settings decide the sampling; these are
+/// read so that they can be reported and compared).
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize)]
+pub struct GenerationConfig {
+    /// End-of-sequence token(s): generation stops at these as well as at `config.json`'s.
+    #[serde(default)]
+    pub eos_token_id: Option<crate::EosTokens>,
+    /// Suggested temperature.
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Suggested nucleus.
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    /// Suggested top-k (not implemented by the burn generator's sampler).
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    /// Whether its authors sample at all.
+    #[serde(default)]
+    pub do_sample: Option<bool>,
+}
+
+/// The `generation_config.json` of `dir`, if it has one.
+pub fn read_generation_config(dir: &Path) -> Result<Option<GenerationConfig>, PluginError> {
+    let path = dir.join(GENERATION_CONFIG_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(caused(format!("cannot read {}", path.display()), e)),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| caused(path.display().to_string(), e))
+}
+
+/// The tokens that end a generation for the checkpoint in `dir` with `config`: those of
+/// `config.json` and of `generation_config.json`, in that order, once each.
+pub fn stop_tokens(dir: &Path, config: &ModelConfig) -> Result<Vec<u32>, PluginError> {
+    let mut stop = config
+        .eos_token_id
+        .as_ref()
+        .map(|e| e.ids())
+        .unwrap_or_default();
+    if let Some(generation) = read_generation_config(dir)?
+        && let Some(eos) = generation.eos_token_id
+    {
+        for id in eos.ids() {
+            if !stop.contains(&id) {
+                stop.push(id);
+            }
+        }
+    }
+    Ok(stop)
+}
+
 /// Tokenizer file of a checkpoint folder.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 
@@ -359,11 +417,7 @@ pub fn load_checkpoint(
     let tensors = read_weights(dir)?;
     let model =
         import(&config, tensors, device).map_err(|e| caused(dir.display().to_string(), e))?;
-    let stop = config
-        .eos_token_id
-        .as_ref()
-        .map(|e| e.ids())
-        .unwrap_or_default();
+    let stop = stop_tokens(dir, &config)?;
     let tokenizer = HfTokenizer::from_file(&dir.join(TOKENIZER_FILE), stop)?;
     Ok((config, model, tokenizer))
 }

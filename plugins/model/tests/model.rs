@@ -82,6 +82,26 @@ fn checkpoints_round_trip_in_the_hugging_face_layout() {
         loaded.tokenizer().encode("12+3").unwrap(),
         policy.tokenizer().encode("12+3").unwrap()
     );
+    // generation stops at generation_config.json's end tokens too, after config.json's
+    let own = policy.tokenizer().stop_token_ids();
+    std::fs::write(
+        dir.path().join("generation_config.json"),
+        format!(
+            r#"{{"eos_token_id": [{}, 3], "temperature": 0.7, "top_k": 20}}"#,
+            own[0]
+        ),
+    )
+    .unwrap();
+    let with_generation = TransformerPolicy::load(dir.path(), &device).unwrap();
+    assert_eq!(with_generation.tokenizer().stop_token_ids(), [own[0], 3]);
+    let generation = areal_model::hf::read_generation_config(dir.path())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (generation.temperature, generation.top_k),
+        (Some(0.7), Some(20))
+    );
+    std::fs::remove_file(dir.path().join("generation_config.json")).unwrap();
 
     // names and layouts are Hugging Face's: q_proj is [out, in], norms are `weight`
     let names: Vec<String> = policy.weights().iter().map(|t| t.name.clone()).collect();
