@@ -33,19 +33,9 @@ pub(crate) struct BenchHandoverArgs {
     out: Option<PathBuf>,
 }
 
-/// Qwen2.5-0.5B's `config.json`, as released (the fields the model reads).
-const QWEN25_05B: &str = r#"{
-  "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "bos_token_id": 151643,
-  "eos_token_id": 151643, "hidden_size": 896, "intermediate_size": 4864,
-  "max_position_embeddings": 32768, "num_attention_heads": 14, "num_hidden_layers": 24,
-  "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "vocab_size": 151936,
-  "use_sliding_window": false
-}"#;
-
 /// A random model with Qwen2.5-0.5B's architecture, as the trainer hands it over.
 fn qwen_update() -> anyhow::Result<WeightUpdate> {
-    let config: areal_model::ModelConfig = serde_json::from_str(QWEN25_05B)?;
+    let config: areal_model::ModelConfig = serde_json::from_str(super::smoke::QWEN25_05B)?;
     config.check().map_err(|e| anyhow::anyhow!(e))?;
     let device = areal_sdk_train::burn::tensor::Device::flex();
     let model = areal_model::Transformer::new(&config, 5, &device);

@@ -14,6 +14,7 @@ mod math;
 mod resume;
 mod reward;
 mod sandbox;
+mod smoke;
 mod stats;
 
 #[derive(Debug, Subcommand)]
@@ -37,6 +38,10 @@ pub(crate) enum BenchCommand {
     /// server and its version checked, for the built-in model and a random model with
     /// Qwen2.5-0.5B's architecture.
     Handover(handover::BenchHandoverArgs),
+    /// A real-size smoke test: a random model with Qwen2.5-0.5B's exact config built, saved,
+    /// loaded, generating with the burn generator, one RL step (backward, AdamW) and saved
+    /// again; the time of each part and the memory after it.
+    Smoke(smoke::BenchSmokeArgs),
     /// Asynchronous against synchronous RL on real workloads: time to a target accuracy,
     /// final accuracy, how busy each side is, for η = 0 (synchronous) and η > 0 over seeds,
     /// plus the naive-PPO staleness ablation; writes results.json, plots and a table.
@@ -62,6 +67,7 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Controller(args) => controller::run(args),
         BenchCommand::Fleet(args) => fleet::run(args),
         BenchCommand::Handover(args) => handover::run(args),
+        BenchCommand::Smoke(args) => smoke::run(args),
         BenchCommand::AsyncVsSync(args) => async_vs_sync::run(args),
         BenchCommand::Math(args) => math::run(args),
         BenchCommand::Resume(args) => resume::run(args),
