@@ -16,65 +16,27 @@ use areal_testkit::{
     BigramGenerator, BigramGeneratorOptions, BigramPolicy, BigramPolicyOptions, conformance,
 };
 use serde_json::json;
+use support::ServerThread;
 
-/// A generator server on its own thread and runtime. Dropped, it is killed: its runtime goes
-/// at once, connections and samples in flight with it (as SIGKILL would).
-struct Server {
-    addr: SocketAddr,
-    kill: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+mod support;
+
+/// A generator server of the testkit's bigram generator, which sleeps `token_delay_us` after
+/// each token.
+struct Server;
 
 impl Server {
-    fn start(token_delay_us: u64) -> Self {
+    fn start(token_delay_us: u64) -> ServerThread {
         Self::start_on("127.0.0.1:0".parse().unwrap(), token_delay_us)
     }
 
-    fn start_on(addr: SocketAddr, token_delay_us: u64) -> Self {
-        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
-        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
-        let listen = Listen::new(addr, None);
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
+    fn start_on(addr: SocketAddr, token_delay_us: u64) -> ServerThread {
+        ServerThread::start(Listen::new(addr, None), move |listen, on_bound| {
             let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
                 token_delay_us,
                 jitter: 0.0,
             }));
-            runtime.block_on(async move {
-                tokio::select! {
-                    served = serve_generator(generator, listen, move |a| bound_tx.send(a).unwrap(), std::future::pending()) => served.unwrap(),
-                    _ = killed => {}
-                }
-            });
-            runtime.shutdown_background();
-        });
-        let addr = bound_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the server binds");
-        Self {
-            addr,
-            kill: Some(kill),
-            thread: Some(thread),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(kill) = self.kill.take() {
-            let _ = kill.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+            serve_generator(generator, listen, on_bound, std::future::pending())
+        })
     }
 }
 

@@ -3,7 +3,6 @@
 //! generator passes, weights handed over on disk and removed once no server holds them, a
 //! server killed mid-sample, tokenizers that disagree, and requests a server must refuse.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +19,9 @@ use areal_testkit::{
     conformance,
 };
 use serde_json::json;
+use support::ServerThread;
+
+mod support;
 
 /// A tokenizer that reads the letters backwards: the same vocabulary, other ids.
 struct Backwards(LetterTokenizer);
@@ -50,16 +52,12 @@ impl Tokenizer for Backwards {
     }
 }
 
-/// A server of `api` on its own thread and runtime. Dropped, it is killed: its runtime goes
-/// at once, connections and samples in flight with it.
-struct Server {
-    addr: SocketAddr,
-    kill: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+/// A server of `api` serving the testkit's bigram generator, which sleeps `token_delay_us`
+/// after each token.
+struct Server;
 
 impl Server {
-    fn start(api: InferenceApi, token_delay_us: u64) -> Self {
+    fn start(api: InferenceApi, token_delay_us: u64) -> ServerThread {
         Self::with_tokenizer(api, token_delay_us, Arc::new(LetterTokenizer::new(8)))
     }
 
@@ -67,51 +65,23 @@ impl Server {
         api: InferenceApi,
         token_delay_us: u64,
         tokenizer: Arc<dyn Tokenizer>,
-    ) -> Self {
-        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
-        let (kill, killed) = tokio::sync::oneshot::channel::<()>();
+    ) -> ServerThread {
         let listen = Listen::new("127.0.0.1:0".parse().unwrap(), None);
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
+        ServerThread::start(listen, move |listen, on_bound| {
             let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
                 token_delay_us,
                 jitter: 0.0,
             }));
-            runtime.block_on(async move {
-                tokio::select! {
-                    served = serve_inference_api(api, generator, Some(tokenizer), None, listen, move |a| bound_tx.send(a).unwrap(), std::future::pending()) => served.unwrap(),
-                    _ = killed => {}
-                }
-            });
-            runtime.shutdown_background();
-        });
-        let addr = bound_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the server binds");
-        Self {
-            addr,
-            kill: Some(kill),
-            thread: Some(thread),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(kill) = self.kill.take() {
-            let _ = kill.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+            serve_inference_api(
+                api,
+                generator,
+                Some(tokenizer),
+                None,
+                listen,
+                on_bound,
+                std::future::pending(),
+            )
+        })
     }
 }
 
