@@ -325,6 +325,11 @@ async fn requests_the_server_cannot_honour_are_refused_naming_the_field() {
         .update_weights(WeightUpdate::new(1, policy().weights()))
         .await
         .unwrap();
+    // (the first update may come before the probe found the server)
+    eventually("the server holds version 1", async || {
+        generator.report().contains("holding version 1")
+    })
+    .await;
     let url = format!("{}/generate", sglang.url());
     let cases = [
         (
