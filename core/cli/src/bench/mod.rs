@@ -11,6 +11,7 @@ mod fleet;
 mod handover;
 mod heavy;
 mod math;
+mod model;
 mod resume;
 mod reward;
 mod sandbox;
@@ -42,6 +43,10 @@ pub(crate) enum BenchCommand {
     /// loaded, generating with the burn generator, one RL step (backward, AdamW) and saved
     /// again; the time of each part and the memory after it.
     Smoke(smoke::BenchSmokeArgs),
+    /// The transformer in burn's CPU backend against PyTorch eager on the same configs (the
+    /// built-in 0.1 M model, ~10 M and ~100 M parameters): prefill and cached-decode tokens/s
+    /// at batch 1 and 32, training tokens/s (forward, backward, AdamW).
+    Model(model::BenchModelArgs),
     /// Asynchronous against synchronous RL on real workloads: time to a target accuracy,
     /// final accuracy, how busy each side is, for η = 0 (synchronous) and η > 0 over seeds,
     /// plus the naive-PPO staleness ablation; writes results.json, plots and a table.
@@ -68,6 +73,7 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Fleet(args) => fleet::run(args),
         BenchCommand::Handover(args) => handover::run(args),
         BenchCommand::Smoke(args) => smoke::run(args),
+        BenchCommand::Model(args) => model::run(args),
         BenchCommand::AsyncVsSync(args) => async_vs_sync::run(args),
         BenchCommand::Math(args) => math::run(args),
         BenchCommand::Resume(args) => resume::run(args),
