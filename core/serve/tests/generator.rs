@@ -8,15 +8,12 @@ use std::time::{Duration, Instant};
 
 use areal_proto::pb;
 use areal_proto::pb::generator_client::GeneratorClient;
-use areal_sdk::{FinishReason, GenerateRequest, Generator, SamplingParams, WeightUpdate};
+use areal_sdk::{FinishReason, Generator, WeightUpdate};
 use areal_sdk_train::Policy;
-use areal_sdk_train::burn::tensor::Device;
 use areal_serve::{Listen, RemoteGenerator, RemoteGeneratorOptions, serve_generator};
-use areal_testkit::{
-    BigramGenerator, BigramGeneratorOptions, BigramPolicy, BigramPolicyOptions, conformance,
-};
+use areal_testkit::{BigramGenerator, BigramGeneratorOptions, conformance};
 use serde_json::json;
-use support::ServerThread;
+use support::{ServerThread, eventually, policy, request};
 
 mod support;
 
@@ -53,37 +50,6 @@ fn remote(endpoints: Vec<String>, extra: serde_json::Value) -> RemoteGenerator {
         .extend(extra.as_object().unwrap().clone());
     let options: RemoteGeneratorOptions = serde_json::from_value(options).unwrap();
     RemoteGenerator::new(&options, None).unwrap()
-}
-
-fn policy() -> BigramPolicy {
-    let options = BigramPolicyOptions {
-        letters: 8,
-        init_std: 1.0,
-    };
-    BigramPolicy::new(&options, 11, &Device::flex().autodiff())
-}
-
-fn request(sample_id: u64, max_new_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        sample_id,
-        input_ids: vec![2],
-        max_new_tokens,
-        sampling: SamplingParams {
-            temperature: 1.0,
-            top_p: 1.0,
-            seed: 5,
-        },
-        stop_token_ids: vec![],
-    }
-}
-
-/// Wait (up to 10 s) until `check` holds.
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn health(url: &str) -> Option<pb::GeneratorHealth> {

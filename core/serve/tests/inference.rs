@@ -4,22 +4,16 @@
 //! server killed mid-sample, tokenizers that disagree, and requests a server must refuse.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use areal_sdk::{
-    FinishReason, GenerateRequest, Generator, PluginError, SamplingParams, Tokenizer, WeightUpdate,
-};
+use areal_sdk::{FinishReason, Generator, PluginError, Tokenizer, WeightUpdate};
 use areal_sdk_train::Policy;
-use areal_sdk_train::burn::tensor::Device;
 use areal_serve::{
     InferenceApi, InferenceServerGenerator, InferenceServerOptions, Listen, serve_inference_api,
 };
-use areal_testkit::{
-    BigramGenerator, BigramGeneratorOptions, BigramPolicy, BigramPolicyOptions, LetterTokenizer,
-    conformance,
-};
+use areal_testkit::{BigramGenerator, BigramGeneratorOptions, LetterTokenizer, conformance};
 use serde_json::json;
-use support::ServerThread;
+use support::{ServerThread, eventually, policy, request};
 
 mod support;
 
@@ -104,36 +98,6 @@ fn client(
         .extend(extra.as_object().unwrap().clone());
     let options: InferenceServerOptions = serde_json::from_value(options).unwrap();
     InferenceServerGenerator::new(api, &options, None).unwrap()
-}
-
-fn policy() -> BigramPolicy {
-    let options = BigramPolicyOptions {
-        letters: 8,
-        init_std: 1.0,
-    };
-    BigramPolicy::new(&options, 11, &Device::flex().autodiff())
-}
-
-fn request(sample_id: u64, max_new_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        sample_id,
-        input_ids: vec![2],
-        max_new_tokens,
-        sampling: SamplingParams {
-            temperature: 1.0,
-            top_p: 1.0,
-            seed: 5,
-        },
-        stop_token_ids: vec![],
-    }
-}
-
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn versions_on_disk(dir: &std::path::Path) -> Vec<String> {

@@ -1,10 +1,47 @@
-//! What the server tests share: a server on a thread and runtime of its own.
+//! What the generator-server tests share: a server on a thread and runtime of its own, the
+//! testkit policy whose weights they load, a request, and a wait.
 
 use std::fmt::Debug;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use areal_sdk::{GenerateRequest, SamplingParams};
+use areal_sdk_train::burn::tensor::Device;
 use areal_serve::Listen;
+use areal_testkit::{BigramPolicy, BigramPolicyOptions};
+
+/// The bigram policy (8 letters) whose weights the servers load.
+pub(crate) fn policy() -> BigramPolicy {
+    let options = BigramPolicyOptions {
+        letters: 8,
+        init_std: 1.0,
+    };
+    BigramPolicy::new(&options, 11, &Device::flex().autodiff())
+}
+
+/// A sampled request of `max_new_tokens` after the prompt `[2]`, without stop tokens.
+pub(crate) fn request(sample_id: u64, max_new_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        sample_id,
+        input_ids: vec![2],
+        max_new_tokens,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: 5,
+        },
+        stop_token_ids: vec![],
+    }
+}
+
+/// Wait (up to 10 s) until `check` holds.
+pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 /// A server on its own thread and runtime (one worker). Dropped, it is killed: its runtime
 /// goes at once, connections and work in flight with it (as SIGKILL would).
