@@ -15,6 +15,7 @@ use areal_sdk::{Generator, WeightUpdate};
 use areal_serve::{InferenceApi, InferenceServerGenerator, InferenceServerOptions};
 use clap::Args;
 
+use super::stats::median;
 use crate::launch::Servers;
 
 #[derive(Debug, Args)]
@@ -54,12 +55,6 @@ fn built_in_update() -> anyhow::Result<WeightUpdate> {
 struct Row {
     write_ms: Vec<f64>,
     total_ms: Vec<f64>,
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Time `rounds` hand-overs of `update` to one fresh server of `api`.

@@ -17,6 +17,8 @@ use areal_sdk_train::burn::tensor::{Device, Int, Tensor, TensorData};
 use areal_sdk_train::{PackedBatch, Policy};
 use clap::Args;
 
+use super::stats::median;
+
 #[derive(Debug, Args)]
 pub(crate) struct BenchModelArgs {
     /// Configs to time: `built-in 0.1M`, `10M`, `100M` (comma-separated).
@@ -71,15 +73,10 @@ fn tokens(ids: &[u32], batch: usize, device: &Device) -> Tensor<2, Int> {
     Tensor::from_data(TensorData::new(data, [batch, len]), device)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// The median of `rounds` timings of `f`, after one untimed call.
 fn timed(rounds: usize, mut f: impl FnMut() -> f64) -> f64 {
     f();
-    median((0..rounds).map(|_| f()).collect())
+    median(&(0..rounds).map(|_| f()).collect::<Vec<_>>())
 }
 
 fn sync(t: Tensor<2>) {
