@@ -145,6 +145,23 @@ impl LayerKv {
         write(&mut self.k, ranges.clone(), k);
         write(&mut self.v, ranges, v);
     }
+
+    /// These keys and values (of a prefix, as `forward_with_kv` gives them) at the start of a
+    /// cache of `capacity` positions, for `decode_step` to go on from.
+    pub fn with_capacity(self, capacity: usize) -> Self {
+        let [b, h, t, d] = self.k.dims();
+        assert!(
+            t <= capacity,
+            "a prefix of {t} positions in a cache of {capacity}"
+        );
+        let device = self.k.device();
+        let mut cache = Self {
+            k: Tensor::zeros([b, h, capacity, d], &device),
+            v: Tensor::zeros([b, h, capacity, d], &device),
+        };
+        cache.write([0..b, 0..h, 0..t, 0..d], self.k, self.v);
+        cache
+    }
 }
 
 /// Normal(0, std) values from `rng`.

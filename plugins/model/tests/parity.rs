@@ -30,7 +30,7 @@ fn fixture(family: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/parity/{family}"))
 }
 
-fn load(family: &str) -> (ModelConfig, Transformer, Expected) {
+fn load(family: &str) -> (Transformer, Expected) {
     let dir = fixture(family);
     let config: ModelConfig =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
@@ -40,7 +40,7 @@ fn load(family: &str) -> (ModelConfig, Transformer, Expected) {
         import(&config, tensors, &Device::flex()).unwrap_or_else(|e| panic!("{family}: {e}"));
     let expected: Expected =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    (config, model, expected)
+    (model, expected)
 }
 
 fn tokens(ids: &[u32]) -> Tensor<2, Int> {
@@ -84,8 +84,7 @@ fn logits(model: &Transformer, ids: &[u32]) -> Vec<Vec<f32>> {
 /// Every position's logits, the greedy continuation (full forward each step) and the same
 /// continuation decoded with the key/value cache, against transformers.
 fn check(family: &str) {
-    let (config, model, expected) = load(family);
-    let device = Device::flex();
+    let (model, expected) = load(family);
     for (n, case) in expected.cases.iter().enumerate() {
         let got = logits(&model, &case.prompt);
         let diff = max_diff(&got, &case.logits);
@@ -110,18 +109,9 @@ fn check(family: &str) {
         let capacity = case.prompt.len() + case.greedy.len();
         let (prefill, kvs) = model.forward_with_kv(tokens(&case.prompt));
         let [_, t, v] = prefill.dims();
-        let hd = config.head_dim();
-        let kv_heads = config.kv_heads();
         let mut cache: Vec<LayerKv> = kvs
             .into_iter()
-            .map(|kv| {
-                let mut slot = LayerKv {
-                    k: Tensor::zeros([1, kv_heads, capacity, hd], &device),
-                    v: Tensor::zeros([1, kv_heads, capacity, hd], &device),
-                };
-                slot.write([0..1, 0..kv_heads, 0..t, 0..hd], kv.k, kv.v);
-                slot
-            })
+            .map(|kv| kv.with_capacity(capacity))
             .collect();
         let mut next = argmax(&rows(prefill.reshape([t, v])).pop().unwrap());
         let mut decoded = vec![next];

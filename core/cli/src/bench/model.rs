@@ -156,18 +156,9 @@ pub(super) fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             let steps = 32;
             let s = timed(args.rounds, || {
                 let (logits, kvs) = model.forward_with_kv(tokens(&prompt, batch, &device));
-                let capacity = 16 + steps + 1;
-                let (kv_heads, hd) = (config.kv_heads(), config.head_dim());
                 let mut cache: Vec<LayerKv> = kvs
                     .into_iter()
-                    .map(|kv| {
-                        let mut slot = LayerKv {
-                            k: Tensor::zeros([batch, kv_heads, capacity, hd], &device),
-                            v: Tensor::zeros([batch, kv_heads, capacity, hd], &device),
-                        };
-                        slot.write([0..batch, 0..kv_heads, 0..16, 0..hd], kv.k, kv.v);
-                        slot
-                    })
+                    .map(|kv| kv.with_capacity(16 + steps + 1))
                     .collect();
                 let mut next = logits
                     .slice([0..batch, 15..16, 0..vocab])
