@@ -164,6 +164,20 @@ impl LayerKv {
     }
 }
 
+/// `layer` applied to every position of `x: [b, t, d_in]`, as one `[b·t, d_in]` product.
+///
+/// burn's `Linear` on a rank-3 input runs as a batched product against the broadcast weight;
+/// under autodiff its weight gradient is then one product per batch row and a reduction over
+/// them, which made the backward pass of every projection three times its forward. Folding
+/// the positions into rows first gives one product each way (2× faster forward and backward
+/// on the 10M bench config).
+fn dense(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
+    let [b, t, d] = x.dims();
+    let y = layer.forward(x.reshape([b * t, d]));
+    let out = y.dims()[1];
+    y.reshape([b, t, out])
+}
+
 /// Normal(0, std) values from `rng`.
 fn normal(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
     (0..n)
@@ -283,9 +297,9 @@ impl Attention {
         let [b, t, _] = x.dims();
         let split =
             |y: Tensor<3>, heads: usize| y.reshape([b, t, heads, self.head_dim]).swap_dims(1, 2);
-        let mut q = split(self.q_proj.forward(x.clone()), self.heads);
-        let mut k = split(self.k_proj.forward(x.clone()), self.kv_heads);
-        let v = split(self.v_proj.forward(x), self.kv_heads);
+        let mut q = split(dense(&self.q_proj, x.clone()), self.heads);
+        let mut k = split(dense(&self.k_proj, x.clone()), self.kv_heads);
+        let v = split(dense(&self.v_proj, x), self.kv_heads);
         if let Some(norm) = &self.q_norm {
             q = norm.forward(q);
         }
@@ -328,7 +342,8 @@ impl Attention {
             is_causal: causal,
         };
         let out = attention(q, k, v, mask, None, options);
-        self.o_proj.forward(
+        dense(
+            &self.o_proj,
             out.swap_dims(1, 2)
                 .reshape([b, t, self.heads * self.head_dim]),
         )
@@ -337,8 +352,10 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        self.down_proj
-            .forward(silu(self.gate_proj.forward(x.clone())) * self.up_proj.forward(x))
+        dense(
+            &self.down_proj,
+            silu(dense(&self.gate_proj, x.clone())) * dense(&self.up_proj, x),
+        )
     }
 }
 
@@ -409,7 +426,7 @@ impl Transformer {
         let head = self.value_head.as_ref()?;
         let [b, t] = tokens.dims();
         let x = self.norm.forward(self.hidden(tokens));
-        Some(head.forward(x).reshape([b, t]))
+        Some(dense(head, x).reshape([b, t]))
     }
 
     fn rope(&self) -> Rope {
@@ -420,9 +437,13 @@ impl Transformer {
     fn logits(&self, x: Tensor<3>) -> Tensor<3> {
         let x = self.norm.forward(x);
         match &self.lm_head {
-            Some(head) => head.forward(x),
+            Some(head) => dense(head, x),
             None => {
-                burn::tensor::module::linear(x, self.embed_tokens.weight.val().transpose(), None)
+                let [b, t, d] = x.dims();
+                let weight = self.embed_tokens.weight.val();
+                let vocab = weight.dims()[0];
+                burn::tensor::module::linear(x.reshape([b * t, d]), weight.transpose(), None)
+                    .reshape([b, t, vocab])
             }
         }
     }
@@ -548,7 +569,7 @@ impl Transformer {
                 None,
                 options,
             );
-            x = x + attn.o_proj.forward(out.reshape([b, 1, attn.heads * hd]));
+            x = x + dense(&attn.o_proj, out.reshape([b, 1, attn.heads * hd]));
             x = x.clone() + layer.mlp.forward(layer.post_attention_layernorm.forward(x));
         }
         let logits = self.logits(x);

@@ -27,8 +27,12 @@ pub fn packed_logprobs(
     let temperature = batch.temperature.max(1e-6);
     packed(model, batch, vocab, |tokens| {
         let [b, t] = tokens.dims();
-        let logits = model.forward(tokens.clone()).narrow(1, 0, t - 1);
-        let logprobs = log_softmax(logits.div_scalar(temperature), 2);
+        let mut logits = model.forward(tokens.clone()).narrow(1, 0, t - 1);
+        // dividing by 1 changes nothing, and would cost two passes over [b, t, vocab]
+        if temperature != 1.0 {
+            logits = logits.div_scalar(temperature);
+        }
+        let logprobs = log_softmax(logits, 2);
         let next = tokens.narrow(1, 1, t - 1).unsqueeze_dim::<3>(2);
         logprobs.gather(2, next).reshape([b, t - 1])
     })

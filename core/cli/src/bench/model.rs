@@ -24,6 +24,9 @@ pub(crate) struct BenchModelArgs {
     /// Configs to time: `built-in 0.1M`, `10M`, `100M` (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "built-in 0.1M,10M,100M")]
     configs: Vec<String>,
+    /// Work to time: `prefill`, `decode`, `training` (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "prefill,decode,training")]
+    work: Vec<String>,
     /// Timed rounds per figure (the median is kept), after one warm-up round.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -87,6 +90,13 @@ fn sync(t: Tensor<2>) {
 #[allow(clippy::print_stderr, clippy::print_stdout)]
 pub(super) fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rounds >= 1, "--rounds must be at least 1");
+    for work in &args.work {
+        anyhow::ensure!(
+            ["prefill", "decode", "training"].contains(&work.as_str()),
+            "--work: no work named {work:?} (prefill, decode, training)"
+        );
+    }
+    let wants = |work: &str| args.work.iter().any(|w| w == work);
     let pytorch: BTreeMap<(String, String, usize), f64> = match &args.pytorch {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?
@@ -140,7 +150,7 @@ pub(super) fn run(args: BenchModelArgs) -> anyhow::Result<()> {
                 theirs.map_or("–".into(), |t| format!("{:.2}×", tokens_per_s / t)),
             ));
         };
-        for batch in [1, 32] {
+        for batch in [1, 32].into_iter().filter(|_| wants("prefill")) {
             let input = tokens(&ids(batch, 128, vocab, 1), batch, &device);
             let s = timed(args.rounds, || {
                 let started = Instant::now();
@@ -151,7 +161,7 @@ pub(super) fn run(args: BenchModelArgs) -> anyhow::Result<()> {
             });
             row("prefill", batch, (batch * 128) as f64 / s);
         }
-        for batch in [1, 32] {
+        for batch in [1, 32].into_iter().filter(|_| wants("decode")) {
             let prompt = ids(batch, 16, vocab, 2);
             let steps = 32;
             let s = timed(args.rounds, || {
@@ -174,6 +184,10 @@ pub(super) fn run(args: BenchModelArgs) -> anyhow::Result<()> {
                 started.elapsed().as_secs_f64()
             });
             row("cached decode", batch, (batch * steps) as f64 / s);
+        }
+        if !wants("training") {
+            eprintln!("{name}: done");
+            continue;
         }
         let autodiff = Device::flex().autodiff();
         let tokenizer = areal_model::char_tokenizer("ab")?;
