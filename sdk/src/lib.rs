@@ -63,7 +63,7 @@ pub use error::{BoxError, PluginError};
 pub use generator::{FaultStats, Generator, GeneratorStats};
 pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin};
 pub use reward::{Provenance, Reward, Verdict};
-pub use task::{Split, Task, TaskItem, Tokenizer};
+pub use task::{ChatMessage, Split, Task, TaskItem, Tokenizer};
 pub use trajectory::{
     Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,
     SamplingParams, Trajectory, TrajectoryGroup, WeightUpdate,

@@ -40,6 +40,25 @@ pub struct TaskItem {
     pub reference: Value,
 }
 
+/// One message of a conversation, as chat templates read them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message of `role` saying `content`.
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
 /// A source of prompts: a dataset file or a procedural generator.
 pub trait Task: Send + Sync + 'static {
     /// Registered name.
@@ -73,4 +92,16 @@ pub trait Tokenizer: Send + Sync + 'static {
 
     /// Size of the vocabulary.
     fn vocab_size(&self) -> usize;
+
+    /// `messages` in the model's chat format (its chat template, as Hugging Face's
+    /// `apply_chat_template` renders it), ending with the opening of the assistant's turn: the
+    /// text a chat model completes. By default the model has none, and this is an error.
+    fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, PluginError> {
+        let _ = messages;
+        Err(PluginError::failed(
+            "tokenizer",
+            "the model has no chat template (a Hugging Face checkpoint keeps it in \
+             tokenizer_config.json or chat_template.jinja)",
+        ))
+    }
 }

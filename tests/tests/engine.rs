@@ -351,6 +351,28 @@ fn plugin_build_errors_are_all_reported() {
     assert_eq!(errors.len(), 4, "{all}");
 }
 
+/// A chat format needs a model with a chat template: without one the run is refused before
+/// anything runs, naming the key; a system message without the chat format is a config error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_format_without_a_chat_template_is_refused_by_its_key() {
+    let (result, recorder) = run_recorded(config(&["prompt.format=chat"]), None).await;
+    let error = chain(&result.unwrap_err());
+    assert!(
+        error.contains("prompt.format = \"chat\" needs the model's chat template"),
+        "{error}"
+    );
+    assert!(recorder.steps.lock().unwrap().is_empty());
+    let error = ConfigLoader::new()
+        .toml(areal_testkit::CONFIG, std::path::Path::new("testkit.toml"))
+        .unwrap()
+        .set_all(["prompt.system=be brief"])
+        .unwrap()
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("prompt.system"), "{error}");
+}
+
 #[test]
 fn a_bad_generator_device_is_named_with_its_key() {
     let config = config(&["generator.kind=burn", "generator.device=tpu"]);

@@ -211,3 +211,69 @@ async fn a_damaged_or_unwritable_warm_up_cache_costs_only_time() {
     assert_eq!(unwritable.steps, 1);
     assert!(!unwritable.warmup.unwrap().cached);
 }
+
+/// `[prompt] format = "chat"`: every prompt the run trains on is the task's text as the user's
+/// message in the checkpoint's chat format (here a template over the task's own characters,
+/// so that the character tokenizer can read it), with the system message first; warm-up,
+/// RL and evaluation all run on such prompts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_prompts_are_rendered_with_the_checkpoints_template() {
+    use areal_model::{TransformerOptions, TransformerPolicy};
+    use areal_sdk_train::Policy;
+    let defaults = areal_core::Config::default();
+    let alphabet = defaults.policy["alphabet"].as_str().unwrap();
+    let checkpoint = tempfile::tempdir().unwrap();
+    let options = TransformerOptions {
+        hidden_size: 32,
+        layers: 1,
+        max_positions: 128,
+        ..TransformerOptions::default()
+    };
+    let device = areal_sdk_train::burn::tensor::Device::flex();
+    let policy = TransformerPolicy::fresh(&options, alphabet, 4, &device).unwrap();
+    policy.save(checkpoint.path()).unwrap();
+    let template = "{% for m in messages %}{{ m.role[0] }}{{ m.content }},{% endfor %}\
+                    {% if add_generation_prompt %}a{% endif %}";
+    std::fs::write(
+        checkpoint.path().join("tokenizer_config.json"),
+        serde_json::json!({ "chat_template": template }).to_string(),
+    )
+    .unwrap();
+    let config = ConfigLoader::new()
+        .set_all([
+            "policy={ kind = \"transformer\" }",
+            &format!("policy.path={}", checkpoint.path().display()),
+            "prompt.format=chat",
+            "prompt.system=s",
+            "task.eval_items=4",
+            "task.validation_items=4",
+            "task.max_terms=3",
+            "warmup.eval_every=2",
+            "warmup.max_steps=2",
+            "warmup.batch_size=4",
+            "warmup.cache_dir=",
+            "train.steps=2",
+            "rollout.batch_size=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=12",
+        ])
+        .unwrap()
+        .load()
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let (summary, recorder) = super::run_recorded(config, Some(out.path())).await;
+    let summary = summary.unwrap();
+    assert_eq!(summary.steps, 2);
+    let tokenizer = policy.tokenizer();
+    let trained = recorder.trained.lock().unwrap();
+    let groups: Vec<_> = trained.iter().flat_map(|(_, g)| g).collect();
+    assert_eq!(groups.len(), 4);
+    for group in groups {
+        let text = tokenizer.decode(&group.prompt_ids).unwrap();
+        let inner = text
+            .strip_prefix("ss,u")
+            .and_then(|t| t.strip_suffix(",a"))
+            .unwrap_or_else(|| panic!("{text:?} is not in the chat format"));
+        assert!(inner.contains('='), "{text:?}: the task's prompt is inside");
+    }
+}

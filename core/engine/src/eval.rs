@@ -153,7 +153,7 @@ async fn generate_concurrently(
             jobs.spawn(async move {
                 let _permit = permits.acquire().await.expect("semaphore is never closed");
                 let sample_id = eval_sample_id(index, j, samples);
-                let prompt = runner.tokenizer().encode(&item.prompt)?;
+                let prompt = runner.prompt_ids(&item)?;
                 let completion = runner
                     .generate(sample_id, &prompt, max_new_tokens, &sampling)
                     .await?;
@@ -198,10 +198,7 @@ async fn generate_batched(
     let mut held = Vec::with_capacity(items);
     for index in 0..items {
         let item = read_item(task, spec.split, index)?;
-        let prompt = runner
-            .tokenizer()
-            .encode(&item.prompt)
-            .map_err(evaluating)?;
+        let prompt = runner.prompt_ids(&item).map_err(evaluating)?;
         for j in 0..samples {
             asks.push(Ask {
                 sample_id: eval_sample_id(index, j, samples),
@@ -306,16 +303,18 @@ pub struct Evaluator {
 
 impl Evaluator {
     /// An evaluator on `plugins` (their policy gives the tokenizer; its weights are not used).
-    pub fn new(config: &Config, plugins: Plugins) -> Self {
+    pub fn new(config: &Config, plugins: Plugins) -> Result<Self, EngineError> {
         let rewards = RewardService::from_config(plugins.verifier, &config.reward_service);
         let runner = Arc::new(
             GroupRunner::new(plugins.generator, plugins.policy.tokenizer(), rewards)
-                .with_data_source(plugins.task.name()),
+                .with_data_source(plugins.task.name())
+                .with_prompt(config.prompt.clone())
+                .map_err(|e| EngineError::plugin("preparing prompts", e))?,
         );
-        Self {
+        Ok(Self {
             task: plugins.task,
             runner,
-        }
+        })
     }
 
     /// Load `weights` into the generator and evaluate them.
@@ -352,7 +351,7 @@ pub async fn evaluate_checkpoint(
         .load(dir)
         .map_err(|e| EngineError::plugin(format!("loading checkpoint {}", dir.display()), e))?;
     let weights = weight_update(plugins.policy.as_ref(), 0);
-    Evaluator::new(config, plugins)
+    Evaluator::new(config, plugins)?
         .evaluate(weights, spec)
         .await
 }

@@ -13,6 +13,7 @@ use areal_sdk::{
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
+use crate::config::PromptConfig;
 use crate::reward_service::{RewardService, Verified};
 
 /// Counters the group runner updates and each training step drains.
@@ -54,6 +55,8 @@ pub struct GroupRunner {
     data_source: String,
     /// Counters for metrics.
     pub counters: GroupCounters,
+    /// How prompts are put to the model.
+    prompt: PromptConfig,
 }
 
 impl GroupRunner {
@@ -71,7 +74,22 @@ impl GroupRunner {
             stop_token_ids,
             data_source: String::new(),
             counters: GroupCounters::default(),
+            prompt: PromptConfig::default(),
         }
+    }
+
+    /// Prompts put to the model as `prompt` says (by default the task's text as it is). A
+    /// chat format is tried at once, so that a model without a chat template is refused
+    /// before anything runs.
+    pub fn with_prompt(mut self, prompt: PromptConfig) -> Result<Self, PluginError> {
+        prompt.render(self.tokenizer.as_ref(), "").map_err(|e| {
+            PluginError::failed(
+                "prompt",
+                format!("prompt.format = \"chat\" needs the model's chat template: {e}"),
+            )
+        })?;
+        self.prompt = prompt;
+        Ok(self)
     }
 
     /// With the task's name, given to rewards as `metadata.data_source`.
@@ -361,9 +379,10 @@ impl GroupRunner {
         assemble(&spec, &item, prompt_ids.to_vec(), done)
     }
 
-    /// The prompt of `item` as token ids (never empty).
+    /// The prompt of `item` as token ids (never empty), in the format of `[prompt]`.
     pub(crate) fn prompt_ids(&self, item: &TaskItem) -> Result<Vec<u32>, PluginError> {
-        let prompt_ids = self.tokenizer.encode(&item.prompt)?;
+        let text = self.prompt.render(self.tokenizer.as_ref(), &item.prompt)?;
+        let prompt_ids = self.tokenizer.encode(&text)?;
         if prompt_ids.is_empty() {
             return Err(PluginError::failed(
                 "rollout",

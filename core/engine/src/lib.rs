@@ -60,7 +60,7 @@ mod worker;
 pub use buffer::ReplayBuffer;
 pub use config::{
     Config, ConfigChange, ConfigError, ConfigLoader, ConfigProblem, FIXED_ON_RESUME, Origin,
-    RewardServiceConfig, WarmupConfig, config_changes,
+    PromptConfig, PromptFormat, RewardServiceConfig, WarmupConfig, config_changes,
 };
 pub use error::{EngineError, chain};
 pub use group_runner::{GroupCounters, GroupRunner, GroupSpec};

@@ -55,7 +55,10 @@ pub async fn run(
     };
     let rewards = RewardService::from_config(verifier, &config.reward_service);
     let runner = Arc::new(
-        GroupRunner::new(generator, policy.tokenizer(), rewards).with_data_source(task.name()),
+        GroupRunner::new(generator, policy.tokenizer(), rewards)
+            .with_data_source(task.name())
+            .with_prompt(config.prompt.clone())
+            .map_err(|e| EngineError::plugin("preparing prompts", e))?,
     );
     let rollout = match found.as_ref().map(|f| &f.state.stage) {
         Some(Stage::Rl(rl)) => RolloutState::restore(&config, task.as_ref(), rl.rollout.clone()),

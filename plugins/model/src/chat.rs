@@ -12,10 +12,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use areal_sdk::PluginError;
+use areal_sdk::{ChatMessage, PluginError};
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
-use serde::{Deserialize, Serialize};
 
 /// The tokenizer's settings in a checkpoint folder (special tokens, the chat template).
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
@@ -24,25 +23,6 @@ pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 
 fn failed(message: impl Into<String>) -> PluginError {
     PluginError::failed(crate::NAME, message)
-}
-
-/// One message of a conversation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
-
-impl ChatMessage {
-    /// A message of `role` saying `content`.
-    pub fn new(role: &str, content: &str) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
 }
 
 /// A model's chat template with the special tokens it may name.

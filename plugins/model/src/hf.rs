@@ -323,8 +323,7 @@ pub fn read_weights(dir: &Path) -> Result<Vec<NamedTensor>, PluginError> {
     Ok(out)
 }
 
-/// Generation defaults of a checkpoint folder.
-pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+pub use crate::tokenizer::{GENERATION_CONFIG_FILE, TOKENIZER_FILE};
 
 /// A checkpoint's `generation_config.json`: the tokens that end a generation and the
 /// sampling its authors suggest (the run's `rollout` settings decide the sampling; these are
@@ -381,10 +380,8 @@ pub fn stop_tokens(dir: &Path, config: &ModelConfig) -> Result<Vec<u32>, PluginE
     Ok(stop)
 }
 
-/// Tokenizer file of a checkpoint folder.
-pub const TOKENIZER_FILE: &str = "tokenizer.json";
-
-/// Write a checkpoint folder: `config.json`, `model.safetensors`, `tokenizer.json`.
+/// Write a checkpoint folder: `config.json`, `model.safetensors`, `tokenizer.json` and the
+/// files that came with the tokenizer (its settings, chat template, generation settings).
 pub fn save_checkpoint(
     dir: &Path,
     config: &ModelConfig,
@@ -398,7 +395,7 @@ pub fn save_checkpoint(
     std::fs::write(&path, json + "\n")
         .map_err(|e| caused(format!("cannot write {}", path.display()), e))?;
     write_safetensors(&dir.join(WEIGHTS_FILE), &export(model))?;
-    tokenizer.save(&dir.join(TOKENIZER_FILE))
+    tokenizer.save_to_folder(dir)
 }
 
 /// Read a checkpoint folder written by [`save_checkpoint`] or by Hugging Face.
@@ -418,6 +415,6 @@ pub fn load_checkpoint(
     let model =
         import(&config, tensors, device).map_err(|e| caused(dir.display().to_string(), e))?;
     let stop = stop_tokens(dir, &config)?;
-    let tokenizer = HfTokenizer::from_file(&dir.join(TOKENIZER_FILE), stop)?;
+    let tokenizer = HfTokenizer::from_folder(dir, stop)?;
     Ok((config, model, tokenizer))
 }

@@ -35,11 +35,12 @@ mod model;
 mod policy;
 mod tokenizer;
 
-pub use chat::{CHAT_TEMPLATE_FILE, ChatMessage, ChatTemplate, TOKENIZER_CONFIG_FILE};
+pub use areal_sdk::ChatMessage;
+pub use chat::{CHAT_TEMPLATE_FILE, ChatTemplate, TOKENIZER_CONFIG_FILE};
 pub use config::{EosTokens, Llama3Scaling, ModelConfig};
 pub use model::{Attention, DecoderLayer, INIT_STD, LayerKv, Mlp, Rope, Transformer, rope_tables};
 pub use policy::{TransformerOptions, TransformerPolicy, packed_logprobs};
-pub use tokenizer::{EOS, HfTokenizer, UNK, char_tokenizer};
+pub use tokenizer::{EOS, HfTokenizer, TOKENIZER_SIDE_FILES, UNK, char_tokenizer};
 
 /// The name the transformer policy is registered under (`[policy] kind = "transformer"`).
 pub const NAME: &str = "transformer";

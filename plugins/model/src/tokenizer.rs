@@ -1,9 +1,12 @@
 //! Hugging Face `tokenizer.json` tokenizers, and a character-level one for small tasks.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use areal_sdk::{PluginError, Tokenizer};
+use areal_sdk::{ChatMessage, PluginError, Tokenizer};
 use tokenizers::AddedToken;
+
+use crate::chat::ChatTemplate;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::models::bpe::BPE;
 
@@ -12,19 +15,84 @@ pub const UNK: &str = "<unk>";
 /// End of sequence of a [`char_tokenizer`].
 pub const EOS: &str = "<eos>";
 
-/// A Hugging Face tokenizer with the model's stop tokens.
+/// Tokenizer file of a checkpoint folder.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// Generation defaults of a checkpoint folder (its stop tokens beyond `config.json`'s).
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+
+/// Files of a Hugging Face checkpoint folder that go with its `tokenizer.json`: the
+/// tokenizer's settings and special tokens, the chat template, and the generation settings
+/// (the stop tokens beyond `config.json`'s). A tokenizer read from a folder keeps them
+/// verbatim and writes them back, so that a saved checkpoint keeps the model's chat format and
+/// stop tokens.
+pub const TOKENIZER_SIDE_FILES: [&str; 4] = [
+    crate::chat::TOKENIZER_CONFIG_FILE,
+    "special_tokens_map.json",
+    crate::chat::CHAT_TEMPLATE_FILE,
+    GENERATION_CONFIG_FILE,
+];
+
+/// A Hugging Face tokenizer with the model's stop tokens and, from a checkpoint folder, its
+/// chat template.
 #[derive(Clone, Debug)]
 pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     stop: Vec<u32>,
     unk: Option<u32>,
+    chat: Option<Arc<ChatTemplate>>,
+    // the [`TOKENIZER_SIDE_FILES`] of the folder it was read from: (name, text)
+    side_files: Vec<(String, String)>,
 }
 
 impl HfTokenizer {
     /// Wrap `inner`; generation stops at `stop`.
     pub fn new(inner: tokenizers::Tokenizer, stop: Vec<u32>) -> Self {
         let unk = inner.token_to_id(UNK);
-        Self { inner, stop, unk }
+        Self {
+            inner,
+            stop,
+            unk,
+            chat: None,
+            side_files: Vec::new(),
+        }
+    }
+
+    /// The tokenizer of the checkpoint folder `dir`: its `tokenizer.json`, its chat template
+    /// (if it has one) and the [`TOKENIZER_SIDE_FILES`] it has; generation stops at `stop`.
+    pub fn from_folder(dir: &Path, stop: Vec<u32>) -> Result<Self, PluginError> {
+        let mut tokenizer = Self::from_file(&dir.join(TOKENIZER_FILE), stop)?;
+        tokenizer.chat = ChatTemplate::from_folder(dir)?.map(Arc::new);
+        for name in TOKENIZER_SIDE_FILES {
+            let path = dir.join(name);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => tokenizer.side_files.push((name.to_owned(), text)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(PluginError::failed(
+                        crate::NAME,
+                        format!("cannot read {}: {e}", path.display()),
+                    ));
+                }
+            }
+        }
+        Ok(tokenizer)
+    }
+
+    /// Write `tokenizer.json` and the [`TOKENIZER_SIDE_FILES`] it was read with into the folder `dir`.
+    pub fn save_to_folder(&self, dir: &Path) -> Result<(), PluginError> {
+        self.save(&dir.join(TOKENIZER_FILE))?;
+        for (name, text) in &self.side_files {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(|e| {
+                PluginError::failed(crate::NAME, format!("cannot write {}: {e}", path.display()))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The model's chat template, if its checkpoint has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat.as_deref()
     }
 
     /// Read `tokenizer.json`.
@@ -92,6 +160,17 @@ impl Tokenizer for HfTokenizer {
 
     fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+
+    fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, PluginError> {
+        match &self.chat {
+            Some(template) => template.render(messages, true),
+            None => Err(PluginError::failed(
+                crate::NAME,
+                "the model has no chat template: its checkpoint has neither \
+                 chat_template.jinja nor a `chat_template` in tokenizer_config.json",
+            )),
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! The transformer: policy conformance, Hugging Face round trips, KV-cache decoding.
 
+use std::path::PathBuf;
+
 use areal_model::hf::{export, import, load_checkpoint};
 use areal_model::{
     LayerKv, ModelConfig, Transformer, TransformerOptions, TransformerPolicy, char_tokenizer,
@@ -117,6 +119,75 @@ fn checkpoints_round_trip_in_the_hugging_face_layout() {
         .find(|t| t.name == "model.layers.0.self_attn.k_proj.weight")
         .unwrap();
     assert_eq!(k.shape, vec![16, 32], "[kv_heads · head_dim, hidden]");
+}
+
+/// A checkpoint's chat template renders prompts through the SDK's tokenizer, exactly as
+/// transformers renders them (the `chatml` case of the chat fixtures), and survives saving:
+/// the tokenizer's side files (settings, template, generation settings) are written back, so
+/// the saved model keeps its chat format and its stop tokens.
+#[test]
+fn a_checkpoints_chat_template_and_stop_tokens_survive_saving() {
+    use areal_model::ChatMessage;
+    let device = Device::flex();
+    let policy = TransformerPolicy::fresh(&options(32, 2, 4, 2), ALPHABET, 9, &device).unwrap();
+    let error = policy
+        .tokenizer()
+        .chat_prompt(&[ChatMessage::new("user", "1+2")])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("no chat template"), "{error}");
+
+    let dir = tempfile::tempdir().unwrap();
+    policy.save(dir.path()).unwrap();
+    let chat = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat");
+    for file in ["chat_template.jinja", "tokenizer_config.json"] {
+        std::fs::copy(chat.join("chatml").join(file), dir.path().join(file)).unwrap();
+    }
+    let own = policy.tokenizer().stop_token_ids()[0];
+    std::fs::write(
+        dir.path().join("generation_config.json"),
+        format!(r#"{{"eos_token_id": [{own}, 5]}}"#),
+    )
+    .unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(chat.join("expected.json")).unwrap())
+            .unwrap();
+    let case = expected["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| {
+            c["template"] == "chatml"
+                && c["add_generation_prompt"] == true
+                && c["messages"].as_array().unwrap().len() == 1
+        })
+        .unwrap();
+    let messages: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+
+    let loaded = TransformerPolicy::load(dir.path(), &device).unwrap();
+    let rendered = loaded.tokenizer().chat_prompt(&messages).unwrap();
+    assert_eq!(rendered, case["expected"].as_str().unwrap());
+    assert_eq!(loaded.tokenizer().stop_token_ids(), [own, 5]);
+
+    let again = tempfile::tempdir().unwrap();
+    loaded.save(again.path()).unwrap();
+    for file in [
+        "chat_template.jinja",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert_eq!(
+            std::fs::read(again.path().join(file)).unwrap(),
+            std::fs::read(dir.path().join(file)).unwrap(),
+            "{file} is written back as it was"
+        );
+    }
+    let reloaded = TransformerPolicy::load(again.path(), &device).unwrap();
+    assert_eq!(
+        reloaded.tokenizer().chat_prompt(&messages).unwrap(),
+        rendered
+    );
+    assert_eq!(reloaded.tokenizer().stop_token_ids(), [own, 5]);
 }
 
 #[test]

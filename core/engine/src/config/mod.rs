@@ -60,6 +60,9 @@ pub struct Config {
     /// Supervised warm-up before RL.
     #[serde(default)]
     pub warmup: WarmupConfig,
+    /// How a task's prompt becomes the model's input.
+    #[serde(default)]
+    pub prompt: PromptConfig,
     /// The checkpoint at the end of a run.
     #[serde(default)]
     pub checkpoint: CheckpointConfig,
@@ -130,6 +133,7 @@ impl Default for Config {
             algorithm: plugin("decoupled-ppo"),
             rollout: RolloutConfig::default(),
             reward_service: RewardServiceConfig::default(),
+            prompt: PromptConfig::default(),
             train: TrainConfig {
                 threads: 1,
                 ..TrainConfig::default()
@@ -300,6 +304,52 @@ impl Default for EvalConfig {
             every: 50,
             max_items: 0,
             enabled: true,
+        }
+    }
+}
+
+/// `[prompt]`: how a task's prompt text becomes the model's input: the same in RL, warm-up
+/// and evaluation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PromptConfig {
+    /// `text`: the prompt as the task wrote it. `chat`: the prompt as the user's message in
+    /// the model's chat format (the chat template of its checkpoint), ending with the opening
+    /// of the assistant's turn. By default `text`.
+    pub format: PromptFormat,
+    /// With `chat`: a system message before the user's. By default none (a template may add
+    /// its own, as Qwen2.5's does).
+    pub system: Option<String>,
+}
+
+/// How a prompt is put to the model (`prompt.format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptFormat {
+    /// The task's text as it is.
+    #[default]
+    Text,
+    /// The task's text as a user message in the model's chat format.
+    Chat,
+}
+
+impl PromptConfig {
+    /// The text `tokenizer` encodes for the task's `prompt`.
+    pub fn render(
+        &self,
+        tokenizer: &dyn areal_sdk::Tokenizer,
+        prompt: &str,
+    ) -> Result<String, areal_sdk::PluginError> {
+        match self.format {
+            PromptFormat::Text => Ok(prompt.to_owned()),
+            PromptFormat::Chat => {
+                let mut messages = Vec::with_capacity(2);
+                if let Some(system) = &self.system {
+                    messages.push(areal_sdk::ChatMessage::new("system", system));
+                }
+                messages.push(areal_sdk::ChatMessage::new("user", prompt));
+                tokenizer.chat_prompt(&messages)
+            }
         }
     }
 }

@@ -163,6 +163,11 @@ impl Config {
             || format!("must be between 0 and 86400 seconds, found {retry}"),
         );
         p.0.extend(self.warmup.problems());
+        p.check(
+            self.prompt.system.is_none() || self.prompt.format == super::PromptFormat::Chat,
+            "prompt.system",
+            || "a system message needs prompt.format = \"chat\"".to_owned(),
+        );
         p.0
     }
 }

@@ -49,6 +49,12 @@ pub(super) fn path(config: &Config, task_data: &str, reward: Option<&str>) -> Op
         // the reward's identity
         "format": 5,
     });
+    let mut key = key;
+    // prompts in another format are another warm-up (the default, text, adds nothing, so
+    // that caches from before `[prompt]` existed stay valid)
+    if config.prompt != crate::config::PromptConfig::default() {
+        key["prompt"] = serde_json::json!(config.prompt);
+    }
     let hash = areal_sdk::stable_hash(&key.to_string());
     Some(Path::new(&config.warmup.cache_dir).join(format!("{hash:016x}")))
 }
@@ -124,6 +130,19 @@ mod tests {
         );
         assert_ne!(remote("http://127.0.0.1:4001"), path(&[]));
         assert_ne!(path(&[]), path(&["reward.kind=math"]));
+    }
+
+    /// Prompts in the chat format, or with another system message, are another warm-up; the
+    /// default format leaves the key as it was before `[prompt]` existed.
+    #[test]
+    fn the_prompt_format_is_part_of_the_key() {
+        let chat = path(&["prompt.format=chat"]);
+        assert_ne!(chat, path(&[]));
+        assert_ne!(
+            chat,
+            path(&["prompt.format=chat", "prompt.system=be brief"])
+        );
+        assert_eq!(path(&["prompt.format=text"]), path(&[]));
     }
 
     /// The same config over other data (a dataset edited in place) is another warm-up.

@@ -6,10 +6,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use areal_sdk::{PluginError, Split, Task, Tokenizer, mix_seed};
+use areal_sdk::{PluginError, Split, Task, mix_seed};
 
 use crate::context::RunContext;
 use crate::error::EngineError;
+use crate::group_runner::GroupRunner;
 use crate::metrics::{WarmupMetrics, WarmupReport};
 use crate::order::DataOrder;
 use crate::resume::WarmupProgress;
@@ -80,7 +81,7 @@ async fn train(
 ) -> Result<WarmupReport, EngineError> {
     let w = ctx.config.warmup.clone();
     let started = Instant::now();
-    let tokenizer = ctx.controller.runner().tokenizer().clone();
+    let runner = ctx.controller.runner().clone();
     let task = ctx.task.clone();
     // The warm-up draws from a part of an unbounded train split that RL does not start from;
     // a finite one (a dataset) it goes through like RL does, shuffled afresh each epoch.
@@ -90,7 +91,7 @@ async fn train(
     let validation_items = task.len(Split::Validation).unwrap_or(0) as u64;
     let validation = Arc::new(examples(
         task.as_ref(),
-        tokenizer.as_ref(),
+        &runner,
         Split::Validation,
         0..validation_items,
     )?);
@@ -114,12 +115,7 @@ async fn train(
             .map(|i| first + order.index(p.steps * w.batch_size as u64 + i))
             .collect();
         p.steps += 1;
-        let batch = examples(
-            task.as_ref(),
-            tokenizer.as_ref(),
-            Split::Train,
-            indices.into_iter(),
-        )?;
+        let batch = examples(task.as_ref(), &runner, Split::Train, indices.into_iter())?;
         let (loss, n) = ctx.worker.sft_step(batch).await?;
         p.loss_sum += loss * n as f64;
         p.tokens += n;
@@ -228,10 +224,11 @@ async fn checkpoint(
 /// The examples of one step.
 pub(crate) fn examples(
     task: &dyn Task,
-    tokenizer: &dyn Tokenizer,
+    runner: &GroupRunner,
     split: Split,
     indices: impl Iterator<Item = u64>,
 ) -> Result<Vec<Example>, EngineError> {
+    let tokenizer = runner.tokenizer();
     let stop = tokenizer.stop_token_ids().first().copied();
     let plugin = |e: PluginError| EngineError::plugin("preparing warm-up demonstrations", e);
     indices
@@ -243,7 +240,7 @@ pub(crate) fn examples(
                     task.name()
                 ))
             })?;
-            let prompt = tokenizer.encode(&item.prompt).map_err(plugin)?;
+            let prompt = runner.prompt_ids(&item).map_err(plugin)?;
             let mut completion = tokenizer.encode(&demo).map_err(plugin)?;
             completion.extend(stop);
             Ok((prompt, completion))

@@ -111,7 +111,7 @@ pub(super) fn one_run(
             .set("generator.threads=0")?,
     )?;
     let spec = EvalSpec::greedy(&eval_config, Split::Eval, 0);
-    let evaluator = Evaluator::new(&eval_config, eval_plugins);
+    let evaluator = Evaluator::new(&eval_config, eval_plugins)?;
     let mut curve = Vec::new();
     for (step, wall_s, weights) in snapshots.take() {
         let outcome = runtime.block_on(evaluator.evaluate(weights, &spec))?;
