@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use areal_sdk::{ChatMessage, PluginError, Tokenizer};
 use tokenizers::AddedToken;
-
-use crate::chat::ChatTemplate;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::models::bpe::BPE;
+
+use crate::chat::ChatTemplate;
 
 /// Unknown characters of a [`char_tokenizer`].
 pub const UNK: &str = "<unk>";

@@ -30,7 +30,7 @@ pub(super) fn path(config: &Config, task_data: &str, reward: Option<&str>) -> Op
         section.retain(|key, _| key == "kind");
     }
     // everything that decides the warmed-up weights and the plateau
-    let key = serde_json::json!({
+    let mut key = serde_json::json!({
         "policy": config.policy,
         "task": config.task,
         // the data itself: a dataset edited in place is another warm-up
@@ -49,7 +49,6 @@ pub(super) fn path(config: &Config, task_data: &str, reward: Option<&str>) -> Op
         // the reward's identity
         "format": 5,
     });
-    let mut key = key;
     // prompts in another format are another warm-up (the default, text, adds nothing, so
     // that caches from before `[prompt]` existed stay valid)
     if config.prompt != crate::config::PromptConfig::default() {
