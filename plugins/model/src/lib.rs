@@ -30,6 +30,7 @@
 
 mod chat;
 mod config;
+pub mod fused;
 pub mod hf;
 mod model;
 mod policy;

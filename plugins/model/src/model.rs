@@ -4,7 +4,6 @@
 
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
-use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
@@ -12,6 +11,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 
 use crate::config::{Llama3Scaling, ModelConfig};
+use crate::fused::Fused;
 
 /// Standard deviation of the initial weights (Hugging Face's `initializer_range`).
 pub const INIT_STD: f32 = 0.02;
@@ -336,12 +336,19 @@ impl Attention {
         } else {
             (k, v)
         };
-        let options = AttentionModuleOptions {
-            scale: None,
-            softcap: None,
-            is_causal: causal,
+        let out = if causal && mask.is_none() {
+            // softmax((q · kᵀ) / √d) · v with the causal mask inside the fused softmax
+            let scale = 1.0 / (self.head_dim as f64).sqrt();
+            let scores = (q * scale).matmul(k.swap_dims(2, 3));
+            Fused::on(&scores.device()).causal_softmax(scores).matmul(v)
+        } else {
+            let options = AttentionModuleOptions {
+                scale: None,
+                softcap: None,
+                is_causal: causal,
+            };
+            attention(q, k, v, mask, None, options)
         };
-        let out = attention(q, k, v, mask, None, options);
         dense(
             &self.o_proj,
             out.swap_dims(1, 2)
@@ -352,9 +359,10 @@ impl Attention {
 
 impl Mlp {
     fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let fused = Fused::on(&x.device());
         dense(
             &self.down_proj,
-            silu(dense(&self.gate_proj, x.clone())) * dense(&self.up_proj, x),
+            fused.silu_mul(dense(&self.gate_proj, x.clone()), dense(&self.up_proj, x)),
         )
     }
 }

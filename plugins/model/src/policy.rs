@@ -7,11 +7,11 @@ use areal_sdk::{NamedTensor, PluginConfig, PluginError, Tokenizer};
 use areal_sdk_train::{PackedBatch, Policy, PolicyContext, StepStats, TrainableModule};
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use serde::Deserialize;
 
 use crate::config::ModelConfig;
+use crate::fused::Fused;
 use crate::hf::{export, load_checkpoint, save_checkpoint};
 use crate::model::Transformer;
 use crate::tokenizer::{HfTokenizer, char_tokenizer};
@@ -25,16 +25,23 @@ pub fn packed_logprobs(
     vocab: usize,
 ) -> Result<Tensor<1>, PluginError> {
     let temperature = batch.temperature.max(1e-6);
-    packed(model, batch, vocab, |tokens| {
+    packed(model, batch, vocab, |tokens, ids| {
         let [b, t] = tokens.dims();
-        let mut logits = model.forward(tokens.clone()).narrow(1, 0, t - 1);
+        let fused = Fused::on(&tokens.device());
+        let mut logits = model
+            .forward(tokens)
+            .narrow(1, 0, t - 1)
+            .reshape([b * (t - 1), vocab]);
         // dividing by 1 changes nothing, and would cost two passes over [b, t, vocab]
         if temperature != 1.0 {
             logits = logits.div_scalar(temperature);
         }
-        let logprobs = log_softmax(logits, 2);
-        let next = tokens.narrow(1, 1, t - 1).unsqueeze_dim::<3>(2);
-        logprobs.gather(2, next).reshape([b, t - 1])
+        // the next token of every position: ids of positions 1..t of each row
+        let next: Vec<u32> = ids
+            .chunks(t)
+            .flat_map(|row| row[1..].iter().map(|&id| id as u32))
+            .collect();
+        fused.token_logprobs(logits, next).reshape([b, t - 1])
     })
 }
 
@@ -51,7 +58,7 @@ pub(crate) fn packed_values(
             "the model has no value head (enable_values was not called)",
         ));
     }
-    packed(model, batch, vocab, |tokens| {
+    packed(model, batch, vocab, |tokens, _| {
         let t = tokens.dims()[1];
         model
             .values(tokens)
@@ -60,14 +67,14 @@ pub(crate) fn packed_values(
     })
 }
 
-/// Run `per_bucket` on right-padded buckets of similar-length sequences and gather its
-/// `[b, t − 1]` outputs (for positions 1..t of each row) back into packed order, with 0 at the
+/// Run `per_bucket` on right-padded buckets of similar-length sequences (as a tensor `[b, t]`
+/// and as the same ids on the host) and gather its `[b, t − 1]` outputs (for positions 1..t of each row) back into packed order, with 0 at the
 /// first token of every sequence.
 fn packed(
     model: &Transformer,
     batch: &PackedBatch,
     vocab: usize,
-    per_bucket: impl Fn(Tensor<2, Int>) -> Tensor<2>,
+    per_bucket: impl Fn(Tensor<2, Int>, &[i64]) -> Tensor<2>,
 ) -> Result<Tensor<1>, PluginError> {
     let device = model.embed_tokens.weight.val().device();
     let n = batch.num_tokens();
@@ -96,12 +103,12 @@ fn packed(
             }
         }
         offset += b * t;
-        let tokens = Tensor::<2, Int>::from_data(TensorData::new(padded, [b, t]), &device);
         if t < 2 {
             parts.push(Tensor::zeros([b * t], &device));
             continue;
         }
-        let picked = per_bucket(tokens);
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(padded.clone(), [b, t]), &device);
+        let picked = per_bucket(tokens, &padded);
         // position 0 of every sequence has no value
         parts.push(Tensor::cat(vec![Tensor::zeros([b, 1], &device), picked], 1).reshape([b * t]));
     }
