@@ -523,6 +523,60 @@ impl Drop for ClientRuntime {
     }
 }
 
+/// The pause of a generator fleet on this side: while it is closed, new samples wait here
+/// before they are sent. Opening resumes the servers in the background (a sample that reaches
+/// a server before its resume waits there for it), and the next close waits for that resume
+/// first, so that a resume never lands after the pause that follows it.
+pub(crate) struct PauseGate {
+    paused: tokio::sync::watch::Sender<bool>,
+    resuming: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl PauseGate {
+    pub(crate) fn new() -> Self {
+        Self {
+            paused: tokio::sync::watch::Sender::new(false),
+            resuming: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Whether it is closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    /// Resolves once the gate is open.
+    pub(crate) fn opened(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut paused = self.paused.subscribe();
+        async move {
+            let _ = paused.wait_for(|p| !*p).await;
+        }
+    }
+
+    /// Close it, once a resume still running has ended.
+    pub(crate) async fn close(&self) {
+        if let Some(resuming) = self.resuming.lock().await.take() {
+            let _ = resuming.await;
+        }
+        self.paused.send_replace(true);
+    }
+
+    /// Open it again without resuming anything (a pause that could not be made).
+    pub(crate) fn reopen(&self) {
+        self.paused.send_replace(false);
+    }
+
+    /// Open it, and resume the servers with `resume` on `runtime`, in the background.
+    pub(crate) async fn open(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        resume: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        self.paused.send_replace(false);
+        *self.resuming.lock().await = Some(runtime.spawn(resume));
+    }
+}
+
 /// Check the options both remote plugins share; the message names the key.
 pub(crate) fn check_options(
     endpoints: &[String],

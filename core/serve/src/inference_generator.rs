@@ -23,11 +23,10 @@ use areal_sdk::{
 use futures_util::future::join_all;
 use hyper::Method;
 use serde::Deserialize;
-use tokio::sync::watch;
 
 use crate::fleet::{
-    CallError, ClientRuntime, Fleet, check_options, default_connect_timeout_s, default_grace_s,
-    default_probe_interval_s,
+    CallError, ClientRuntime, Fleet, PauseGate, check_options, default_connect_timeout_s,
+    default_grace_s, default_probe_interval_s,
 };
 use crate::http_client::HttpClient;
 use crate::inference_api::{
@@ -111,12 +110,10 @@ struct Shared {
     current: Mutex<Option<(PolicyVersion, PathBuf)>>,
     /// Weight updates and catching up, one at a time.
     sync: tokio::sync::Mutex<()>,
-    /// Set between `pause` and `resume`: new samples wait here.
-    paused: watch::Sender<bool>,
+    /// Closed between `pause` and `resume`: new samples wait here.
+    gate: PauseGate,
     /// Pauses so far: an `abort` seen by a call that started before one is an interruption.
     pauses: AtomicU64,
-    /// The last `resume` broadcast, still going (the next `pause` waits for it).
-    resuming: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The trainer's view of the probe text, once `check_tokenizer` has run.
     probe: Mutex<Option<Probe>>,
     check_tokenizer: bool,
@@ -220,9 +217,8 @@ impl InferenceServerGenerator {
             held: (0..n).map(|_| Mutex::new(None)).collect(),
             current: Mutex::new(None),
             sync: tokio::sync::Mutex::new(()),
-            paused: watch::Sender::new(false),
+            gate: PauseGate::new(),
             pauses: AtomicU64::new(0),
-            resuming: tokio::sync::Mutex::new(None),
             probe: Mutex::new(None),
             check_tokenizer: options.check_tokenizer,
             call_timeout: Duration::from_secs_f64(options.call_timeout_s),
@@ -583,12 +579,7 @@ impl Shared {
             .fleet
             .call_reissuing_once(
                 request.sample_id,
-                || {
-                    let mut paused = self.paused.subscribe();
-                    async move {
-                        let _ = paused.wait_for(|p| !*p).await;
-                    }
-                },
+                || self.gate.opened(),
                 |endpoint| self.generate_on(endpoint, request),
             )
             .await
@@ -715,7 +706,7 @@ impl Shared {
         let finish_reason = match reason.0.as_str() {
             "stop" => FinishReason::Stop,
             "length" => FinishReason::Length,
-            "abort" if paused_since || *self.paused.borrow() => FinishReason::Interrupted,
+            "abort" if paused_since || self.gate.is_closed() => FinishReason::Interrupted,
             "abort" => {
                 return Err(CallError::Refused(format!(
                     "aborted the sample while not paused: {}",
@@ -800,7 +791,7 @@ fn malformed(why: impl std::fmt::Display) -> CallError {
 async fn watch_server(shared: Arc<Shared>, index: usize, interval: Duration) {
     loop {
         let ready = shared.fleet.is_ready(index);
-        if !(ready && *shared.paused.borrow()) {
+        if !(ready && shared.gate.is_closed()) {
             let url = shared.endpoint(index).url(routes::HEALTH);
             let health = shared
                 .http
@@ -844,7 +835,7 @@ async fn catch_up(shared: &Shared, index: usize) {
             _ => reported,
         };
         shared.set_held(index, held);
-        if !*shared.paused.borrow() {
+        if !shared.gate.is_closed() {
             shared.pause_one(index, false).await?;
         }
         Ok::<_, CallError>(held)
@@ -877,10 +868,7 @@ impl Generator for InferenceServerGenerator {
     /// Every server is paused in `abort` mode: what runs comes back interrupted, with its
     /// tokens and logprobs so far; returns once none is running.
     async fn pause(&self) -> Result<(), PluginError> {
-        if let Some(resuming) = self.shared.resuming.lock().await.take() {
-            let _ = resuming.await;
-        }
-        self.shared.paused.send_replace(true);
+        self.shared.gate.close().await;
         self.shared.pauses.fetch_add(1, Ordering::SeqCst);
         self.shared.broadcast(true).await;
         self.shared.drain().await;
@@ -890,12 +878,9 @@ impl Generator for InferenceServerGenerator {
     /// Samples held here go at once; the servers are resumed in the background (a sample that
     /// reaches a server before its resume waits there for it).
     async fn resume(&self) -> Result<(), PluginError> {
-        self.shared.paused.send_replace(false);
         let shared = self.shared.clone();
-        let resuming = self.runtime.get().spawn(async move {
-            shared.broadcast(false).await;
-        });
-        *self.shared.resuming.lock().await = Some(resuming);
+        let resume = async move { shared.broadcast(false).await };
+        self.shared.gate.open(self.runtime.get(), resume).await;
         Ok(())
     }
 

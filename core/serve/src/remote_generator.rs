@@ -21,12 +21,11 @@ use areal_sdk::{
 };
 use futures_util::future::join_all;
 use serde::Deserialize;
-use tokio::sync::watch;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::fleet::{
-    CallError, ClientRuntime, Connect, Fleet, check_options, connect_all,
+    CallError, ClientRuntime, Connect, Fleet, PauseGate, check_options, connect_all,
     default_connect_timeout_s, default_grace_s, default_probe_interval_s, request,
 };
 use crate::security::{SendToken, token_from_env};
@@ -114,11 +113,8 @@ struct Shared {
     current: Mutex<Option<Arc<Current>>>,
     /// Weight updates and catching up of returning servers, one at a time.
     sync: tokio::sync::Mutex<()>,
-    /// Set between `pause` and `resume`: new samples wait here.
-    paused: watch::Sender<bool>,
-    /// The last `resume` broadcast, still going: the next `pause` waits for it, so that a
-    /// server never sees a pause overtaken by the resume before it.
-    resuming: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Closed between `pause` and `resume`: new samples wait here.
+    gate: PauseGate,
     call_timeout: Duration,
     weights_timeout: Duration,
     probe_timeout: Duration,
@@ -200,8 +196,7 @@ impl RemoteGenerator {
             stats: (0..n).map(|_| Mutex::new(StatsSum::default())).collect(),
             current: Mutex::new(None),
             sync: tokio::sync::Mutex::new(()),
-            paused: watch::Sender::new(false),
-            resuming: tokio::sync::Mutex::new(None),
+            gate: PauseGate::new(),
             call_timeout: Duration::from_secs_f64(options.call_timeout_s),
             weights_timeout: Duration::from_secs_f64(options.weights_timeout_s),
             probe_timeout: connect_timeout,
@@ -395,12 +390,7 @@ impl Shared {
             .call_reissuing_once(
                 request.sample_id,
                 // while paused for new weights, samples wait here
-                || {
-                    let mut paused = self.paused.subscribe();
-                    async move {
-                        let _ = paused.wait_for(|p| !*p).await;
-                    }
-                },
+                || self.gate.opened(),
                 |client| self.generate_on(client, request),
             )
             .await
@@ -518,7 +508,7 @@ async fn catch_up(shared: &Shared, index: usize, health: pb::GeneratorHealth) {
         Some(current) => Some(current.version),
         None => health.version,
     };
-    if health.paused && !*shared.paused.borrow() {
+    if health.paused && !shared.gate.is_closed() {
         // paused by a client that lost it: new work would wait there for ever
         let mut client = shared.client(index);
         if let Err(s) = client
@@ -547,13 +537,10 @@ impl Generator for RemoteGenerator {
     }
 
     async fn pause(&self) -> Result<(), PluginError> {
-        if let Some(resuming) = self.shared.resuming.lock().await.take() {
-            let _ = resuming.await;
-        }
-        self.shared.paused.send_replace(true);
+        self.shared.gate.close().await;
         if self.shared.broadcast("pause", true).await {
             // a server that cannot pause: none is held, the engine updates while they run
-            self.shared.paused.send_replace(false);
+            self.shared.gate.reopen();
             self.shared.broadcast("resume", false).await;
             return Err(PluginError::unsupported(NAME, "pause"));
         }
@@ -564,12 +551,11 @@ impl Generator for RemoteGenerator {
     /// that reaches a server before its resume waits there for it), so that the run does not
     /// wait for the slowest server's answer.
     async fn resume(&self) -> Result<(), PluginError> {
-        self.shared.paused.send_replace(false);
         let shared = self.shared.clone();
-        let resuming = self.runtime.get().spawn(async move {
+        let resume = async move {
             shared.broadcast("resume", false).await;
-        });
-        *self.shared.resuming.lock().await = Some(resuming);
+        };
+        self.shared.gate.open(self.runtime.get(), resume).await;
         Ok(())
     }
 
