@@ -1,7 +1,6 @@
 //! Reward servers on real sockets (loopback): the `remote` reward through them, a dead server,
 //! the token.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,68 +11,36 @@ use areal_serve::{
 use areal_testkit::{SuccessorVerifier, conformance};
 use serde_json::json;
 
-/// A reward server on its own thread and runtime; dropped, it shuts down.
-struct Server {
-    addr: SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
+#[path = "support/server.rs"]
+mod server;
+use server::ServerThread;
+
+/// A reward server on its own thread and runtime; dropped, it is killed.
+struct Server;
 
 impl Server {
-    fn start(token: Option<&str>) -> Self {
+    fn start(token: Option<&str>) -> ServerThread {
         Self::start_listening(Listen::new(
             "127.0.0.1:0".parse().unwrap(),
             token.map(str::to_owned),
         ))
     }
 
-    fn start_listening(listen: Listen) -> Self {
-        let (bound_tx, bound_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime
-                .block_on(serve_reward(
-                    Arc::new(SuccessorVerifier),
-                    &areal_core::RewardServiceConfig {
-                        threads: 2,
-                        ..Default::default()
-                    },
-                    listen,
-                    move |addr| bound_tx.send(addr).unwrap(),
-                    async {
-                        let _ = stopped.await;
-                    },
-                ))
-                .unwrap();
-        });
-        let addr = bound_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the server binds");
-        Self {
-            addr,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+    fn start_listening(listen: Listen) -> ServerThread {
+        ServerThread::start(listen, |listen, on_bound| async move {
+            let config = areal_core::RewardServiceConfig {
+                threads: 2,
+                ..Default::default()
+            };
+            serve_reward(
+                Arc::new(SuccessorVerifier),
+                &config,
+                listen,
+                on_bound,
+                std::future::pending(),
+            )
+            .await
+        })
     }
 }
 
