@@ -64,15 +64,12 @@ fn tensor(values: Vec<f32>, shape: Vec<usize>) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
 }
 
-/// Fused operations of the model. The default bodies compose burn's operations; the flex
-/// backend has its own kernels, and autodiff over flex its own backward passes.
+/// Fused operations of the model: kernels on the flex backend, and their backward passes on
+/// autodiff over it. (On other backends [`Fused`] composes burn's operations instead.)
 #[backend_extension(Flex, Autodiff)]
 pub trait FusedOps: Backend {
     /// `silu(gate) · up`, element by element (the same shapes).
-    fn silu_mul(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        let silu = Self::float_mul(gate.clone(), Self::sigmoid(gate));
-        Self::float_mul(silu, up)
-    }
+    fn silu_mul(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
 
     /// The gradients of [`FusedOps::silu_mul`] for `gate` and `up`, given the output's.
     fn silu_mul_backward(
