@@ -149,20 +149,39 @@ impl ChatTemplate {
     /// recent transformers save it), else `tokenizer_config.json`'s `chat_template`: a string,
     /// or the entry named `default` of a list of named templates.
     pub fn from_folder(dir: &Path) -> Result<Option<Self>, PluginError> {
-        let path = dir.join(TOKENIZER_CONFIG_FILE);
-        let config: serde_json::Value = match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text)
-                .map_err(|e| failed(format!("{}: {e}", path.display())))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => serde_json::json!({}),
-            Err(e) => return Err(failed(format!("cannot read {}: {e}", path.display()))),
+        let read = |name: &str| {
+            let path = dir.join(name);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => Ok(Some(text)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(failed(format!("cannot read {}: {e}", path.display()))),
+            }
         };
-        let jinja = dir.join(CHAT_TEMPLATE_FILE);
-        let source = match config.get("chat_template") {
-            _ if jinja.exists() => std::fs::read_to_string(&jinja)
-                .map_err(|e| failed(format!("cannot read {}: {e}", jinja.display())))?,
-            None | Some(serde_json::Value::Null) => return Ok(None),
-            Some(serde_json::Value::String(s)) => s.clone(),
-            Some(serde_json::Value::Array(named)) => named
+        Self::from_files(
+            dir,
+            read(TOKENIZER_CONFIG_FILE)?.as_deref(),
+            read(CHAT_TEMPLATE_FILE)?.as_deref(),
+        )
+    }
+
+    /// [`ChatTemplate::from_folder`] on the texts of the folder's `tokenizer_config.json` and
+    /// `chat_template.jinja` (`None` where it has none), already read.
+    pub fn from_files(
+        dir: &Path,
+        tokenizer_config: Option<&str>,
+        jinja: Option<&str>,
+    ) -> Result<Option<Self>, PluginError> {
+        let path = dir.join(TOKENIZER_CONFIG_FILE);
+        let config: serde_json::Value = match tokenizer_config {
+            Some(text) => serde_json::from_str(text)
+                .map_err(|e| failed(format!("{}: {e}", path.display())))?,
+            None => serde_json::json!({}),
+        };
+        let source = match (jinja, config.get("chat_template")) {
+            (Some(text), _) => text.to_owned(),
+            (None, None | Some(serde_json::Value::Null)) => return Ok(None),
+            (None, Some(serde_json::Value::String(s))) => s.clone(),
+            (None, Some(serde_json::Value::Array(named))) => named
                 .iter()
                 .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
                 .and_then(|t| t.get("template")?.as_str().map(str::to_owned))
@@ -172,7 +191,7 @@ impl ChatTemplate {
                         path.display()
                     ))
                 })?,
-            Some(_) => {
+            (None, Some(_)) => {
                 return Err(failed(format!(
                     "{}: `chat_template` is neither a string nor a list of named templates",
                     path.display()

@@ -61,7 +61,6 @@ impl HfTokenizer {
     /// (if it has one) and the [`TOKENIZER_SIDE_FILES`] it has; generation stops at `stop`.
     pub fn from_folder(dir: &Path, stop: Vec<u32>) -> Result<Self, PluginError> {
         let mut tokenizer = Self::from_file(&dir.join(TOKENIZER_FILE), stop)?;
-        tokenizer.chat = ChatTemplate::from_folder(dir)?.map(Arc::new);
         for name in TOKENIZER_SIDE_FILES {
             let path = dir.join(name);
             match std::fs::read_to_string(&path) {
@@ -75,6 +74,16 @@ impl HfTokenizer {
                 }
             }
         }
+        let side = |name: &str| {
+            let file = tokenizer.side_files.iter().find(|(n, _)| n == name);
+            file.map(|(_, text)| text.as_str())
+        };
+        let chat = ChatTemplate::from_files(
+            dir,
+            side(crate::chat::TOKENIZER_CONFIG_FILE),
+            side(crate::chat::CHAT_TEMPLATE_FILE),
+        )?;
+        tokenizer.chat = chat.map(Arc::new);
         Ok(tokenizer)
     }
 
