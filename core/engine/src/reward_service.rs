@@ -221,18 +221,19 @@ impl RewardService {
                 cached: false,
             };
         }
-        let outcome = match tokio::time::timeout(deadline, &mut done_rx).await {
-            Ok(received) => Some(received),
-            // The verifier may have finished just now; only one side wins the job.
-            Err(_)
-                if state
-                    .compare_exchange(RUNNING, ABANDONED, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_err() =>
-            {
-                Some(done_rx.await)
-            }
-            Err(_) => None,
-        };
+        let outcome =
+            match tokio::time::timeout(deadline + abandon_grace(deadline), &mut done_rx).await {
+                Ok(received) => Some(received),
+                // The verifier may have finished just now; only one side wins the job.
+                Err(_)
+                    if state
+                        .compare_exchange(RUNNING, ABANDONED, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_err() =>
+                {
+                    Some(done_rx.await)
+                }
+                Err(_) => None,
+            };
         let reward = match outcome {
             Some(Ok(Ok(reward))) => reward,
             Some(Ok(Err(f))) => {
@@ -266,6 +267,15 @@ impl RewardService {
     }
 }
 
+/// How long past a sample's deadline the service still waits for its verifier before it
+/// abandons it: a quarter of the deadline, at most a second. The verifier is told the
+/// deadline itself (`VerifyContext`), so one that stops there (the `lcb` reward ends a
+/// program's test at it, with that program's `time_limit`) always answers first, and what
+/// a program does can never turn into a `verifier_timeout`, which training drops unpenalised.
+fn abandon_grace(deadline: Duration) -> Duration {
+    (deadline / 4).min(Duration::from_secs(1))
+}
+
 fn spawn_worker(shared: &Arc<Shared>) {
     shared.live.fetch_add(1, Ordering::SeqCst);
     let shared = shared.clone();
@@ -290,14 +300,13 @@ fn worker(shared: &Shared) {
             Ok(Ok(mut reward)) => {
                 reward.provenance.verifier = shared.verifier.name().to_owned();
                 reward.provenance.wall_ms = wall_ms;
-                if reward.value.is_finite() {
-                    Ok(reward)
-                } else {
-                    Err(Failure {
+                match Reward::check_value(reward.value) {
+                    Ok(()) => Ok(reward),
+                    Err(why) => Err(Failure {
                         verdict: Verdict::Error,
-                        message: format!("verifier returned reward {}", reward.value),
+                        message: format!("verifier {} returned {why}", shared.verifier.name()),
                         wall_ms,
-                    })
+                    }),
                 }
             }
             Ok(Err(e)) => Err(Failure {

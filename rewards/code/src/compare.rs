@@ -9,9 +9,9 @@
 
 use std::collections::HashMap;
 
-use num_bigint::BigInt;
+use num_bigint::BigUint;
 use num_integer::Integer;
-use num_traits::{One, Pow, Signed, Zero};
+use num_traits::{One, Pow, Zero};
 use sha2::{Digest, Sha256};
 
 /// A value as Python's `==` sees it: a SHA-256 digest of a canonical form under which equal
@@ -82,10 +82,15 @@ mod tag {
     pub(super) const NONE: u8 = b'N';
     pub(super) const INT: u8 = b'I';
     pub(super) const FLOAT: u8 = b'F';
-    /// A non-integral rational, reduced: `p/q` with q > 1.
+    /// A non-integral number `p / 2^k`, p odd: every non-integral float.
+    pub(super) const DYADIC: u8 = b'B';
+    /// Any other non-integral rational, reduced: `p/q`, q > 1 and no power of two.
     pub(super) const RATIONAL: u8 = b'Q';
-    /// A decimal too long to write out as a fraction (only ever equal to itself).
-    pub(super) const HUGE_DECIMAL: u8 = b'H';
+    /// A fraction too long to reduce in linear time, as written (equal to no int or float).
+    pub(super) const FRACTION_AS_WRITTEN: u8 = b'R';
+    /// A decimal too long to reduce in linear time and no float, as written (significant
+    /// digits and exponent; equal to no int or float).
+    pub(super) const DECIMAL_AS_WRITTEN: u8 = b'H';
     pub(super) const STR: u8 = b'S';
     pub(super) const LIST: u8 = b'L';
     pub(super) const TUPLE: u8 = b'T';
@@ -148,18 +153,26 @@ fn int(text: &str) -> Option<Canon> {
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
+    Some(integer(neg, digits, 0))
+}
+
+/// The integer `±digits · 10^zeros` (`digits` decimal, leading zeros allowed). Its canonical
+/// form is its significant digits and a count of trailing zeros, so that `Decimal("1E+99999")`
+/// equals the int of 100 000 digits without either being written out: the cost is linear in
+/// what was read, whatever the value.
+fn integer(neg: bool, digits: &str, zeros: u128) -> Canon {
     let digits = digits.trim_start_matches('0');
-    Some(if digits.is_empty() {
-        leaf(tag::INT, b"0")
-    } else if neg {
-        leaf(tag::INT, format!("-{digits}").as_bytes())
-    } else {
-        leaf(tag::INT, digits.as_bytes())
-    })
+    if digits.is_empty() {
+        return leaf(tag::INT, b"0");
+    }
+    let sig = digits.trim_end_matches('0');
+    let zeros = zeros + (digits.len() - sig.len()) as u128;
+    let sign = if neg { "-" } else { "" };
+    leaf(tag::INT, format!("{sign}{sig}e{zeros}").as_bytes())
 }
 
 /// A float: an integral one is the int it equals exactly (`2.0 == 2`, `-0.0 == 0`), a NaN
-/// equals nothing, an infinity its bits, any other the rational it is exactly (`0.5 ==
+/// equals nothing, an infinity its bits, any other the dyadic rational it is exactly (`0.5 ==
 /// Fraction(1, 2) == Decimal("0.5")`, while `0.1` equals neither `Fraction(1, 10)` nor
 /// `Decimal("0.1")`, as in Python).
 fn float(f: f64) -> Canon {
@@ -179,76 +192,148 @@ fn float(f: f64) -> Canon {
         } else {
             (fraction | (1 << 52), biased - 1075)
         };
-        let mut p = BigInt::from(mantissa);
-        if f < 0.0 {
-            p = -p;
-        }
-        rational(p, BigInt::one() << (-exponent) as usize).expect("a non-zero denominator")
+        let shift = mantissa.trailing_zeros();
+        let k = u64::try_from(-exponent).expect("a negative exponent") - u64::from(shift);
+        dyadic(f < 0.0, &BigUint::from(mantissa >> shift), k)
     }
 }
 
-/// The number `p / q`, reduced: an int when `q` divides `p`.
-fn rational(p: BigInt, q: BigInt) -> Result<Canon, String> {
-    if q.is_zero() {
+/// The non-integral number `±p / 2^k`, `p` odd: what every non-integral float is.
+fn dyadic(neg: bool, p: &BigUint, k: u64) -> Canon {
+    let sign = if neg { "-" } else { "" };
+    leaf(tag::DYADIC, format!("{sign}{p}/2^{k}").as_bytes())
+}
+
+/// The number `±p / q` (`q > 0`), reduced: an int when `q` divides `p`, the dyadic form of
+/// floats when the reduced `q` is a power of two, else the reduced fraction. `p` is small (a
+/// `u128`) so that reducing costs one pass over `q`, never a gcd of two big numbers.
+fn small_rational(neg: bool, p: u128, q: &BigUint) -> Canon {
+    if p == 0 {
+        return integer(false, "0", 0);
+    }
+    let rest: u128 = (q % p).try_into().expect("less than p");
+    let g = gcd(p, rest);
+    let (p, q) = (p / g, q / g);
+    if q.is_one() {
+        return integer(neg, &p.to_string(), 0);
+    }
+    if q.count_ones() == 1 {
+        return dyadic(neg, &BigUint::from(p), q.bits() - 1);
+    }
+    let sign = if neg { "-" } else { "" };
+    leaf(tag::RATIONAL, format!("{sign}{p}/{q}").as_bytes())
+}
+
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Digits of a numerator read as an exact value (a `u128` holds 38).
+const SMALL_DIGITS: usize = 38;
+/// The longest denominator (a fraction's, or a decimal's 10^k) reduced against a small
+/// numerator: past the 324 digits of 2^1074, the smallest float's.
+const MAX_DENOMINATOR_DIGITS: usize = 400;
+/// The smallest float is 2^-1074: a decimal or fraction with more halvings is no float.
+const MAX_FLOAT_HALVINGS: u128 = 1074;
+/// The most significant digits of a decimal that equals a non-integral float: it is
+/// `m / 2^k` with m < 2^53 and k ≤ 1074, written `m · 5^k / 10^k`, and 2^53 · 5^1074 has 767
+/// digits.
+const MAX_FLOAT_DECIMAL_DIGITS: usize = 767;
+
+/// A sign and the digits of an integer's text (leading zeros dropped: "" is zero).
+fn signed_digits(text: &str) -> Option<(bool, &str)> {
+    let (neg, digits) = match text.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((neg, digits.trim_start_matches('0')))
+}
+
+/// `Fraction(p, q)` as Python's `==` sees it, from the text `"p/q"` the guest wrote (trusting
+/// only its digits: the host reduces it). Every step is linear in the text: no gcd of two
+/// big numbers is ever taken. A fraction too long to reduce that way (a numerator of more
+/// than 38 digits over a denominator other than 1, or a denominator of more than 400 digits)
+/// is kept as written: it equals no int or float (in lowest terms, as a real `Fraction` is
+/// written, it is not integral, and a float's numerator has at most 16 digits and its
+/// denominator 324), and an expected output, which is JSON, holds nothing else.
+fn fraction(text: &str) -> Result<Canon, String> {
+    let bad = || format!("bad fraction {text:?}");
+    let (p, q) = text.split_once('/').ok_or_else(bad)?;
+    let (p_neg, p) = signed_digits(p).ok_or_else(bad)?;
+    let (q_neg, q) = signed_digits(q).ok_or_else(bad)?;
+    if q.is_empty() {
         return Err("a fraction with a zero denominator".into());
     }
-    let g = p.gcd(&q);
-    let (mut p, mut q) = (p / &g, q / &g);
-    if q.is_negative() {
-        (p, q) = (-p, -q);
+    let neg = p_neg != q_neg;
+    if q == "1" {
+        return Ok(integer(neg, p, 0));
     }
-    if q.is_one() {
-        return Ok(int(&p.to_string()).expect("an integer's digits"));
+    if p.len() <= SMALL_DIGITS && q.len() <= MAX_DENOMINATOR_DIGITS {
+        let p: u128 = if p.is_empty() {
+            0
+        } else {
+            p.parse().map_err(|_| bad())?
+        };
+        let q: BigUint = q.parse().map_err(|_| bad())?;
+        return Ok(small_rational(neg, p, &q));
     }
-    Ok(leaf(tag::RATIONAL, format!("{p}/{q}").as_bytes()))
+    let sign = if neg { "-" } else { "" };
+    Ok(leaf(
+        tag::FRACTION_AS_WRITTEN,
+        format!("{sign}{p}/{q}").as_bytes(),
+    ))
 }
 
-/// Digits of a decimal written out in full past which it is kept as it is written: it then
-/// equals no int or float a test expects, only the same decimal.
-const MAX_DECIMAL_DIGITS: i128 = 100_000;
-
-/// `Decimal(text)` as Python's `==` sees it: the exact rational it is.
+/// `Decimal(text)` as Python's `==` sees it: the exact number it is, found in time linear in
+/// the text. An integral one is an int however many zeros it ends with (`1E+999999`); a
+/// non-integral one is reduced like a fraction when short (38 significant digits, 400 after
+/// the point), checked for being a float's dyadic number when it could be one (its last
+/// digit 5, 5^k dividing it), and otherwise kept as written: then it equals no int or float,
+/// so no expected output, which is JSON.
 fn decimal(text: &str) -> Result<Canon, String> {
-    Ok(
-        match parse_decimal(text).ok_or_else(|| format!("bad decimal {text:?}"))? {
-            Dec::NaN => None,
-            Dec::Inf(neg) => float(if neg {
-                f64::NEG_INFINITY
-            } else {
-                f64::INFINITY
-            }),
-            Dec::Zero => int("0").expect("an integer"),
-            Dec::Finite(neg, digits, exponent) => {
-                let written = digits.len() as i128 + exponent.abs();
-                if written > MAX_DECIMAL_DIGITS {
-                    return Ok(leaf(
-                        tag::HUGE_DECIMAL,
-                        format!("{}{digits}e{exponent}", if neg { "-" } else { "" }).as_bytes(),
-                    ));
-                }
-                let mut p: BigInt = digits
-                    .parse()
-                    .map_err(|_| format!("bad decimal {text:?}"))?;
-                if neg {
-                    p = -p;
-                }
-                let ten = BigInt::from(10);
-                if exponent >= 0 {
-                    rational(p * ten.pow(exponent as u32), BigInt::one())?
-                } else {
-                    rational(p, ten.pow((-exponent) as u32))?
+    let bad = || format!("bad decimal {text:?}");
+    Ok(match parse_decimal(text).ok_or_else(bad)? {
+        Dec::NaN => None,
+        Dec::Inf(neg) => float(if neg {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        }),
+        Dec::Zero => integer(false, "0", 0),
+        Dec::Finite(neg, digits, exponent) => {
+            if exponent >= 0 {
+                return Ok(integer(neg, &digits, exponent.unsigned_abs()));
+            }
+            // ±digits / 10^k, digits without trailing zeros
+            let k = exponent.unsigned_abs();
+            let ten_to_k = |k: u128| BigUint::from(10u32).pow(k as u32);
+            if digits.len() <= SMALL_DIGITS && k <= MAX_DENOMINATOR_DIGITS as u128 {
+                let p: u128 = digits.parse().map_err(|_| bad())?;
+                return Ok(small_rational(neg, p, &ten_to_k(k)));
+            }
+            if digits.ends_with('5')
+                && k <= MAX_FLOAT_HALVINGS
+                && digits.len() <= MAX_FLOAT_DECIMAL_DIGITS
+            {
+                let d: BigUint = digits.parse().map_err(|_| bad())?;
+                let (m, rest) = d.div_rem(&BigUint::from(5u32).pow(k as u32));
+                if rest.is_zero() {
+                    return Ok(dyadic(neg, &m, k as u64));
                 }
             }
-        },
-    )
-}
-
-/// An exact integer from text the guest wrote: plain decimal digits with an optional sign.
-fn big_int(text: &str) -> Result<BigInt, String> {
-    if int(text).is_none() {
-        return Err(format!("bad int {text:?}"));
-    }
-    text.parse().map_err(|_| format!("bad int {text:?}"))
+            let sign = if neg { "-" } else { "" };
+            leaf(
+                tag::DECIMAL_AS_WRITTEN,
+                format!("{sign}{digits}e{exponent}").as_bytes(),
+            )
+        }
+    })
 }
 
 fn boolean(b: bool) -> Canon {
@@ -454,13 +539,7 @@ impl<'a> Parser<'a> {
                         int(&s).ok_or_else(|| format!("bad int {s:?}"))?
                     }
                     ("f", Item::Str(s)) => float(parse_float_repr(&text_of(&s))?),
-                    ("q", Item::Str(s)) => {
-                        let text = text_of(&s);
-                        let (p, q) = text
-                            .split_once('/')
-                            .ok_or_else(|| format!("bad fraction {text:?}"))?;
-                        rational(big_int(p)?, big_int(q)?)?
-                    }
+                    ("q", Item::Str(s)) => fraction(&text_of(&s))?,
                     ("m", Item::Str(s)) => decimal(&text_of(&s))?,
                     ("t", Item::Array(members)) => container(tag::TUPLE, &members),
                     ("e", Item::Array(members)) => unordered(tag::SET, members),
@@ -874,11 +953,30 @@ mod tests {
         assert!(m("Infinity").py_eq(&py("Infinity")));
         assert!(!m("NaN").py_eq(&m("NaN")));
         assert!(py("[0.5, 2]").py_eq(&g(r#"[{"q": "1/2"}, {"m": "2"}]"#)));
-        // A tiny float is the exact dyadic rational it is.
-        assert!(q(&format!("1/{}", num_bigint::BigInt::from(1) << 1074usize)).py_eq(&py("5e-324")));
-        // A decimal with more digits than any test could expect equals only itself.
+        // A tiny float is the exact dyadic rational it is, as a fraction and as a decimal.
+        let tiny = BigUint::from(1u32) << 1074usize;
+        assert!(q(&format!("1/{tiny}")).py_eq(&py("5e-324")));
+        let exact = BigUint::from(5u32).pow(1074u32).to_string();
+        assert_eq!(exact.len(), 751);
+        assert!(m(&format!("{exact}E-1074")).py_eq(&py("5e-324")));
+        assert!(
+            m(&format!("{exact}E-1073")).py_eq(&py("5e-323")),
+            "10 · 2^-1074"
+        );
+        assert!(
+            !m(&format!("{exact}E-1075")).py_eq(&py("0.0")),
+            "2^-1074 / 10 is no float"
+        );
+        assert!(!m(&format!("{exact}E-1075")).py_eq(&py("5e-324")));
+        // An integral decimal equals the int it is, however many zeros it ends with.
         assert!(m("1E+999999").py_eq(&m("10E+999998")));
+        assert!(m("1E+99999").py_eq(&py(&format!("1{}", "0".repeat(99_999)))));
+        assert!(!m("1E+99999").py_eq(&py(&format!("1{}", "0".repeat(99_998)))));
         assert!(!m("1E+999999").py_eq(&py("1")));
+        assert!(
+            q(&format!("-{}0000/1", "7".repeat(5000)))
+                .py_eq(&m(&format!("-{}E+4", "7".repeat(5000))))
+        );
         for bad in [
             r#"{"q": "1/0"}"#,
             r#"{"q": "1"}"#,
@@ -888,6 +986,32 @@ mod tests {
         ] {
             assert!(parse_guest_value(bad.as_bytes()).is_err(), "{bad}");
         }
+    }
+
+    /// Issue 32: reducing a guest's `Decimal` or `Fraction` took big-integer gcds on the host,
+    /// outside every limit (`[Decimal('1E-99999')] * 1000`, 18 KB, cost 59–76 s; a forged
+    /// fraction of a million digits 35–44 s). Now every number is read in time linear in its
+    /// text, and what no int or float can equal is kept as written: these run in milliseconds.
+    #[test]
+    fn numbers_a_guest_writes_cost_the_host_linear_time() {
+        let m = |text: &str| format!(r#"{{"m": "{text}"}}"#);
+        let list = |item: &str, n: usize| format!("[{}]", vec![item; n].join(", "));
+        let small = g(&list(&m("1E-99999"), 1000));
+        assert!(small.py_eq(&g(&list(&m("0.1E-99998"), 1000))));
+        assert!(!small.py_eq(&py(&list("0.0", 1000))));
+        assert!(
+            !small.py_eq(&py(&list("1e-99999", 1000))),
+            "json.loads reads 0.0"
+        );
+        let million = "9".repeat(1_000_000);
+        let forged = g(&format!(r#"{{"q": "{million}/{million}7"}}"#));
+        assert!(!forged.py_eq(&py("1")));
+        assert!(forged.py_eq(&g(&format!(r#"{{"q": "{million}/{million}7"}}"#))));
+        let over_one = g(&format!(r#"{{"q": "{million}/1"}}"#));
+        assert!(over_one.py_eq(&py(&million)));
+        // A decimal of a million digits that is no float, and one that is an int.
+        assert!(!g(&m(&format!("0.{million}5"))).py_eq(&py("1.0")));
+        assert!(g(&m(&format!("{million}.000"))).py_eq(&py(&million)));
     }
 
     #[test]

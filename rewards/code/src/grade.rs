@@ -38,11 +38,15 @@ const MARK: &[u8] = b"\x1eareal-result\x1e";
 const EXEC_MARK: &[u8] = b"\x1eareal-exec-ns=";
 /// Before the start mark, a stdin program's compiled code: `<m> function|module\n` and the m
 /// bytes of a marshalled code object, at most `COMPILED_MAX`, passed to the program's next
-/// tests so that only its first test compiles it.
+/// tests so that only its first test compiles it (the harness sends none where loading it
+/// back would not give exactly the code the text compiles to).
 const COMPILED_MARK: &[u8] = b"\x1eareal-compiled=";
 const COMPILED_MAX: usize = 16 << 10;
-/// The harness writes this first on stderr, just before the program runs.
-const STARTED_MARK: &[u8] = b"\x1eareal-started\n";
+/// The harness writes this (then `function\n` or `module\n`: how the program runs) on
+/// stderr just before the program runs, after the compiled code and in the same write: what
+/// stderr starts with was written before the program had control, so the program cannot
+/// forge it.
+const STARTED_MARK: &[u8] = b"\x1eareal-started ";
 
 /// Limits and scoring of a grading.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -214,14 +218,17 @@ pub struct TestRun {
     pub wall_ms: f64,
     /// Of which instantiation (ms).
     pub instantiate_ms: f64,
-    /// Of which the program itself (compile included), as the guest measured it: the rest is
-    /// start-up (instantiating the snapshot, reading the job). `None` when the program never
-    /// ran to its end or drowned the measurement in stderr.
+    /// Of which the program itself, as the guest reported it: the rest is start-up
+    /// (instantiating the snapshot, reading the job, compiling a stdin program). `None` when
+    /// the program never ran to its end or drowned the measurement in stderr. A figure for
+    /// benchmarks: the program could write a report of its own, so no verdict or reward
+    /// reads it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exec_ms: Option<f64>,
     /// Whether the program's statements ran as the body of a function (fast locals), which
     /// the harness does to a stdin program where that changes nothing but its speed, or as
-    /// written, as a module (`program.py`). `None` where `exec_ms` is.
+    /// written, as a module (`program.py`); from what the harness wrote before the program
+    /// ran. `None` when the program never ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub as_function: Option<bool>,
     /// Fuel spent (deterministic mode).
@@ -249,6 +256,11 @@ pub struct Grade {
     pub runs: Vec<TestRun>,
     /// Wall time of the whole grading (ms).
     pub wall_ms: f64,
+    /// The verification deadline ended the grading: its verdict then depends on wall time,
+    /// as no other verdict does (not even a `time_limit` in deterministic mode, which is
+    /// fuel's).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_deadline: bool,
 }
 
 impl Grade {
@@ -261,6 +273,7 @@ impl Grade {
             message: Some(message.into()),
             runs: Vec::new(),
             wall_ms: 0.0,
+            by_deadline: false,
         }
     }
 
@@ -279,9 +292,11 @@ impl Grade {
         }
     }
 
-    /// Fuel spent over all runs (deterministic mode).
+    /// Fuel spent over all runs (deterministic mode); `None` also where the verification
+    /// deadline decided the verdict (the reward cache keeps a `time_limit` with fuel as
+    /// deterministic).
     pub fn fuel(&self) -> Option<u64> {
-        if self.runs.is_empty() {
+        if self.runs.is_empty() || self.by_deadline {
             return None;
         }
         self.runs.iter().map(|r| r.fuel).sum()
@@ -349,6 +364,7 @@ fn grade(
         message: None,
         runs: Vec::with_capacity(total),
         wall_ms: 0.0,
+        by_deadline: false,
     };
     // The program as the harness compiled it in its first stdin test.
     let mut compiled: Option<Compiled> = None;
@@ -358,11 +374,19 @@ fn grade(
         if let Some(deadline) = deadline {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                grade.verdict = Verdict::Error;
+                // Before any test ran it is the grader's failure; after, the program's own
+                // tests took the sample's time (an `error` would let a slow program escape
+                // its penalty, as above).
+                grade.verdict = if i == 0 {
+                    Verdict::Error
+                } else {
+                    Verdict::TimeLimit
+                };
                 grade.failed_test = Some(i);
                 grade.message = Some(format!(
                     "the verification deadline passed after {i} of {total} tests"
                 ));
+                grade.by_deadline = true;
                 break;
             }
             if left < limits.wall {
@@ -389,30 +413,31 @@ fn grade(
                     "the verification deadline passed during test {i}, {:.1} s into it",
                     report.wall.as_secs_f64()
                 )),
-                Some((report, None)),
+                Some((report, None, None)),
             ),
             Ok(mut report) => {
                 if let Some(c) = take_compiled_mark(&mut report.stderr) {
                     compiled.get_or_insert(c);
                 }
-                let ran = take_started_mark(&mut report.stderr);
-                let exec = take_exec_mark(&mut report.stderr);
-                let (verdict, message) = judge(&report, ran, test.kind, &test.output);
-                (verdict, message, Some((report, exec)))
+                let ran_as = take_started_mark(&mut report.stderr);
+                let exec = ran_as.and(take_exec_mark(&mut report.stderr));
+                let (verdict, message) = judge(&report, ran_as.is_some(), test.kind, &test.output);
+                (verdict, message, Some((report, exec, ran_as)))
             }
             Err(e) => (Verdict::Error, Some(e.to_string()), None),
         };
         grade.runs.push(TestRun {
             verdict,
-            wall_ms: report.as_ref().map_or(0.0, |(r, _)| ms(r.wall)),
-            instantiate_ms: report.as_ref().map_or(0.0, |(r, _)| ms(r.startup)),
+            wall_ms: report.as_ref().map_or(0.0, |(r, ..)| ms(r.wall)),
+            instantiate_ms: report.as_ref().map_or(0.0, |(r, ..)| ms(r.startup)),
             exec_ms: report
                 .as_ref()
-                .and_then(|(_, exec)| exec.map(|(ns, _)| ns as f64 / 1e6)),
-            as_function: report.as_ref().and_then(|(_, exec)| exec.map(|(_, f)| f)),
-            fuel: report.as_ref().and_then(|(r, _)| r.fuel),
+                .and_then(|(_, exec, _)| exec.map(|ns| ns as f64 / 1e6)),
+            as_function: report.as_ref().and_then(|(.., ran_as)| *ran_as),
+            fuel: report.as_ref().and_then(|(r, ..)| r.fuel),
         });
         if verdict != Verdict::Accepted {
+            grade.by_deadline = cut_short && verdict == Verdict::TimeLimit;
             grade.verdict = verdict;
             grade.failed_test = Some(i);
             grade.message = message;
@@ -448,31 +473,34 @@ fn take_compiled_mark(stderr: &mut Vec<u8>) -> Option<Compiled> {
     Some(Compiled { code, as_function })
 }
 
-/// Remove the harness's start mark from the front of stderr; whether the program ran.
-fn take_started_mark(stderr: &mut Vec<u8>) -> bool {
-    if stderr.starts_with(STARTED_MARK) {
-        stderr.drain(..STARTED_MARK.len());
-        true
+/// Remove the harness's start mark from the front of stderr: `None` when the program never
+/// ran, else whether it ran as a function's body (`program.py`).
+fn take_started_mark(stderr: &mut Vec<u8>) -> Option<bool> {
+    let rest = stderr.strip_prefix(STARTED_MARK)?;
+    let (as_function, len) = if rest.starts_with(b"function\n") {
+        (true, "function\n".len())
+    } else if rest.starts_with(b"module\n") {
+        (false, "module\n".len())
     } else {
-        false
-    }
+        return None;
+    };
+    stderr.drain(..STARTED_MARK.len() + len);
+    Some(as_function)
 }
 
-/// Remove the harness's timing line from the end of stderr and return what it says: the
-/// nanoseconds the program ran, and whether it ran as a function's body.
-fn take_exec_mark(stderr: &mut Vec<u8>) -> Option<(u64, bool)> {
+/// Remove the harness's timing line from the end of stderr and return the nanoseconds the
+/// program ran, as the guest reported them.
+fn take_exec_mark(stderr: &mut Vec<u8>) -> Option<u64> {
     let at = stderr
         .windows(EXEC_MARK.len())
         .rposition(|w| w == EXEC_MARK)?;
-    let line = std::str::from_utf8(&stderr[at + EXEC_MARK.len()..]).ok()?;
-    let (ns, how) = line.trim().split_once(' ')?;
-    let value = match (ns.parse().ok(), how) {
-        (Some(ns), "function") => Some((ns, true)),
-        (Some(ns), "module") => Some((ns, false)),
-        _ => None,
-    };
+    let ns = std::str::from_utf8(&stderr[at + EXEC_MARK.len()..])
+        .ok()?
+        .trim()
+        .parse()
+        .ok();
     stderr.truncate(at);
-    value
+    ns
 }
 
 fn ms(d: Duration) -> f64 {

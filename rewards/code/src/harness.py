@@ -17,15 +17,22 @@
 #   call tests:  stdout carries MARK + the return value in a closed JSON encoding (None, bool,
 #                int, float, str, list, tuple, dict as [k1, v1, k2, v2, ...], set); the
 #                program's prints are discarded.
-#   stderr:      for a stdin program compiled here, COMPILED_MARK + "<m> function|module\n" +
-#                the m bytes of its code, marshalled (at most COMPILED_MAX: the host passes
-#                them to the program's next tests, which skip compiling); then
-#                STARTED_MARK, written just before the program runs, then the program's own,
-#                then EXEC_MARK + the nanoseconds the program itself ran and how it was
-#                compiled (" function" or " module", program.py); the host strips both
-#                marks off. Without STARTED_MARK the program never ran, so an exit
-#                status then is the harness's; with it, every status is the program's (it
-#                can call os._exit(n) with any n) and never counts as a grader failure.
+#   stderr:      first, in ONE write made before the program gets control (so nothing the
+#                program does can forge, reorder or precede it):
+#                  - for a stdin program compiled here whose marshalled code loads back as
+#                    exactly the same code, COMPILED_MARK + "<m> function|module\n" + the m
+#                    bytes (at most COMPILED_MAX): the host passes them to the program's next
+#                    tests, which skip compiling;
+#                  - STARTED_MARK + "function|module\n": the program runs from here on, as a
+#                    function's body or as written (program.py).
+#                Warnings raised while compiling (a SyntaxWarning) are held back until after
+#                that write, then shown as CPython shows them. Then the program's own stderr,
+#                then EXEC_MARK + the nanoseconds the program itself ran, as the guest
+#                measured it (a figure for benchmarks only: the program could write one of
+#                its own, so no verdict or reward reads it). The host strips the marks off.
+#                Without STARTED_MARK the program never ran, so an exit status then is the
+#                harness's; with it, every status is the program's (it can call os._exit(n)
+#                with any n) and never counts as a grader failure.
 # Exit status: 0 ran to the end (a stdin program's SystemExit is swallowed, as LiveCodeBench
 # does); 1 the program raised (in a call test SystemExit too: nothing was returned);
 # 2 the harness itself was misused; 3 MemoryError; 4 a call test's function is missing;
@@ -37,10 +44,12 @@ import random
 import sys
 import threading
 import time
+import types
+import warnings
 
 MARK = b"\x1eareal-result\x1e"
 EXEC_MARK = b"\x1eareal-exec-ns="
-STARTED_MARK = b"\x1eareal-started\n"
+STARTED_MARK = b"\x1eareal-started "
 COMPILED_MARK = b"\x1eareal-compiled="
 COMPILED_MAX = 16 << 10
 
@@ -71,7 +80,6 @@ _KNOWN = known_names(_TEMPLATE)  # noqa: F821 (program.py, prepended by the host
 
 _stdout = sys.stdout
 _t0 = None  # when the program itself started, for start-up/exec timings
-_ran_as = b"module"  # or b"function", where compile_program made it a function's body
 
 
 def _read_exact(n):
@@ -102,16 +110,26 @@ def _finish(status):
             pass
     if _t0 is not None:
         try:
-            os.write(2, EXEC_MARK + b"%d %s\n" % (time.perf_counter_ns() - _t0, _ran_as))
+            os.write(2, EXEC_MARK + b"%d\n" % (time.perf_counter_ns() - _t0))
         except BaseException:
             pass
     os._exit(status)
 
 
-def _start():
-    """The program runs from here on: say so first, then start its clock."""
+def _start(as_function=False, compiled=None, warned=()):
+    """The program runs from here on: say so (with its compiled code for the host, if any) in
+    one write, show the warnings compiling it raised, then start its clock."""
     global _t0
-    os.write(2, STARTED_MARK)
+    prefix = b""
+    if compiled is not None:
+        how = b"function" if as_function else b"module"
+        prefix = COMPILED_MARK + b"%d %s\n" % (len(compiled), how) + compiled
+    os.write(2, prefix + STARTED_MARK + (b"function\n" if as_function else b"module\n"))
+    for w in warned:
+        try:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+        except BaseException:
+            pass
     _t0 = time.perf_counter_ns()
 
 
@@ -177,28 +195,53 @@ def _encode(v):
     raise _Unencodable(t.__name__)
 
 
-def _compiled_program(header, code):
-    """The stdin program compiled: from the host (what an earlier test wrote), or here, and
-    then written for the host; None when it does not compile."""
+def _marshalled(code):
+    """`code` marshalled for the program's later tests, or None where loading it back would
+    not give exactly this code: unmarshalling rebuilds a frozenset constant (`for x in {7,
+    15}`, `x in {...}`, a set display of three or more constants) by adding its members in
+    the order they iterate, which can change that order; marshal refuses code nested too
+    deep; and the host takes at most COMPILED_MAX bytes."""
     try:
-        blob = _read_exact(int(header.get("compiled") or 0))
-        if blob:
-            return marshal.loads(blob), bool(header.get("as_function"))
-    except BaseException:
-        _fail(2)
-    try:
-        program = compile_program(code, "<solution>", _KNOWN)  # noqa: F821
+        todo = [code]
+        while todo:
+            c = todo.pop()
+            t = type(c)
+            if t is types.CodeType:
+                todo.extend(c.co_consts)
+            elif t is tuple:
+                todo.extend(c)
+            elif t is frozenset:
+                if len(c) > 1:
+                    return None
+                todo.extend(c)
+        blob = marshal.dumps(code)
     except BaseException:
         return None
-    blob = marshal.dumps(program[0])
-    if len(blob) <= COMPILED_MAX:
-        how = b"function" if program[1] else b"module"
-        os.write(2, COMPILED_MARK + b"%d %s\n" % (len(blob), how) + blob)
-    return program
+    return blob if len(blob) <= COMPILED_MAX else None
+
+
+def _compiled_program(header, code):
+    """The stdin program compiled, the warnings compiling it raised, and its code marshalled
+    for the host (or None): from the host (what an earlier test wrote, exactly the code this
+    text compiles to), or compiled here. The program is None when it does not compile."""
+    try:
+        blob = _read_exact(int(header.get("compiled") or 0))
+    except BaseException:
+        _fail(2)
+    if blob:
+        try:
+            return (marshal.loads(blob), bool(header.get("as_function"))), (), None
+        except BaseException:
+            pass  # compiled again below: the same code
+    with warnings.catch_warnings(record=True) as warned:
+        try:
+            program = compile_program(code, "<solution>", _KNOWN)  # noqa: F821
+        except BaseException:
+            return None, (), None
+    return program, warned, _marshalled(program[0])
 
 
 def areal_main():
-    global _ran_as
     try:
         header = json.loads(_read_line())
         kind = header["kind"]
@@ -211,13 +254,11 @@ def areal_main():
     g = _TEMPLATE  # every run is a fresh instance: no copy needed (a copy touches every value)
     if kind == "stdin":
         g["__name__"] = "__main__"
-        program = _compiled_program(header, code)
-        _start()
+        program, warned, blob = _compiled_program(header, code)
+        _start(program is not None and program[1], blob, warned)
         try:
             if program is None:  # it does not compile: raise that as the program's error
                 program = compile_program(code, "<solution>", _KNOWN)  # noqa: F821
-            if program[1]:
-                _ran_as = b"function"
             run_program(program, g)  # noqa: F821
         except SystemExit:
             pass

@@ -25,6 +25,7 @@ import ast
 import builtins as _builtins
 import symtable
 import types
+import warnings
 
 _INTROSPECTION = frozenset(
     {"globals", "locals", "vars", "dir", "eval", "exec", "breakpoint", "__main__",
@@ -185,14 +186,19 @@ def known_names(g):
 def compile_program(source, filename, known):
     """A stdin program, ready for `run_program`: its statements as a function's body where
     that changes nothing but speed (see above), else the module as written. `known`: what
-    `known_names` says of the globals it will run in. Raises what `compile` raises."""
-    try:
-        code = _as_function(source, filename, ast.parse(source, filename), known)
-    except Exception:
-        code = None
+    `known_names` says of the globals it will run in. Raises what `compile` raises, and
+    warns (a SyntaxWarning) what compiling the text warns, once."""
+    with warnings.catch_warnings(record=True) as warned:
+        try:
+            code = _as_function(source, filename, ast.parse(source, filename), known)
+        except Exception:
+            code = None
     if code is None:
-        # As written: what does not compile raises exactly as compiling the text raises it.
+        # As written: what does not compile raises exactly as compiling the text raises it
+        # (and what the attempt above warned is warned again here, by `compile` itself).
         return compile(source, filename, "exec"), False
+    for w in warned:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
     return code, True
 
 

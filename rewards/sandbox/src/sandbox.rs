@@ -211,6 +211,7 @@ impl From<wasmtime::Error> for SandboxError {
 struct Guest {
     wasi: WasiP1Ctx,
     clock: GuestClock,
+    mode: Mode,
     memory: MemoryCap,
     watch: Watch,
 }
@@ -600,6 +601,7 @@ fn guest_state(
     Ok(Guest {
         wasi,
         clock,
+        mode,
         memory: MemoryCap::watched(memory_bytes, watch.clone()),
         watch,
     })
@@ -845,15 +847,7 @@ fn guest_linker(engine: &Engine) -> wasmtime::Result<Linker<Guest>> {
                 let Some(timer) = single_timer(&mut caller, subs, nsubs)? else {
                     return Ok(ENOTSUP);
                 };
-                // A sleep is spent from the run's time limit: one past what is left sleeps
-                // out the rest and ends the run (`time_limit`).
-                let left = caller.data().watch.left();
-                let sleep = left.map_or(timer.sleep, |left| timer.sleep.min(left));
-                tokio::time::sleep(sleep).await;
-                caller.data().watch.slept(sleep);
-                if left.is_some_and(|left| timer.sleep >= left) {
-                    return Err(Trap::Interrupt.into());
-                }
+                charge_sleep(&mut caller, timer.sleep).await?;
                 // event: userdata u64, error u16 = 0, type u8 = clock (0), then zeros.
                 let mut event = [0u8; 32];
                 event[..8].copy_from_slice(&timer.userdata);
@@ -865,6 +859,54 @@ fn guest_linker(engine: &Engine) -> wasmtime::Result<Linker<Guest>> {
         },
     )?;
     Ok(linker)
+}
+
+/// Fuel a sleep costs in deterministic mode, per second asked for: about what the interpreter
+/// burns in a second of CPU time here (a test's default budget of 4 × 10¹⁰ is its 24 s).
+pub(crate) const SLEEP_FUEL_PER_S: u64 = 1_000_000_000;
+/// The least a sleep costs in deterministic mode, in fuel (a millisecond's worth): a loop of
+/// `time.sleep(0)` runs out of fuel as a busy loop does.
+pub(crate) const MIN_SLEEP_FUEL: u64 = SLEEP_FUEL_PER_S / 1000;
+
+/// The fuel a sleep of `d` costs in deterministic mode.
+pub(crate) fn sleep_fuel(d: Duration) -> u64 {
+    let asked = d.as_nanos().saturating_mul(u128::from(SLEEP_FUEL_PER_S)) / 1_000_000_000;
+    u64::try_from(asked).unwrap_or(u64::MAX).max(MIN_SLEEP_FUEL)
+}
+
+/// A guest's sleep, spent from its limits. Fast mode: it sleeps (on tokio, so the wall-time
+/// limit can stop it) and is charged the time it took, at least what it asked for (every
+/// sleep lasts a while, a zero one too: charged only what it asked, a loop of them would
+/// run on past its limit); one past what is left sleeps out the rest and ends the run
+/// (`time_limit`). Deterministic mode: the guest's clocks never move, so it does not sleep at
+/// all; it is charged fuel for what it asked ([`sleep_fuel`]), so the same program spends
+/// the same fuel and gets the same verdict every time. Either way the time counts against a
+/// time limit the run has (the pre-initialisation's).
+async fn charge_sleep(
+    caller: &mut wasmtime::Caller<'_, Guest>,
+    asked: Duration,
+) -> wasmtime::Result<()> {
+    let left = caller.data().watch.left();
+    let charged = if caller.data().mode == Mode::Deterministic {
+        let cost = sleep_fuel(asked);
+        let fuel = caller.get_fuel()?;
+        if cost > fuel {
+            caller.set_fuel(0)?;
+            return Err(Trap::OutOfFuel.into());
+        }
+        caller.set_fuel(fuel - cost)?;
+        asked
+    } else {
+        let sleep = left.map_or(asked, |left| asked.min(left));
+        let started = Instant::now();
+        tokio::time::sleep(sleep).await;
+        started.elapsed().max(sleep)
+    };
+    caller.data().watch.slept(charged);
+    if left.is_some_and(|left| charged >= left) {
+        return Err(Trap::Interrupt.into());
+    }
+    Ok(())
 }
 
 struct Timer {

@@ -205,8 +205,10 @@ pub struct RewardServiceConfig {
     /// once more. One per core is the usual choice for code rewards. 0 verifies on
     /// `threads` threads of this process. By default 0.
     pub workers: usize,
-    /// Per-sample deadline in milliseconds; a verifier that has not answered by then costs
-    /// that sample (verdict `verifier_timeout`). By default 10000.
+    /// Per-sample deadline in milliseconds, which the verifier is told; one that has not
+    /// answered a grace after it (a quarter of it, at most a second) costs that sample
+    /// (verdict `verifier_timeout`). The `lcb` reward ends a program's tests at the deadline
+    /// with that program's `time_limit`. By default 10000.
     pub deadline_ms: u64,
     /// Keep rewards by content (the verifier's identity, the completion, the reference): a
     /// completion graded once is not graded again. Only for verifiers that name their

@@ -4,6 +4,7 @@
 
 mod hostile;
 mod program;
+mod second_pass;
 
 use std::path::PathBuf;
 use std::sync::Arc;
