@@ -62,7 +62,7 @@ pub use config::{BuildContext, PluginConfig};
 pub use error::{BoxError, PluginError};
 pub use generator::{FaultStats, Generator, GeneratorStats};
 pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin};
-pub use reward::{Provenance, Reward, Verdict};
+pub use reward::{MAX_REWARD, Provenance, Reward, Verdict};
 pub use task::{ChatMessage, Split, Task, TaskItem, Tokenizer};
 pub use trajectory::{
     Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,

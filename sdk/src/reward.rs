@@ -83,6 +83,12 @@ pub struct Provenance {
     pub details: Map<String, Value>,
 }
 
+/// The largest reward magnitude the engine trains on: a reward must be finite and within
+/// `±MAX_REWARD` (a million). Group statistics square rewards and sum them over a batch, and
+/// rewards of order 10³⁰⁸ overflow them; real rewards are a few units. A verifier's reward
+/// outside the range costs that sample (verdict `error`, naming the verifier and the value).
+pub const MAX_REWARD: f64 = 1e6;
+
 /// A reward: a scalar for training plus what it means and where it came from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reward {
@@ -114,6 +120,20 @@ impl Reward {
     pub fn with_detail(mut self, key: &str, value: impl Into<Value>) -> Self {
         self.provenance.details.insert(key.to_owned(), value.into());
         self
+    }
+
+    /// Whether `value` is a reward the engine trains on (finite, within ±[`MAX_REWARD`]);
+    /// the error says why not, naming the value.
+    pub fn check_value(value: f64) -> Result<(), String> {
+        if !value.is_finite() {
+            Err(format!("a reward of {value}, which is not finite"))
+        } else if value.abs() > MAX_REWARD {
+            Err(format!(
+                "a reward of {value:e}, outside ±{MAX_REWARD:e}, the range the engine trains on"
+            ))
+        } else {
+            Ok(())
+        }
     }
 
     /// Record the verifier's version.

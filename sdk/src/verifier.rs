@@ -29,8 +29,8 @@ pub struct RewardInput {
     pub reference: Value,
     /// What else is known of the sample: the engine sets `data_source` (the task's name) and
     /// `split`; a caller such as `areal grade reward` passes its own keys. Plugins loaded at
-    /// run time see it, with `item_id`, `sample_id`, `finish_reason` and `completion_tokens`
-    /// added.
+    /// run time see it, with `item_id`, `finish_reason` and `completion_tokens` added (not
+    /// `sample_id`: a reward is the sample's content's, and the reward cache keys it so).
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub metadata: Map<String, Value>,
 }
@@ -78,11 +78,12 @@ pub trait RewardVerifier: Send + Sync + 'static {
     /// Verify one sample.
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError>;
 
-    /// What, beyond the sample's completion and reference, decides this verifier's rewards:
-    /// its version, the sha256 of any plugin file it runs, its limits and options. With
-    /// `reward_service.cache = true` the engine keeps rewards under it and this sample's
-    /// content, so a verifier must change it whenever its rewards could change. `None` (the
-    /// default) keeps its rewards out of the cache.
+    /// What, beyond the sample, decides this verifier's rewards: its version, the sha256 of
+    /// any plugin file it runs, its limits, options and environment. With
+    /// `reward_service.cache = true` the engine keeps rewards under it and every field of the
+    /// [`RewardInput`] but `sample_id`, so a verifier must change it whenever its rewards
+    /// could change, and must not let a reward depend on `sample_id`. `None` (the default)
+    /// keeps its rewards out of the cache.
     fn cache_identity(&self) -> Option<String> {
         None
     }

@@ -2,13 +2,15 @@
 //!
 //! A reward is keyed by the sha256 of the verifier's name, its
 //! [`cache_identity`](areal_sdk::RewardVerifier::cache_identity) (version, plugin sha256,
-//! limits, options), the completion, the reference and the input's metadata (in a run, the
-//! data source) — not the sample's or the item's id, so a completion of the same item graded
-//! again is a hit: a reward cached must not depend on those ids. Within a run every reward the verifier
-//! gave is kept (failures are not: they are not rewards). With a folder, rewards whose verdict
-//! is deterministic are also appended to a file of their own verifier identity there and read
-//! back by the next run: every verdict but a time limit measured in time (a time limit in fuel
-//! is deterministic; one in CPU seconds may flip on another machine).
+//! limits, options, environment) and everything of the sample a verifier is given: the item's
+//! id, the prompt, the completion and its token ids, why generation ended, the reference and
+//! the metadata — all but the sample's own id, which no reward may depend on (plugins loaded
+//! at run time are not shown it), so that a completion of the same item graded again is a
+//! hit. Within a run every reward the verifier gave is kept (failures are not: they are not
+//! rewards). With a folder, rewards whose verdict is deterministic are also appended to a
+//! file of their own verifier identity there and read back by the next run: every verdict
+//! but a time limit measured in time (a time limit in fuel is deterministic; one in CPU
+//! seconds may flip on another machine).
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -104,13 +106,23 @@ impl RewardCache {
         self.len() == 0
     }
 
-    /// The key of a sample.
+    /// The key of a sample: the identity and every field of the sample but `sample_id`.
     pub fn key(&self, input: &RewardInput) -> [u8; 32] {
         let mut h = Sha256::new();
         let metadata = serde_json::Value::Object(input.metadata.clone()).to_string();
+        let finish = serde_json::to_string(&input.finish_reason).expect("a finish reason is JSON");
+        let ids: Vec<u8> = input
+            .completion_ids
+            .iter()
+            .flat_map(|id| id.to_le_bytes())
+            .collect();
         for part in [
             self.identity.as_bytes(),
+            input.item_id.as_bytes(),
+            input.prompt.as_bytes(),
             input.completion.as_bytes(),
+            &ids,
+            finish.as_bytes(),
             input.reference.to_string().as_bytes(),
             metadata.as_bytes(),
         ] {
@@ -288,6 +300,37 @@ mod tests {
             reference: json!({ "answer": answer }),
             metadata: Default::default(),
         }
+    }
+
+    /// Issue 32: the key left out the prompt (which `signature = "areal"` passes to a Python
+    /// reward), so the same completion of another prompt got the other's reward. Every field
+    /// a verifier is given changes the key; the sample's own id does not.
+    #[test]
+    fn every_field_a_verifier_sees_is_in_the_key_but_the_sample_id() {
+        let cache = RewardCache::new("x", "v1", None).unwrap();
+        let base = input(">5", 5);
+        let key = cache.key(&base);
+        let mut changes: Vec<(&str, RewardInput)> = Vec::new();
+        let mut change = |field, f: fn(&mut RewardInput)| {
+            let mut other = base.clone();
+            f(&mut other);
+            changes.push((field, other));
+        };
+        change("item_id", |i| i.item_id = "j".into());
+        change("prompt", |i| i.prompt = "q".into());
+        change("completion", |i| i.completion = ">6".into());
+        change("completion_ids", |i| i.completion_ids = vec![1]);
+        change("finish_reason", |i| i.finish_reason = FinishReason::Length);
+        change("reference", |i| i.reference = json!({ "answer": 6 }));
+        change("metadata", |i| {
+            i.metadata.insert("data_source".into(), "b".into());
+        });
+        for (field, other) in changes {
+            assert_ne!(cache.key(&other), key, "{field} is not in the key");
+        }
+        let mut same = base.clone();
+        same.sample_id = 99;
+        assert_eq!(cache.key(&same), key, "the sample's id is not in the key");
     }
 
     #[test]

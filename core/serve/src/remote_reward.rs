@@ -232,6 +232,8 @@ fn outcome(result: pb::VerifyResult, url: &str) -> Result<Reward, PluginError> {
                     ),
                 ));
             }
+            Reward::check_value(reward.value)
+                .map_err(|why| PluginError::failed(NAME, format!("{url} sent {why}")))?;
             Ok(reward)
         }
         Some(pb::verify_result::Outcome::Error(message)) => {

@@ -6,10 +6,17 @@
 # imported then (its imports and module-level work are paid once), and each sample's run
 # calls `areal_main()` in a fresh instance of that snapshot.
 #
-# stdin of a run: one JSON object, the sample (see `_call`). The function's prints go to
-# stdout, which is capped; after them the harness writes MARK and one JSON line:
+# stdin of a run: one JSON object, the sample (see `_call`) and this run's `nonce`. The
+# function's prints go to stdout, which is capped; after them the harness writes MARK, the
+# nonce, RS and one JSON line:
 #   {"score": <float>, "details": {...}, "verdict": <str or null>}   the function returned
 #   {"error": <traceback or message>}                                it raised or returned junk
+# The nonce is the host's, new every run, and is taken out of the job before the function is
+# called, so that a function that prints what it is given (or runs a completion's code that
+# prints a reply of its own) does not write a reply the host accepts; the host also refuses a
+# run that wrote more than one. (Code the function runs in this interpreter could still find
+# the nonce in the harness's memory: a reward that executes a completion's code should not
+# trust that code with its own process: docs/writing-a-reward.md.)
 import json
 import os
 import random
@@ -40,7 +47,7 @@ def _read_all():
         parts.append(b)
 
 
-def _say(obj):
+def _say(obj, nonce=b""):
     try:
         sys.stdout.flush()
     except BaseException:
@@ -49,7 +56,7 @@ def _say(obj):
         text = json.dumps(obj, allow_nan=False, default=repr)
     except ValueError:
         text = json.dumps({"error": "the details hold a number that is not finite (NaN or inf)"})
-    os.write(1, MARK + text.encode() + b"\n")
+    os.write(1, MARK + nonce + b"\x1e" + text.encode() + b"\n")
     os._exit(0)
 
 
@@ -82,6 +89,7 @@ def _number(x):
 def areal_main():
     try:
         job = json.loads(_read_all())
+        nonce = job.pop("nonce").encode()
     except BaseException:
         _say({"error": "the harness got no sample: " + traceback.format_exc()[-2000:]})
     # The snapshot froze the random module's state: draw this run's own seed (the OS's in
@@ -99,7 +107,7 @@ def areal_main():
         while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
             tb = tb.tb_next
         text = "".join(traceback.format_exception(type(e), e, tb))
-        _say({"error": text[-8000:]})
+        _say({"error": text[-8000:]}, nonce)
     try:
         if isinstance(result, dict):
             if "score" not in result:
@@ -116,11 +124,12 @@ def areal_main():
             {
                 "error": "%s returned %s, not a number or a dict with a number `score`"
                 % (FUNCTION, repr(result)[:200])  # noqa: F821
-            }
+            },
+            nonce,
         )
     if score != score or score in (float("inf"), float("-inf")):
-        _say({"error": "returned a score of %r, which is not finite" % score})
-    _say({"score": score, "details": details, "verdict": verdict})
+        _say({"error": "returned a score of %r, which is not finite" % score}, nonce)
+    _say({"score": score, "details": details, "verdict": verdict}, nonce)
 
 
 # Everything above lives in the snapshot, mapped copy-on-write into each run: freeze it so that

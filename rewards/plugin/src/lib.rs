@@ -217,12 +217,12 @@ impl Options {
 }
 
 /// What the plugin sees of a sample beside prompt, completion and reference: the caller's
-/// metadata with `item_id`, `sample_id`, `finish_reason` and `completion_tokens`, and the
-/// data source (`metadata.data_source`, else "").
+/// metadata with `item_id`, `finish_reason` and `completion_tokens`, and the data source
+/// (`metadata.data_source`, else ""). Not the sample's id: the reward cache keys rewards by
+/// everything a plugin sees, and a reward must not depend on which sample it was.
 pub(crate) fn metadata_of(input: &RewardInput) -> (Map<String, Value>, String) {
     let mut m = input.metadata.clone();
     m.insert("item_id".into(), input.item_id.clone().into());
-    m.insert("sample_id".into(), input.sample_id.into());
     m.insert(
         "finish_reason".into(),
         serde_json::to_value(input.finish_reason).unwrap_or(Value::Null),
@@ -239,13 +239,18 @@ pub(crate) fn metadata_of(input: &RewardInput) -> (Map<String, Value>, String) {
     (m, source)
 }
 
-/// The seed of a sample's run in deterministic mode: from its content, so the same sample
-/// always draws the same numbers.
+/// The seed of a sample's run in deterministic mode: from its content (prompt, completion,
+/// reference), so the same sample always draws the same numbers.
 pub(crate) fn seed_of(input: &RewardInput) -> u64 {
     let mut h = Sha256::new();
-    h.update(input.completion.as_bytes());
-    h.update([0]);
-    h.update(input.reference.to_string().as_bytes());
+    for part in [
+        input.prompt.as_bytes(),
+        input.completion.as_bytes(),
+        input.reference.to_string().as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
     let d = h.finalize();
     u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
 }
@@ -328,9 +333,7 @@ pub(crate) fn reward(
     prov: &PluginProvenance,
     fuel: Option<u64>,
 ) -> Result<Reward, String> {
-    if !score.is_finite() {
-        return Err(format!("returned a reward of {score}, which is not finite"));
-    }
+    Reward::check_value(score).map_err(|why| format!("returned {why}"))?;
     let mut r = Reward::new(score, verdict).with_version(prov.version.clone());
     r.provenance.limits = prov.limits.clone();
     r.provenance.details = details;
@@ -344,22 +347,66 @@ pub(crate) fn reward(
     Ok(r)
 }
 
+/// The identity of the host folders a component reads (`host:guest` each): every file and
+/// folder under each, by name, size and modification time, hashed — so that a file edited
+/// between two runs gives the plugin another cache identity. (Contents are not read: a
+/// mounted dataset may be large; any write changes a file's modification time.)
+pub(crate) fn dirs_identity(dirs: &[(PathBuf, String)]) -> Result<Vec<String>, String> {
+    let mut out = Vec::with_capacity(dirs.len());
+    for (host, guest) in dirs {
+        let mut h = Sha256::new();
+        let mut todo = vec![host.clone()];
+        while let Some(dir) = todo.pop() {
+            let read = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            let mut entries: Vec<_> = read.filter_map(Result::ok).collect();
+            entries.sort_by_key(|e| e.file_name());
+            for entry in entries {
+                let path = entry.path();
+                let meta =
+                    std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let modified = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .unwrap_or_default();
+                let name = path.strip_prefix(host).unwrap_or(&path).to_string_lossy();
+                h.update(format!("{name}\0{}\0{}\0", meta.len(), modified.as_nanos()));
+                if meta.is_dir() {
+                    todo.push(path);
+                }
+            }
+        }
+        let digest = sha256_hex(&h.finalize());
+        out.push(format!("{}:{guest}:{}", host.display(), &digest[..16]));
+    }
+    Ok(out)
+}
+
 /// What every reward of a plugin records of it.
 #[derive(Clone, Debug)]
 pub(crate) struct PluginProvenance {
     pub(crate) file: String,
     pub(crate) sha256: String,
+    /// What the plugin reads of the host's files, for its cache identity: each folder it
+    /// mounts, with a digest of what it holds when loaded (names, sizes, contents).
+    pub(crate) dirs: Vec<String>,
     pub(crate) version: String,
     pub(crate) limits: Map<String, Value>,
 }
 
 impl PluginProvenance {
-    /// The identity of the plugin's rewards for the reward cache.
-    pub(crate) fn cache_identity(&self, options: &Map<String, Value>) -> String {
+    /// The identity of the plugin's rewards for the reward cache: everything of the plugin
+    /// that its function can see or that bounds it — the file's sha256, the version (the
+    /// function and signature it calls, the guest and wasmtime), its options, its
+    /// environment, the folders it reads, its limits. (The sample's part is the cache's key.)
+    pub(crate) fn cache_identity(&self, options: &Options) -> String {
         format!(
-            "{}; options {}; limits {}",
+            "{}; sha256 {}; options {}; env {}; dirs {}; limits {}",
             self.version,
-            Value::Object(options.clone()),
+            self.sha256,
+            Value::Object(options.options.clone()),
+            serde_json::to_string(&options.env).expect("strings are JSON"),
+            serde_json::to_string(&self.dirs).expect("strings are JSON"),
             Value::Object(self.limits.clone())
         )
     }

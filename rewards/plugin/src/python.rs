@@ -100,6 +100,7 @@ impl PythonReward {
         let provenance = PluginProvenance {
             file,
             sha256: sha256_hex(source.as_bytes()),
+            dirs: Vec::new(),
             version: format!(
                 "areal-reward-plugin {}; {function} ({signature}); guest sha256 {}; wasmtime {}",
                 env!("CARGO_PKG_VERSION"),
@@ -139,6 +140,7 @@ impl RewardVerifier for PythonReward {
             "metadata": metadata,
             "options": self.options.options,
             "env": self.options.env,
+            "nonce": nonce(),
         });
         let limits = self
             .options
@@ -171,13 +173,34 @@ impl RewardVerifier for PythonReward {
                 return Err(fail(format!("{why}{}", stderr_note(&report.stderr))));
             }
         }
-        let at = find_last(&report.stdout, MARK).ok_or_else(|| {
-            fail(format!(
-                "the harness said nothing back{}",
-                stderr_note(&report.stderr)
-            ))
-        })?;
-        let reply: Reply = serde_json::from_slice(&report.stdout[at + MARK.len()..])
+        let mark = [
+            MARK,
+            job["nonce"].as_str().unwrap_or_default().as_bytes(),
+            b"\x1e",
+        ]
+        .concat();
+        let replies: Vec<usize> = report
+            .stdout
+            .windows(mark.len())
+            .enumerate()
+            .filter_map(|(i, w)| (w == mark).then_some(i))
+            .collect();
+        let at = match replies[..] {
+            [at] => at,
+            [] => {
+                return Err(fail(format!(
+                    "the harness said nothing back{}",
+                    stderr_note(&report.stderr)
+                )));
+            }
+            _ => {
+                return Err(fail(format!(
+                    "the run wrote {} replies with this run's nonce, where the harness writes one",
+                    replies.len()
+                )));
+            }
+        };
+        let reply: Reply = serde_json::from_slice(&report.stdout[at + mark.len()..])
             .map_err(|e| fail(format!("the harness's reply is not JSON: {e}")))?;
         if let Some(error) = reply.error {
             return Err(fail(error.trim_end().to_owned()));
@@ -196,12 +219,23 @@ impl RewardVerifier for PythonReward {
     }
 
     fn cache_identity(&self) -> Option<String> {
-        Some(self.provenance.cache_identity(&self.options.options))
+        Some(self.provenance.cache_identity(&self.options))
     }
 }
 
-fn find_last(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).rposition(|w| w == needle)
+/// A run's nonce: 128 bits the guest cannot predict (the process's random hash keys, drawn
+/// from the OS, over a counter), marking the harness's one reply.
+fn nonce() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let half = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        h.write_u64(salt);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(1), half(2))
 }
 
 pub(crate) fn build(

@@ -69,6 +69,7 @@ impl WasmReward {
             })?;
             grants.dirs.push((PathBuf::from(host), guest.to_owned()));
         }
+        let grants_dirs = grants.dirs.clone();
         let host = ComponentHost::load(&options.path, options.mode, &cache_dir(), grants)
             .map_err(|e| PluginError::failed(NAME, e.to_string()))?;
         let limits = options.limits(NAME);
@@ -101,9 +102,12 @@ impl WasmReward {
                 ));
             }
         }
+        let dirs = crate::dirs_identity(&grants_dirs)
+            .map_err(|e| PluginError::config("reward.dirs", e))?;
         let provenance = PluginProvenance {
             file,
             sha256: host.sha256().to_owned(),
+            dirs,
             version: format!(
                 "areal-reward-plugin {}; {}",
                 env!("CARGO_PKG_VERSION"),
@@ -192,7 +196,7 @@ impl RewardVerifier for WasmReward {
     }
 
     fn cache_identity(&self) -> Option<String> {
-        Some(self.provenance.cache_identity(&self.options.options))
+        Some(self.provenance.cache_identity(&self.options))
     }
 }
 

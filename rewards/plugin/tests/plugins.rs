@@ -227,6 +227,13 @@ fn a_hostile_python_file_costs_one_sample_each_with_its_traceback() {
         "returned 'not a number', not a number",
     );
     fails_with(v.as_ref(), "nan", &file, "not finite");
+    // Issue 32: a finite 1e308 was trained on (and overflowed the group's statistics).
+    fails_with(v.as_ref(), "huge", &file, "outside ±1e6");
+    // Issue 32: the reply mark had no per-run nonce, so code a reward runs could print a
+    // score of its own. Now a reply without this run's nonce is none, and a second one
+    // (the harness's own after a forged one) is refused.
+    fails_with(v.as_ref(), "forge", &file, "the harness said nothing back");
+    fails_with(v.as_ref(), "forge-found", &file, "wrote 2 replies");
     fails_with(v.as_ref(), "recurse", &file, "RecursionError");
     // the traceback starts at the user's own frames, with the file's name and line
     let err = verify(v.as_ref(), &input(7, "raise", 16))
@@ -283,7 +290,10 @@ fn a_python_call_gets_verl_s_arguments_and_the_options_as_keywords() {
     assert_eq!(d["options"], json!({ "strict": true }));
     let extra = &d["extra_info"];
     assert_eq!(extra["item_id"], json!("item-4"));
-    assert_eq!(extra["sample_id"], json!(4));
+    assert!(
+        extra.get("sample_id").is_none(),
+        "no reward depends on the sample's id"
+    );
     assert_eq!(extra["finish_reason"], json!("stop"));
     assert_eq!(extra["completion_tokens"], json!(3));
     assert_eq!(r.verdict, Verdict::Partial, "a score between 0 and 1");
@@ -391,4 +401,117 @@ fn what_cannot_be_loaded_stops_the_run_at_start_naming_the_plugin_and_the_key() 
     let bomb = write("bomb.py", b"x = bytearray(1 << 30)\n");
     let err = load_error(json!({ "kind": "python", "path": bomb, "memory_mb": 200 }));
     assert!(err.contains("memory limit of 200 MiB"), "{err}");
+}
+
+/// A change to a plugin's config, named.
+type Variant<'a> = (&'a str, Box<dyn Fn(&mut Value)>);
+
+/// Issue 32: a Python reward's cache identity left out its file's sha256 (an edited file got
+/// the old file's rewards from `.cache/rewards`) and its environment (`MODE = "b"` got
+/// `MODE = "a"`'s rewards). For each form, every change of what its function can see or what
+/// bounds it is another identity: the next run's cache, on the same folder, misses.
+#[test]
+fn every_input_of_a_plugin_is_in_its_cache_identity() {
+    use areal_core::RewardCache;
+    let dir = tempfile::tempdir().unwrap();
+    let cache_dir = dir.path().join("rewards");
+    let sample = input(1, "x>16", 16);
+    let reward = areal_sdk::Reward::new(1.0, Verdict::Accepted);
+    // The base config's reward is cached; each variant must miss it.
+    let check = |kind: &str, base: Value, variants: Vec<Variant<'_>>| {
+        let identity = |config: Value| build(config).unwrap().cache_identity().unwrap();
+        let cache = RewardCache::new(kind, &identity(base.clone()), Some(&cache_dir)).unwrap();
+        let key = cache.key(&sample);
+        cache.put(key, &reward);
+        drop(cache);
+        let again = RewardCache::new(kind, &identity(base.clone()), Some(&cache_dir)).unwrap();
+        assert_eq!(
+            again.get(&key),
+            Some(reward.clone()),
+            "{kind}: the same plugin hits"
+        );
+        for (what, change) in variants {
+            let mut config = base.clone();
+            change(&mut config);
+            let other = RewardCache::new(kind, &identity(config), Some(&cache_dir)).unwrap();
+            assert_eq!(
+                other.get(&other.key(&sample)),
+                None,
+                "{kind}: {what} hit the cache"
+            );
+        }
+    };
+    let file = dir.path().join("sees.py");
+    let source = "import os\ndef compute_score(data_source, solution_str, ground_truth, extra_info, **kw):\n    return 1.0 if os.environ.get('MODE') == 'a' else 0.0\n";
+    std::fs::write(&file, source).unwrap();
+    let edited = dir.path().join("edited.py");
+    std::fs::write(&edited, source.replace("'a'", "'b'")).unwrap();
+    let python = json!({
+        "kind": "python", "path": file, "env": { "MODE": "a" }, "options": { "x": 1 },
+    });
+    let edited_path = edited.display().to_string();
+    check(
+        "python",
+        python,
+        vec![
+            (
+                "another file",
+                Box::new(move |c| c["path"] = json!(edited_path)),
+            ),
+            (
+                "the environment",
+                Box::new(|c| c["env"]["MODE"] = json!("b")),
+            ),
+            ("the options", Box::new(|c| c["options"]["x"] = json!(2))),
+            ("the CPU limit", Box::new(|c| c["cpu_s"] = json!(6.0))),
+            ("the mode", Box::new(|c| c["mode"] = json!("deterministic"))),
+        ],
+    );
+    // The same file edited in place is another identity too.
+    let before = build(json!({ "kind": "python", "path": file }))
+        .unwrap()
+        .cache_identity();
+    std::fs::write(&file, source.replace("1.0 if", "0.5 if")).unwrap();
+    let after = build(json!({ "kind": "python", "path": file }))
+        .unwrap()
+        .cache_identity();
+    assert_ne!(before, after, "an edited file");
+
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("answers.txt"), "16").unwrap();
+    let wasm = json!({
+        "kind": "wasm", "path": component("chain-sum"), "env": { "MODE": "a" },
+        "dirs": [format!("{}:/data", data.display())],
+    });
+    let other_data = dir.path().join("other");
+    std::fs::create_dir(&other_data).unwrap();
+    let mount = format!("{}:/data", other_data.display());
+    check(
+        "wasm",
+        wasm.clone(),
+        vec![
+            (
+                "the environment",
+                Box::new(|c| c["env"]["MODE"] = json!("b")),
+            ),
+            (
+                "the options",
+                Box::new(|c| c["options"] = json!({ "wrong": 0.5 })),
+            ),
+            (
+                "another folder",
+                Box::new(move |c| c["dirs"] = json!([mount])),
+            ),
+            ("the memory limit", Box::new(|c| c["memory_mb"] = json!(32))),
+        ],
+    );
+    // A file of a mounted folder written between two runs is another identity.
+    let before = build(wasm.clone()).unwrap().cache_identity();
+    std::fs::write(data.join("answers.txt"), "17, and more").unwrap();
+    assert_ne!(
+        before,
+        build(wasm).unwrap().cache_identity(),
+        "an edited file of a mounted folder"
+    );
 }

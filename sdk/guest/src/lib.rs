@@ -66,8 +66,8 @@ pub struct Sample {
     pub completion: String,
     /// The task's reference for the item.
     pub reference: Value,
-    /// `item_id`, `sample_id`, `finish_reason`, `completion_tokens`, `data_source` and the
-    /// caller's own keys.
+    /// `item_id`, `finish_reason`, `completion_tokens`, `data_source` and the caller's own
+    /// keys (not the sample's id: a reward belongs to the sample's content).
     pub metadata: Map<String, Value>,
 }
 
