@@ -54,13 +54,13 @@ const MAX_SERVERS: usize = 256;
 
 fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
     if args.generators == 0 && args.reward_servers == 0 {
-        bail!("nothing to launch: give --generators N and/or --reward-servers M");
+        crate::usage!("nothing to launch: give --generators N and/or --reward-servers M");
     }
     if args.generators > MAX_SERVERS || args.reward_servers > MAX_SERVERS {
-        bail!("at most {MAX_SERVERS} servers of each kind");
+        crate::usage!("at most {MAX_SERVERS} servers of each kind");
     }
     if !(args.start_timeout_s > 0.0 && args.start_timeout_s <= 86_400.0) {
-        bail!(
+        crate::usage!(
             "--start-timeout-s must be between 0 and 86400, found {}",
             args.start_timeout_s
         );

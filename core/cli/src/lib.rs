@@ -172,7 +172,7 @@ struct TrainArgs {
 }
 
 /// Run the command line with the process arguments; prints the error chain and returns a
-/// non-zero exit code on failure (2 for a bad config).
+/// non-zero exit code on failure (2 for a bad config or command line, as clap's own).
 pub fn main() -> ExitCode {
     main_from(std::env::args_os())
 }
@@ -196,7 +196,8 @@ where
             ExitCode::from(130)
         }
         Err(error) => {
-            let bad_config = error.downcast_ref::<ConfigError>().is_some();
+            let bad_config = error.downcast_ref::<ConfigError>().is_some()
+                || error.downcast_ref::<UsageError>().is_some();
             #[allow(clippy::print_stderr)]
             {
                 eprintln!("error: {error}");
@@ -452,6 +453,21 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A command line that asks for what cannot be: a flag's value out of its range, flags that
+/// do not go together. Exit status 2, as for the usage errors clap finds itself and a bad
+/// config: one rule for everything that is wrong before any work starts.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct UsageError(pub(crate) String);
+
+/// `Err(UsageError)` with the formatted message.
+macro_rules! usage {
+    ($($arg:tt)*) => {
+        return Err($crate::UsageError(format!($($arg)*)).into())
+    };
+}
+pub(crate) use usage;
 
 /// A run stopped by a signal, its checkpoint and summary saved: exit status 130.
 #[derive(Debug, thiserror::Error)]

@@ -168,7 +168,7 @@ fn serve_generator(
     }: GeneratorArgs,
 ) -> anyhow::Result<()> {
     if api == Api::Grpc && model.is_some() {
-        anyhow::bail!(
+        crate::usage!(
             "--model is for --api sglang|vllm; a gRPC server gets its weights from the run"
         );
     }

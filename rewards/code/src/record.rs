@@ -54,21 +54,23 @@ pub struct Problem {
     pub func_name: Option<String>,
 }
 
-/// The most bytes a record's compressed tests may decompress to, by default (256 MiB): real
-/// LiveCodeBench records stay far below it; a zlib bomb stops here instead of filling memory.
+/// The most bytes a record's tests may take, by default (256 MiB), in each of its two test
+/// fields: decompressed, or as written where they are not compressed. Real LiveCodeBench
+/// records stay far below it; a zlib bomb stops here instead of filling memory.
 pub const DEFAULT_MAX_TESTS_BYTES: usize = 256 << 20;
 
 impl Problem {
     /// Read a record in LiveCodeBench's field names. `public_test_cases` and
     /// `private_test_cases` are JSON strings (or already arrays); private ones may be
-    /// compressed (base64 → zlib → pickle of the JSON string) and may decompress to at most
-    /// [`DEFAULT_MAX_TESTS_BYTES`].
+    /// compressed (base64 → zlib → pickle of the JSON string). Each may hold at most
+    /// [`DEFAULT_MAX_TESTS_BYTES`], decompressed or as written.
     pub fn from_record(record: &Value) -> Result<Self, RecordError> {
         Self::from_record_within(record, DEFAULT_MAX_TESTS_BYTES)
     }
 
-    /// [`Problem::from_record`] with compressed tests allowed to decompress to at most
-    /// `max_tests_bytes`; past it the record is refused, naming the field and the limit.
+    /// [`Problem::from_record`] with each test field allowed at most `max_tests_bytes`
+    /// (decompressed, or as written); past it the record is refused, naming the field and
+    /// the limit.
     pub fn from_record_within(record: &Value, max_tests_bytes: usize) -> Result<Self, RecordError> {
         let obj = record
             .as_object()
@@ -123,10 +125,29 @@ fn func_name_of(meta: &Value) -> Result<Option<String>, RecordError> {
 }
 
 fn parse_tests(field: &str, v: &Value, max_bytes: usize) -> Result<Vec<TestCase>, RecordError> {
+    let too_big = |size: usize| {
+        bad(
+            field,
+            format!(
+                "holds {} MiB of tests, more than the limit of {} MiB (LiveCodeBench's records are far smaller)",
+                size >> 20,
+                max_bytes >> 20
+            ),
+        )
+    };
     let text = match v {
         Value::Array(_) => {
-            return Vec::<TestCase>::deserialize(v)
-                .map_err(|e| bad(field, format!("not a list of tests: {e}")));
+            let tests = Vec::<TestCase>::deserialize(v)
+                .map_err(|e| bad(field, format!("not a list of tests: {e}")))?;
+            let size = tests
+                .iter()
+                .map(|t| t.input.len() + t.output.len())
+                .fold(0usize, usize::saturating_add);
+            return if size > max_bytes {
+                Err(too_big(size))
+            } else {
+                Ok(tests)
+            };
         }
         Value::String(s) => s.trim(),
         Value::Null => return Ok(Vec::new()),
@@ -136,6 +157,10 @@ fn parse_tests(field: &str, v: &Value, max_bytes: usize) -> Result<Vec<TestCase>
         return Ok(Vec::new());
     }
     let tests = if text.starts_with('[') {
+        // Uncompressed tests are held to the limit of compressed ones, as written.
+        if text.len() > max_bytes {
+            return Err(too_big(text.len()));
+        }
         serde_json::from_str(text)
     } else {
         let json = decompress_within(text, max_bytes).map_err(|m| bad(field, m))?;
@@ -299,6 +324,29 @@ mod tests {
         assert_eq!(extract_code("no code here"), None);
         assert_eq!(extract_code("```python\nprint(1)"), None);
         assert_eq!(extract_code("```\n```").as_deref(), Some(""));
+    }
+
+    /// Issue 32: uncompressed tests had no cap (a 620 MB line took 3.3 GB); they are held to
+    /// the limit of compressed ones, as a string and as an array alike.
+    #[test]
+    fn uncompressed_tests_are_held_to_the_limit() {
+        let tests = |n: usize| serde_json::json!([{ "input": "x".repeat(n), "output": "", "testtype": "stdin" }]);
+        for field in ["public_test_cases", "private_test_cases"] {
+            for n in [1000, 5000] {
+                let as_array = serde_json::json!({ field: tests(n) });
+                let as_text = serde_json::json!({ field: tests(n).to_string() });
+                for record in [as_array, as_text] {
+                    let read = Problem::from_record_within(&record, 4096);
+                    if n < 4096 {
+                        assert_eq!(read.unwrap().tests[0].input.len(), n);
+                    } else {
+                        let err = read.unwrap_err();
+                        assert_eq!(err.field, field);
+                        assert!(err.message.contains("limit of 0 MiB"), "{err}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -133,7 +133,12 @@ pub(super) fn run(args: GradeCodeArgs) -> anyhow::Result<()> {
         out.write_all(b"\n")?;
         out.flush()
     };
-    for line in Lines::new(input) {
+    // A record holds its two test fields (each at most --max-tests-mb, decompressed or as
+    // written), the code and a few small fields: a longer line is refused unread.
+    let max_line = max_tests_bytes
+        .saturating_mul(2)
+        .saturating_add(super::input::MAX_LINE_BYTES);
+    for line in Lines::new(input, max_line) {
         let (line_no, line) = line?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         match line.and_then(|line| parse_line(&line, max_tests_bytes)) {

@@ -30,20 +30,64 @@ pub(crate) fn check_flags(
             "--threads {threads}: between 1 and {MAX_THREADS} may run at once"
         ));
     }
-    anyhow::ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    if !problems.is_empty() {
+        crate::usage!("{}", problems.join("\n"));
+    }
     Ok(())
 }
 
-/// The lines of an input, numbered from 1. A line that is not UTF-8 is that line's problem
-/// (`Err` with where it breaks), never the end of the input; only a failure to read ends it.
+/// The lines of an input, numbered from 1. A line that is not UTF-8, or longer than the
+/// limit, is that line's problem (`Err` with why), never the end of the input; only a failure
+/// to read ends it. A line past the limit is read on to its end without being kept.
 pub(crate) struct Lines {
     input: Box<dyn BufRead>,
     number: usize,
+    max_bytes: usize,
 }
 
 impl Lines {
-    pub(crate) fn new(input: Box<dyn BufRead>) -> Self {
-        Self { input, number: 0 }
+    /// The lines of `input`, each at most `max_bytes` long (its newline aside).
+    pub(crate) fn new(input: Box<dyn BufRead>, max_bytes: usize) -> Self {
+        Self {
+            input,
+            number: 0,
+            max_bytes,
+        }
+    }
+
+    /// The next line's bytes (without its newline) and whether it ended within the limit;
+    /// `None` at the end of the input.
+    fn read_line(&mut self) -> std::io::Result<Option<(Vec<u8>, bool)>> {
+        let mut bytes = Vec::new();
+        let mut over = false;
+        let mut any = false;
+        loop {
+            let buf = self.input.fill_buf()?;
+            if buf.is_empty() {
+                over |= bytes.len() > self.max_bytes;
+                return Ok(any.then_some((bytes, !over)));
+            }
+            any = true;
+            let (chunk, ends) = match buf.iter().position(|&b| b == b'\n') {
+                Some(i) => (&buf[..i], Some(i + 1)),
+                None => (buf, None),
+            };
+            if !over && bytes.len() + chunk.len() <= self.max_bytes.saturating_add(1) {
+                bytes.extend_from_slice(chunk);
+            } else {
+                over = true;
+                bytes = Vec::new();
+            }
+            let used = ends.unwrap_or(buf.len());
+            self.input.consume(used);
+            if ends.is_some() {
+                if bytes.ends_with(b"\r") {
+                    bytes.pop();
+                }
+                over |= bytes.len() > self.max_bytes;
+                return Ok(Some((bytes, !over)));
+            }
+        }
     }
 }
 
@@ -69,18 +113,18 @@ impl Iterator for Lines {
     type Item = anyhow::Result<Line>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let mut bytes = Vec::new();
         self.number += 1;
         let number = self.number;
-        match self.input.read_until(b'\n', &mut bytes) {
-            Ok(0) => None,
-            Ok(_) => {
-                if bytes.ends_with(b"\n") {
-                    bytes.pop();
-                    if bytes.ends_with(b"\r") {
-                        bytes.pop();
-                    }
-                }
+        match self.read_line() {
+            Ok(None) => None,
+            Ok(Some((_, false))) => Some(Ok((
+                number,
+                Err(format!(
+                    "longer than {} MiB, the most a line may hold here (skipped unread)",
+                    self.max_bytes >> 20
+                )),
+            ))),
+            Ok(Some((bytes, true))) => {
                 let text = String::from_utf8(bytes).map_err(|e| {
                     format!(
                         "not UTF-8 (invalid byte at column {})",
@@ -95,6 +139,9 @@ impl Iterator for Lines {
         }
     }
 }
+
+/// The longest line of a grade command's input that is not a code record: 64 MiB.
+pub(crate) const MAX_LINE_BYTES: usize = 64 << 20;
 
 /// The lines of `file`, or of stdin for `-`.
 pub(crate) fn open_input(file: &Path) -> anyhow::Result<Box<dyn BufRead>> {
@@ -115,4 +162,31 @@ pub(crate) fn line_progress(quiet: bool) -> ProgressBar {
         ProgressStyle::with_template("{spinner} graded {pos} lines [{elapsed_precise}] {msg}")
             .expect("a valid template"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str, max: usize) -> Vec<Result<String, String>> {
+        let input: Box<dyn BufRead> = Box::new(std::io::BufReader::with_capacity(
+            3,
+            std::io::Cursor::new(text.as_bytes().to_vec()),
+        ));
+        Lines::new(input, max).map(|l| l.unwrap().1).collect()
+    }
+
+    #[test]
+    fn a_line_past_the_limit_is_skipped_and_the_next_one_read() {
+        let got = lines("short\r\nmuch too long a line\nok\n\nlast", 6);
+        assert_eq!(got[0], Ok("short".into()));
+        assert!(got[1].as_ref().unwrap_err().contains("skipped"), "{got:?}");
+        assert_eq!(
+            got[2..],
+            [Ok("ok".into()), Ok(String::new()), Ok("last".into())]
+        );
+        assert!(lines("abcdef\nabcdefg", 6)[1].is_err());
+        assert_eq!(lines("abcdef\r\n", 6), [Ok("abcdef".into())]);
+        assert_eq!(lines("", 6), Vec::<Result<String, String>>::new());
+    }
 }

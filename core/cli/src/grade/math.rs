@@ -52,7 +52,7 @@ pub(super) fn run(args: GradeMathArgs) -> anyhow::Result<()> {
     let mut out = BufWriter::new(std::io::stdout().lock());
     let (mut graded, mut accepted, mut errors) = (0usize, 0usize, 0usize);
     let mut batch: Vec<(usize, Result<String, String>)> = Vec::with_capacity(BATCH);
-    let mut lines = Lines::new(input);
+    let mut lines = Lines::new(input, super::input::MAX_LINE_BYTES);
     loop {
         lines.next_batch(&mut batch, BATCH)?;
         if batch.is_empty() {

@@ -52,7 +52,7 @@ pub(super) fn run(args: GradeRewardArgs) -> anyhow::Result<()> {
     let rt = runtime()?;
     let mut out = BufWriter::new(std::io::stdout().lock());
     let (mut graded, mut accepted, mut errors, mut total) = (0usize, 0usize, 0usize, 0.0f64);
-    let mut lines = Lines::new(input);
+    let mut lines = Lines::new(input, super::input::MAX_LINE_BYTES);
     let mut batch = Vec::with_capacity(BATCH);
     loop {
         lines.next_batch(&mut batch, BATCH)?;
