@@ -56,24 +56,30 @@ impl Drop for RewardWorkers {
 
 /// What verifies through the workers: the `remote` client, under the name and cache
 /// identity of the reward the workers run (built in this process too, which checked its
-/// config), so that the run's reward cache works as it does in process.
+/// config), so that the run's reward cache works as it does in process. A sample too big for
+/// a call to a worker (a LiveCodeBench record of more than 64 MiB, which `max_tests_mb`
+/// admits) is verified by that same reward in this process: workers and in-process
+/// verification give the same reward for every sample.
 struct WorkerVerifier {
     remote: RemoteVerifier,
-    name: String,
-    identity: Option<String>,
+    local: Arc<dyn RewardVerifier>,
 }
 
 impl RewardVerifier for WorkerVerifier {
     fn name(&self) -> &str {
-        &self.name
+        self.local.name()
     }
 
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError> {
-        self.remote.verify(input, ctx)
+        if RemoteVerifier::fits(input) {
+            self.remote.verify(input, ctx)
+        } else {
+            self.local.verify(input, ctx)
+        }
     }
 
     fn cache_identity(&self) -> Option<String> {
-        self.identity.clone()
+        self.local.cache_identity()
     }
 
     fn faults(&self) -> FaultStats {
@@ -141,8 +147,7 @@ pub(crate) fn start(
     };
     let verifier = WorkerVerifier {
         remote,
-        name: local.name().to_owned(),
-        identity: local.cache_identity(),
+        local: Arc::clone(local),
     };
     Ok(Some((
         Arc::new(verifier),

@@ -154,11 +154,27 @@ impl RemoteVerifier {
         }
     }
 
+    /// Whether `input` fits in one call to a reward server ([`MAX_MESSAGE_BYTES`]).
+    pub fn fits(input: &RewardInput) -> bool {
+        areal_proto::reward_input_size(input) <= MAX_MESSAGE_BYTES
+    }
+
     async fn verify_async(
         &self,
         input: &RewardInput,
         ctx: &VerifyContext,
     ) -> Result<Reward, PluginError> {
+        if !Self::fits(input) {
+            return Err(PluginError::failed(
+                NAME,
+                format!(
+                    "sample {} takes {} MiB on the wire, more than the {} MiB a reward server accepts",
+                    input.sample_id,
+                    areal_proto::reward_input_size(input) >> 20,
+                    MAX_MESSAGE_BYTES >> 20
+                ),
+            ));
+        }
         let (result, url) = self
             .fleet
             .call_reissuing_once(

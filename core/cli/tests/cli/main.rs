@@ -368,6 +368,54 @@ fn grade_code_answers_every_line_in_order() {
     );
 }
 
+/// Issue 32: a record of more than 64 MiB (which `--max-tests-mb` admits) failed with `-j 2`
+/// ("h2 protocol error", both workers reported failed) and was graded with `-j 1`. Worker
+/// processes and in-process grading give the same verdict for every record the limits
+/// admit; a line past them is refused unread, the same way with either.
+#[test]
+fn grade_code_gives_the_same_verdicts_in_workers_and_in_process_at_any_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../rewards/code/tests/fixtures/lcb_reference.jsonl");
+    let first = std::fs::read_to_string(fixtures).unwrap();
+    let record: serde_json::Value = serde_json::from_str(first.lines().next().unwrap()).unwrap();
+    let mut big = record.clone();
+    big["question_content"] = "x".repeat(70 << 20).into();
+    let input = dir.path().join("in.jsonl");
+    let lines = [record.to_string(), big.to_string(), record.to_string()];
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let input = input.to_str().unwrap();
+    let mut seen: Vec<Vec<String>> = Vec::new();
+    for j in ["1", "2"] {
+        // --max-tests-mb 1: a line may hold 2 × 1 MiB of tests and 64 MiB besides
+        let tight = areal(&["grade", "code", input, "-j", j, "-q", "--max-tests-mb", "1"]);
+        let roomy = areal(&["grade", "code", input, "-j", j, "-q"]);
+        for out in [&tight, &roomy] {
+            assert!(out.status.success(), "-j {j}: {}", text(&out.stderr));
+        }
+        let tight = json_lines(&tight.stdout);
+        assert_eq!(
+            verdicts(&tight),
+            ["accepted", "error", "accepted"],
+            "-j {j}"
+        );
+        let why = tight[1]["provenance"]["details"]["message"]
+            .as_str()
+            .unwrap();
+        assert!(why.contains("line 2: longer than 66 MiB"), "{why}");
+        let roomy = json_lines(&roomy.stdout);
+        assert_eq!(verdicts(&roomy), ["accepted"; 3], "-j {j}");
+        seen.push(
+            verdicts(&tight)
+                .into_iter()
+                .chain(verdicts(&roomy))
+                .map(str::to_owned)
+                .collect(),
+        );
+    }
+    assert_eq!(seen[0], seen[1]);
+}
+
 /// Lines that once ended the command, crashed it or filled memory: each becomes an `error`
 /// line naming its line, and every other line is still graded, in order.
 #[test]
