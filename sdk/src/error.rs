@@ -40,6 +40,16 @@ pub enum PluginError {
         /// Every registered name of that kind.
         known: Vec<String>,
     },
+    /// The plugin refused a request as malformed (an input longer than the model's context, a
+    /// token id outside its vocabulary, sampling parameters out of range): the caller's
+    /// fault, which a server answers as a client error (HTTP 400, gRPC `INVALID_ARGUMENT`).
+    #[error("{plugin}: {message}")]
+    InvalidRequest {
+        /// Name of the plugin.
+        plugin: String,
+        /// What is wrong with the request, naming the value.
+        message: String,
+    },
     /// The plugin ran and failed.
     #[error("{plugin}: {message}")]
     Failed {
@@ -92,8 +102,21 @@ impl PluginError {
         }
     }
 
+    /// A request `plugin` refuses as malformed ([`PluginError::InvalidRequest`]).
+    pub fn invalid_request(plugin: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidRequest {
+            plugin: plugin.into(),
+            message: message.into(),
+        }
+    }
+
     /// Whether this is [`PluginError::Unsupported`].
     pub fn is_unsupported(&self) -> bool {
         matches!(self, Self::Unsupported { .. })
+    }
+
+    /// Whether this is [`PluginError::InvalidRequest`]: the caller's fault.
+    pub fn is_invalid_request(&self) -> bool {
+        matches!(self, Self::InvalidRequest { .. })
     }
 }

@@ -40,6 +40,21 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0
     }
+
+    /// `Ok` when the parameters mean something: a finite temperature ≥ 0 and `top_p` in
+    /// (0, 1]; otherwise why not, naming the values (a NaN temperature gives NaN logprobs).
+    pub fn check(&self) -> Result<(), String> {
+        let temperature = self.temperature.is_finite() && self.temperature >= 0.0;
+        let top_p = self.top_p > 0.0 && self.top_p <= 1.0;
+        if temperature && top_p {
+            Ok(())
+        } else {
+            Err(format!(
+                "temperature {} and top_p {} must be finite and ≥ 0, and in (0, 1]",
+                self.temperature, self.top_p
+            ))
+        }
+    }
 }
 
 /// One call to a [`Generator`](crate::Generator).
@@ -205,6 +220,23 @@ pub struct NamedTensor {
     pub shape: Vec<usize>,
     /// Values, row-major.
     pub data: Vec<f32>,
+}
+
+impl NamedTensor {
+    /// `Ok` when every value of `tensors` is finite; otherwise the first that is not, with its
+    /// tensor and index. Weights from a peer or a folder are checked before they are loaded: a
+    /// NaN gives NaN logprobs, which nothing can train on.
+    pub fn check_finite(tensors: &[NamedTensor]) -> Result<(), String> {
+        for t in tensors {
+            if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
+                return Err(format!(
+                    "tensor `{}` holds {} at index {i}: weights must be finite",
+                    t.name, t.data[i]
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// New policy weights for the generators.

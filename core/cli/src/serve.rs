@@ -196,6 +196,7 @@ fn serve_generator(
         runtime.block_on(areal_serve::serve_inference_api(
             http_api,
             generator,
+            config.rollout.max_new_tokens,
             tokenizer,
             model.as_deref(),
             listen,
@@ -212,6 +213,7 @@ fn serve_generator(
     }
     runtime.block_on(areal_serve::serve_generator(
         generator,
+        config.rollout.max_new_tokens,
         listen,
         |addr| {
             // one line a launcher (or a user) can wait for

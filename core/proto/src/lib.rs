@@ -105,6 +105,14 @@ pub enum DecodeError {
         /// Versions.
         versions: usize,
     },
+    /// A stream of more tokens than the request's budget.
+    #[error("{tokens} tokens streamed for a request of max_new_tokens {max_new_tokens}")]
+    TooManyTokens {
+        /// Tokens so far.
+        tokens: usize,
+        /// The request's budget.
+        max_new_tokens: usize,
+    },
     /// Weights that do not add up: parts out of order, a wrong size, a bad checksum.
     #[error("weights of version {version}: {message}")]
     Weights {
@@ -206,15 +214,28 @@ pub fn completion_events(c: &Completion) -> Vec<pb::GenerateEvent> {
     events
 }
 
-/// Builds a [`Completion`] from the events of a `Generate` stream.
-#[derive(Debug, Default)]
+/// Builds a [`Completion`] from the events of a `Generate` stream, cut at the request's
+/// budget: a server that streams more tokens than were asked for is refused at the first
+/// chunk past it, not held on to until the sample ends.
+#[derive(Debug)]
 pub struct CompletionBuilder {
     token_ids: Vec<u32>,
     behaviour_logprobs: Vec<f32>,
     versions: Vec<u64>,
+    max_tokens: usize,
 }
 
 impl CompletionBuilder {
+    /// A builder for the answer to a request of `max_new_tokens`.
+    pub fn new(max_new_tokens: usize) -> Self {
+        Self {
+            token_ids: Vec::new(),
+            behaviour_logprobs: Vec::new(),
+            versions: Vec::new(),
+            max_tokens: max_new_tokens,
+        }
+    }
+
     /// Add one event; `Some` with the completion once the finish arrives.
     pub fn push(&mut self, event: pb::GenerateEvent) -> Result<Option<Completion>, DecodeError> {
         use pb::generate_event::Event;
@@ -230,6 +251,13 @@ impl CompletionBuilder {
                         tokens,
                         logprobs,
                         versions,
+                    });
+                }
+                let total = self.token_ids.len().saturating_add(tokens);
+                if total > self.max_tokens {
+                    return Err(DecodeError::TooManyTokens {
+                        tokens: total,
+                        max_new_tokens: self.max_tokens,
                     });
                 }
                 self.token_ids.extend(chunk.token_ids);
@@ -307,6 +335,32 @@ pub fn reward_input(input: &RewardInput, deadline: Duration) -> pb::RewardInput 
             serde_json::Value::Object(input.metadata.clone()).to_string()
         },
     }
+}
+
+/// About the bytes [`reward_input`] puts on the wire for `input` (its fields' lengths, the
+/// reference and metadata as JSON, counted without being written out), within a few hundred
+/// bytes of framing: whether a sample fits under [`MAX_MESSAGE_BYTES`] is known before it is
+/// encoded.
+pub fn reward_input_size(input: &RewardInput) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut json = Count(0);
+    let _ = serde_json::to_writer(&mut json, &input.reference);
+    let _ = serde_json::to_writer(&mut json, &input.metadata);
+    json.0
+        + input.item_id.len()
+        + input.prompt.len()
+        + input.completion.len()
+        + 5 * input.completion_ids.len()
+        + 256
 }
 
 /// A reward input and its deadline from the wire.
@@ -477,20 +531,50 @@ pub fn weight_chunks(update: &WeightUpdate, part_values: usize) -> Vec<pb::Weigh
 }
 
 /// Reassembles a weight update from `UpdateWeights` chunks, checking as it goes: the header
-/// first and once, parts in order, each tensor exactly the size its shape says, the tensor
-/// count and the sha256 at the end.
-#[derive(Debug, Default)]
+/// first and once, parts in order, each tensor exactly the size its shape says and within the
+/// receiver's budget, every value finite, the tensor count and the sha256 at the end.
+///
+/// Nothing a peer announces is allocated ahead of its data: a tensor's buffer grows with the
+/// values that arrive, so a shape claiming 2^32 values costs nothing until they are sent, and
+/// a shape past the budget is refused before any of it is.
+#[derive(Debug)]
 pub struct WeightAssembler {
     header: Option<pb::WeightsHeader>,
     tensors: Vec<NamedTensor>,
     /// Values still expected by the last tensor.
     missing: usize,
+    /// The most values the whole update may hold (what the receiver can hold).
+    budget: usize,
+    /// Values announced so far (the shapes of the tensors begun).
+    announced: usize,
+}
+
+impl Default for WeightAssembler {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl WeightAssembler {
-    /// An assembler waiting for the header.
+    /// An assembler waiting for the header, holding at most what this machine's memory can
+    /// ([`areal_sdk::resources::available_memory`], in f32 values; without a reading, no
+    /// more than a message may announce).
     pub fn new() -> Self {
-        Self::default()
+        let bytes = areal_sdk::resources::available_memory()
+            .and_then(|b| usize::try_from(b).ok())
+            .unwrap_or(MAX_MESSAGE_BYTES * 64 * 4);
+        Self::with_budget(bytes / 4)
+    }
+
+    /// An assembler that refuses an update of more than `values` values in all.
+    pub fn with_budget(values: usize) -> Self {
+        Self {
+            header: None,
+            tensors: Vec::new(),
+            missing: 0,
+            budget: values,
+            announced: 0,
+        }
     }
 
     fn error(&self, message: impl Into<String>) -> DecodeError {
@@ -561,10 +645,19 @@ impl WeightAssembler {
                                 part.name, part.shape
                             ))
                         })?;
+                    let announced = self.announced.saturating_add(size);
+                    if announced > self.budget {
+                        return Err(self.error(format!(
+                            "tensor `{}` of shape {:?} takes the update to {} values, more than the {} this server can hold",
+                            part.name, part.shape, announced, self.budget
+                        )));
+                    }
+                    self.announced = announced;
                     self.tensors.push(NamedTensor {
                         name: part.name.clone(),
                         shape: part.shape.iter().map(|&d| d as usize).collect(),
-                        data: Vec::with_capacity(size),
+                        // grown as values arrive, never ahead of them
+                        data: Vec::new(),
                     });
                     self.missing = size;
                 }
@@ -575,11 +668,20 @@ impl WeightAssembler {
                         part.name, self.missing
                     )));
                 }
-                self.tensors
-                    .last_mut()
-                    .expect("a tensor is open")
-                    .data
-                    .extend(values);
+                let tensor = self.tensors.last_mut().expect("a tensor is open");
+                let at = tensor.data.len();
+                tensor.data.extend(values);
+                if let Some(i) = tensor.data[at..].iter().position(|v| !v.is_finite()) {
+                    return Err(DecodeError::Weights {
+                        version: self.header.as_ref().map_or(0, |h| h.version),
+                        message: format!(
+                            "tensor `{}` holds {} at index {}: weights must be finite",
+                            part.name,
+                            tensor.data[at + i],
+                            at + i
+                        ),
+                    });
+                }
                 self.missing -= n;
                 Ok(())
             }

@@ -130,7 +130,7 @@ fn a_completion_streams_and_comes_back_whole() {
         versions: vec![3, 3, 4],
         finish_reason: FinishReason::Stop,
     };
-    let mut builder = CompletionBuilder::default();
+    let mut builder = CompletionBuilder::new(16);
     let mut done = None;
     for event in completion_events(&completion) {
         assert!(done.is_none(), "nothing after the finish");
@@ -146,7 +146,7 @@ fn a_completion_streams_and_comes_back_whole() {
     };
     let events = completion_events(&empty);
     assert_eq!(events.len(), 1);
-    let mut builder = CompletionBuilder::default();
+    let mut builder = CompletionBuilder::new(16);
     assert_eq!(builder.push(events[0].clone()).unwrap().unwrap(), empty);
     // lists of different lengths, an unknown finish reason
     let bad = pb::GenerateEvent {
@@ -157,7 +157,7 @@ fn a_completion_streams_and_comes_back_whole() {
         })),
     };
     assert!(matches!(
-        CompletionBuilder::default().push(bad),
+        CompletionBuilder::new(16).push(bad),
         Err(DecodeError::ChunkLengths {
             tokens: 2,
             logprobs: 1,
@@ -167,8 +167,25 @@ fn a_completion_streams_and_comes_back_whole() {
     let unknown = pb::GenerateEvent {
         event: Some(pb::generate_event::Event::Finish(pb::Finish { reason: 42 })),
     };
-    let e = CompletionBuilder::default().push(unknown).unwrap_err();
+    let e = CompletionBuilder::new(16).push(unknown).unwrap_err();
     assert!(e.to_string().contains("42"), "{e}");
+    // Issue 32: an endless stream was kept until the sample ended (3 GB in 10 s); it is cut
+    // at the request's budget.
+    let mut builder = CompletionBuilder::new(3);
+    let mut events = completion_events(&completion);
+    assert!(
+        builder.push(events.remove(0)).unwrap().is_none(),
+        "3 tokens of 3"
+    );
+    let mut builder = CompletionBuilder::new(2);
+    let e = builder
+        .push(completion_events(&completion).remove(0))
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("3 tokens streamed for a request of max_new_tokens 2"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -233,4 +250,71 @@ fn requests_rewards_and_stats_round_trip() {
     let mut bad = super::reward(&reward);
     bad.provenance.as_mut().unwrap().details_json = "[1]".into();
     assert!(matches!(from_reward(bad), Err(DecodeError::NotAnObject(_))));
+}
+
+/// Issue 32: one 4-byte part claiming shape [2^32] made the server reserve 16 GiB before any
+/// data arrived (it aborted under an 8 GiB limit). A shape past the receiver's budget is
+/// refused before anything is allocated, and within it nothing is reserved ahead of the
+/// values that arrive.
+#[test]
+fn what_a_peer_announces_is_checked_before_anything_is_allocated() {
+    use pb::weight_chunk::Chunk;
+    let header = weight_chunks(&update(), 4).remove(0);
+    let claim = |shape: Vec<u64>| pb::WeightChunk {
+        chunk: Some(Chunk::Part(pb::TensorPart {
+            name: "huge".into(),
+            shape,
+            offset: 0,
+            data: vec![0u8; 4].into(),
+        })),
+    };
+    // 2^32 values of f32 are 16 GiB: past a budget of 8 GiB
+    let mut a = WeightAssembler::with_budget(2 << 30);
+    a.push(header.clone()).unwrap();
+    let e = a.push(claim(vec![1 << 32])).unwrap_err().to_string();
+    assert!(
+        e.contains("`huge`") && e.contains("[4294967296]") && e.contains("can hold"),
+        "{e}"
+    );
+    // within the budget, the claim costs what arrived, not what it announced
+    let mut a = WeightAssembler::with_budget(usize::MAX);
+    a.push(header.clone()).unwrap();
+    a.push(claim(vec![1 << 30])).unwrap();
+    assert!(
+        a.tensors[0].data.capacity() < 1 << 10,
+        "{}",
+        a.tensors[0].data.capacity()
+    );
+    // the budget counts the whole update, tensor after tensor
+    let mut a = WeightAssembler::with_budget(12 + 4);
+    let e = assemble_with(&mut a, weight_chunks(&update(), 4));
+    assert!(e.is_ok(), "{e:?}");
+    let mut a = WeightAssembler::with_budget(12 + 3);
+    let e = assemble_with(&mut a, weight_chunks(&update(), 4)).unwrap_err();
+    assert!(e.to_string().contains("`norm.weight`"), "{e}");
+    // the machine's own budget is what its memory holds
+    assert!(WeightAssembler::new().budget > 0);
+}
+
+fn assemble_with(a: &mut WeightAssembler, chunks: Vec<pb::WeightChunk>) -> Result<(), DecodeError> {
+    for c in chunks {
+        a.push(c)?;
+    }
+    Ok(())
+}
+
+/// Issue 32: NaN or infinite weights with a matching checksum were loaded, and generation
+/// then answered NaN logprobs as if all were well. They are refused, naming the tensor.
+#[test]
+fn weights_that_are_not_finite_are_refused() {
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut ts = tensors();
+        ts[1].data[2] = bad;
+        let update = WeightUpdate::new(3, ts);
+        let e = assemble(weight_chunks(&update, 2)).unwrap_err().to_string();
+        assert!(
+            e.contains("`norm.weight`") && e.contains("index 2") && e.contains("finite"),
+            "{e}"
+        );
+    }
 }

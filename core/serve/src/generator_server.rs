@@ -23,6 +23,8 @@ use crate::weights_folder;
 
 struct GeneratorServer {
     generator: Arc<dyn Generator>,
+    /// The most tokens one request may ask for.
+    max_new_tokens: usize,
     /// The version of the weights the plugin holds; `None` before the first.
     held: std::sync::Mutex<Option<u64>>,
     paused: AtomicBool,
@@ -31,9 +33,14 @@ struct GeneratorServer {
 }
 
 /// A plugin's failure, which the client does not send elsewhere (another server's plugin
-/// would fail the same way).
+/// would fail the same way); a request the plugin refuses as malformed is the caller's
+/// (`INVALID_ARGUMENT`).
 fn plugin_failed(what: &str, e: &PluginError) -> Status {
-    Status::aborted(format!("{what}: {e}"))
+    if e.is_invalid_request() {
+        Status::invalid_argument(format!("{what}: {e}"))
+    } else {
+        Status::aborted(format!("{what}: {e}"))
+    }
 }
 
 impl GeneratorServer {
@@ -66,12 +73,25 @@ impl GeneratorService for GeneratorServer {
         if request.input_ids.is_empty() {
             return Err(Status::invalid_argument("the request has no input tokens"));
         }
+        request.sampling.check().map_err(Status::invalid_argument)?;
+        if request.max_new_tokens > self.max_new_tokens {
+            return Err(Status::invalid_argument(format!(
+                "max_new_tokens {} is past this server's bound of {} (its config's rollout.max_new_tokens)",
+                request.max_new_tokens, self.max_new_tokens
+            )));
+        }
         let sample_id = request.sample_id;
         let completion = self
             .generator
             .generate(request)
             .await
             .map_err(|e| plugin_failed(&format!("sample {sample_id}"), &e))?;
+        // Never answer what no client can train on (NaN logprobs from damaged weights).
+        completion.check().map_err(|e| {
+            Status::internal(format!(
+                "sample {sample_id}: the generator produced a malformed completion: {e}"
+            ))
+        })?;
         let events = areal_proto::completion_events(&completion);
         Ok(Response::new(Box::pin(tokio_stream::iter(
             events.into_iter().map(Ok),
@@ -158,16 +178,20 @@ impl GeneratorService for GeneratorServer {
     }
 }
 
-/// Serve `generator` until `shutdown` completes. `on_bound` gets the address actually bound
-/// (port 0 picks one) once the server accepts calls.
+/// Serve `generator` until `shutdown` completes, refusing requests for more than
+/// `max_new_tokens` tokens (a generator that never stops would otherwise grow without
+/// bound). `on_bound` gets the address actually bound (port 0 picks one) once the server
+/// accepts calls.
 pub async fn serve_generator(
     generator: Arc<dyn Generator>,
+    max_new_tokens: usize,
     listen: Listen,
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let server = GeneratorServer {
         generator,
+        max_new_tokens,
         held: std::sync::Mutex::new(None),
         paused: AtomicBool::new(false),
         loading: Mutex::new(()),

@@ -16,6 +16,10 @@ use serde::de::DeserializeOwned;
 use crate::fleet::CallError;
 use crate::inference_api::error_message;
 
+/// The most of one answer this client reads (64 MiB): a generation of 100 000 tokens with
+/// its logprobs is a few MiB.
+pub(crate) const MAX_ANSWER_BYTES: usize = 64 << 20;
+
 /// A client of JSON APIs.
 #[derive(Clone)]
 pub(crate) struct HttpClient {
@@ -82,17 +86,25 @@ impl HttpClient {
             .body(Full::new(payload))
             .map_err(|e| CallError::Refused(format!("cannot make a request for {url}: {e}")))?;
         let call = async {
-            let answer = self
-                .client
-                .request(request)
-                .await
-                .map_err(|e| CallError::Fault(format!("unreachable ({})", describe(&e))))?;
+            let answer = self.client.request(request).await.map_err(|e| {
+                CallError::Fault(format!("unreachable ({})", crate::error_chain(&e)))
+            })?;
             let status = answer.status();
-            let body = answer
-                .into_body()
+            // A server's answer is read up to a bound: one that never ends (a chunked body
+            // that goes on) is cut there, not held whole.
+            let body = http_body_util::Limited::new(answer.into_body(), MAX_ANSWER_BYTES)
                 .collect()
                 .await
-                .map_err(|e| CallError::Fault(format!("the answer broke off ({e})")))?
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        CallError::Fault(format!(
+                            "the answer passed {} MiB, the most this client reads",
+                            MAX_ANSWER_BYTES >> 20
+                        ))
+                    } else {
+                        CallError::Fault(format!("the answer broke off ({e})"))
+                    }
+                })?
                 .to_bytes();
             Ok::<_, CallError>((status, body))
         };
@@ -118,16 +130,4 @@ fn classify(status: StatusCode, said: String) -> CallError {
     } else {
         CallError::Refused(said)
     }
-}
-
-/// A client error with its causes, short.
-fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -715,7 +715,28 @@ impl Shared {
             }
             other => return Err(malformed(format!("finish reason {other:?}"))),
         };
-        let reported = reported.and_then(|v| v.parse::<PolicyVersion>().ok());
+        let reported = match reported {
+            None => None,
+            Some(text) => {
+                // The server's own account must name weights this run gave it: a version it
+                // made up (`999999`) would be trained on with a lag of 0.
+                let sent = self
+                    .current
+                    .lock()
+                    .expect("current lock")
+                    .as_ref()
+                    .map(|(v, _)| *v);
+                match text.parse::<PolicyVersion>() {
+                    Ok(v) if sent.is_some_and(|sent| v <= sent) => Some(v),
+                    _ => {
+                        return Err(malformed(format!(
+                            "weight_version {text:?}, which is no version this run sent it (the newest: {})",
+                            sent.map_or("none yet".into(), |s| s.to_string())
+                        )));
+                    }
+                }
+            }
+        };
         let version = match (finish_reason, reported) {
             // the server's own account of the weights, where it keeps one that is ours
             (_, Some(version)) => version,

@@ -41,6 +41,8 @@ use crate::weights_folder;
 struct Served {
     api: InferenceApi,
     generator: Arc<dyn Generator>,
+    /// The most tokens one request may ask for.
+    max_new_tokens: usize,
     tokenizer: Option<Arc<dyn Tokenizer>>,
     token: Option<String>,
     /// Versions loaded so far (the generator's own numbering), and the label the client gave
@@ -156,11 +158,11 @@ impl Served {
                 "no weights loaded yet: load a checkpoint folder first",
             ));
         }
-        let valid = sampling.temperature >= 0.0 && sampling.top_p > 0.0 && sampling.top_p <= 1.0;
-        if !valid {
+        sampling.check().map_err(bad)?;
+        if max_new_tokens > self.max_new_tokens {
             return Err(bad(format!(
-                "temperature {} and top_p {} must be ≥ 0 and in (0, 1]",
-                sampling.temperature, sampling.top_p
+                "max_new_tokens {max_new_tokens} is past this server's bound of {} (its config's rollout.max_new_tokens)",
+                self.max_new_tokens
             )));
         }
         let request = GenerateRequest {
@@ -170,12 +172,23 @@ impl Served {
             sampling,
             stop_token_ids,
         };
-        self.generator.generate(request).await.map_err(|e| {
+        let completion = self.generator.generate(request).await.map_err(|e| {
+            // a request the generator refuses as malformed is the client's error
+            let status = if e.is_invalid_request() {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::INTERNAL_SERVER_ERROR
+            };
+            refuse(status, format!("generation failed: {e}"))
+        })?;
+        // Never answer what no client can train on (NaN logprobs from damaged weights).
+        completion.check().map_err(|e| {
             refuse(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("generation failed: {e}"),
+                format!("the generator produced a malformed completion: {e}"),
             )
-        })
+        })?;
+        Ok(completion)
     }
 
     /// Load the checkpoint folder at `path`; the generator's number for it.
@@ -195,6 +208,8 @@ impl Served {
             .await
             .map_err(|e| refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
             .map_err(|e| bad(format!("cannot read the checkpoint: {e}")))?;
+        areal_sdk::NamedTensor::check_finite(&tensors)
+            .map_err(|e| bad(format!("cannot load {path}: {e}")))?;
         let version = self.loads.fetch_add(1, Ordering::SeqCst);
         let update = WeightUpdate::new(version, tensors).with_architecture(architecture);
         self.generator
@@ -631,12 +646,15 @@ impl IntoResponse for ErrorBody {
 pub(crate) struct ErrorBody(StatusCode, Value);
 
 /// Serve `generator` (with `tokenizer` for `/tokenize`, if given) behind `api` until
-/// `shutdown` completes. `on_bound` gets the address actually bound (port 0 picks one) once
-/// the server accepts calls. If `initial` is given, that checkpoint folder is loaded first
-/// (as the model a server starts with), reported as version `default`.
+/// `shutdown` completes, refusing requests for more than `max_new_tokens` tokens.
+/// `on_bound` gets the address actually bound (port 0 picks one) once the server accepts
+/// calls. If `initial` is given, that checkpoint folder is loaded first (as the model a
+/// server starts with), reported as version `default`.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_inference_api(
     api: InferenceApi,
     generator: Arc<dyn Generator>,
+    max_new_tokens: usize,
     tokenizer: Option<Arc<dyn Tokenizer>>,
     initial: Option<&Path>,
     listen: Listen,
@@ -652,6 +670,7 @@ pub async fn serve_inference_api(
     let served = Arc::new(Served {
         api,
         generator,
+        max_new_tokens,
         tokenizer,
         token: listen.token.clone().filter(|t| !t.is_empty()),
         loads: AtomicU64::new(0),

@@ -30,3 +30,15 @@ pub use remote_generator::{RemoteGenerator, RemoteGeneratorOptions};
 pub use remote_reward::{NAME as REMOTE, RemoteRewardOptions, RemoteVerifier};
 pub use reward_server::serve_reward;
 pub use security::{Listen, ServeError, ServerTls, TOKEN_ENV, token_from_env};
+
+/// An error with its causes, on one line (`what: why: deeper`).
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

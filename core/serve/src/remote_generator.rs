@@ -411,7 +411,7 @@ impl Shared {
                 .await
                 .map_err(status)?
                 .into_inner();
-            let mut builder = CompletionBuilder::default();
+            let mut builder = CompletionBuilder::new(request.max_new_tokens);
             loop {
                 match stream.message().await.map_err(status)? {
                     Some(event) => {
@@ -419,6 +419,7 @@ impl Shared {
                             CallError::Refused(format!("sent a malformed answer: {e}"))
                         })?;
                         if let Some(completion) = done {
+                            self.account_for(&completion)?;
                             return Ok(completion);
                         }
                     }
@@ -431,6 +432,30 @@ impl Shared {
             }
         })
         .await
+    }
+
+    /// Refuse an answer the run cannot account for: logprobs that are no log-probabilities,
+    /// or tokens of a version this client never sent (a server's own claim of `999999`
+    /// would be trained on with a lag of 0).
+    fn account_for(&self, completion: &Completion) -> Result<(), CallError> {
+        completion
+            .check()
+            .map_err(|e| CallError::Refused(format!("sent a malformed answer: {e}")))?;
+        let sent = self
+            .current
+            .lock()
+            .expect("current lock")
+            .as_ref()
+            .map(|c| c.version);
+        if let Some(&v) = completion.versions.iter().max()
+            && sent.is_none_or(|sent| v > sent)
+        {
+            return Err(CallError::Refused(format!(
+                "sent tokens of weight version {v}, which this run never sent it (the newest: {})",
+                sent.map_or("none yet".into(), |s| s.to_string())
+            )));
+        }
+        Ok(())
     }
 
     fn record_stats(&self, index: usize, stats: GeneratorStats) {

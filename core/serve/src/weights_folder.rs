@@ -107,12 +107,12 @@ pub(crate) fn read_checkpoint(
     path: &Path,
 ) -> Result<(Vec<NamedTensor>, serde_json::Value, Option<u64>), String> {
     let (tensors, metadata) =
-        read_safetensors(&path.join(WEIGHTS_FILE)).map_err(|e| e.to_string())?;
+        read_safetensors(&path.join(WEIGHTS_FILE)).map_err(|e| crate::error_chain(&e))?;
     let config = path.join(CONFIG_FILE);
-    let text =
-        std::fs::read_to_string(&config).map_err(|e| format!("{}: {e}", config.display()))?;
+    let text = areal_sdk::resources::read_file(&config, areal_sdk::resources::MAX_JSON_FILE_BYTES)
+        .map_err(|e| format!("{}: {e}", config.display()))?;
     let architecture =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", config.display()))?;
     let version = metadata.get(VERSION_KEY).and_then(|v| v.parse().ok());
     Ok((tensors, architecture, version))
 }
@@ -128,6 +128,8 @@ pub(crate) fn read(path: &Path, version: u64, sha256: &str) -> Result<WeightUpda
             held.map_or("(none)".into(), |v| v.to_string())
         ));
     }
+    areal_sdk::NamedTensor::check_finite(&tensors)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let sum = areal_proto::weights_sha256(&tensors);
     if sum != sha256 {
         return Err(format!(

@@ -32,7 +32,7 @@ impl Server {
                 token_delay_us,
                 jitter: 0.0,
             }));
-            serve_generator(generator, listen, on_bound, std::future::pending())
+            serve_generator(generator, 1 << 22, listen, on_bound, std::future::pending())
         })
     }
 }
@@ -329,4 +329,157 @@ async fn a_load_longer_than_the_grace_period_is_not_taken_for_dead_servers() {
     assert_eq!(c.versions, vec![1; 4], "it waited for the new weights");
     loading.await.unwrap().unwrap();
     assert_eq!(generator.endpoint_failures(), 0);
+}
+
+/// The bigram generator, lying as asked: its tokens carry a version the run never sent, or
+/// it streams ten times the tokens asked for.
+struct Lying {
+    inner: BigramGenerator,
+    lie: &'static str,
+}
+
+#[areal_sdk::async_trait]
+impl Generator for Lying {
+    fn name(&self) -> &str {
+        "lying"
+    }
+
+    async fn generate(
+        &self,
+        mut request: areal_sdk::GenerateRequest,
+    ) -> Result<areal_sdk::Completion, areal_sdk::PluginError> {
+        if self.lie == "endless" {
+            request.max_new_tokens *= 10;
+        }
+        let mut c = self.inner.generate(request).await?;
+        if self.lie == "version" {
+            c.versions.iter_mut().for_each(|v| *v = 999_999);
+        }
+        Ok(c)
+    }
+
+    async fn update_weights(&self, update: WeightUpdate) -> Result<(), areal_sdk::PluginError> {
+        self.inner.update_weights(update).await
+    }
+}
+
+/// This process's resident memory, in bytes.
+fn resident() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        * 1024
+}
+
+/// Issue 32, what a peer controls: a 4-byte part claiming shape [2^34] (a 64 GiB reservation
+/// before any data arrived), NaN weights with a matching checksum, a NaN temperature and a
+/// request for more tokens than the server's bound are each refused by name, and the server
+/// answers on; tokens of a version the run never sent, or more tokens than asked for, are
+/// refused by the client naming the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_peer_sends_is_checked_before_it_is_held_or_trained_on() {
+    use pb::weight_chunk::Chunk;
+    let server = Server::start(0);
+    let mut client = GeneratorClient::connect(server.url()).await.unwrap();
+    let policy = policy();
+    let before = resident();
+    let mut chunks = areal_proto::weight_chunks(&WeightUpdate::new(1, policy.weights()), 1 << 20);
+    chunks.truncate(1);
+    chunks.push(pb::WeightChunk {
+        chunk: Some(Chunk::Part(pb::TensorPart {
+            name: "huge".into(),
+            shape: vec![1 << 34],
+            offset: 0,
+            data: vec![0u8; 4].into(),
+        })),
+    });
+    let status = client
+        .update_weights(tokio_stream_iter(chunks))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("`huge`"), "{}", status.message());
+    assert!(
+        resident() < before + (256 << 20),
+        "the server took {} MB for a 4-byte part",
+        (resident() - before) >> 20
+    );
+
+    let mut tensors = policy.weights();
+    tensors[0].data[1] = f32::NAN;
+    let status = client
+        .update_weights(tokio_stream_iter(areal_proto::weight_chunks(
+            &WeightUpdate::new(1, tensors),
+            16,
+        )))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("finite"), "{}", status.message());
+
+    let held = client
+        .update_weights(tokio_stream_iter(areal_proto::weight_chunks(
+            &WeightUpdate::new(1, policy.weights()),
+            16,
+        )))
+        .await
+        .unwrap();
+    assert_eq!(held.into_inner().version, 1);
+    let mut nan = request(1, 4);
+    nan.sampling.temperature = f32::NAN;
+    let mut greedy_forever = request(2, 4);
+    greedy_forever.max_new_tokens = (1 << 22) + 1;
+    for (bad, says) in [
+        (nan, "temperature NaN"),
+        (greedy_forever, "bound of 4194304"),
+    ] {
+        let status = client
+            .generate(areal_proto::generate_request(&bad))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().contains(says), "{}", status.message());
+    }
+    assert!(health(&server.url()).await.is_some(), "still answering");
+
+    for (lie, says) in [
+        (
+            "version",
+            "weight version 999999, which this run never sent",
+        ),
+        (
+            "endless",
+            "40 tokens streamed for a request of max_new_tokens 4",
+        ),
+    ] {
+        let liar = ServerThread::start(
+            Listen::new("127.0.0.1:0".parse().unwrap(), None),
+            move |listen, on_bound| {
+                let inner = BigramGenerator::new(BigramGeneratorOptions {
+                    token_delay_us: 0,
+                    jitter: 0.0,
+                });
+                let generator = Arc::new(Lying { inner, lie });
+                serve_generator(generator, 1 << 22, listen, on_bound, std::future::pending())
+            },
+        );
+        let generator = remote(vec![liar.url()], json!({}));
+        generator
+            .update_weights(WeightUpdate::new(3, policy.weights()))
+            .await
+            .unwrap();
+        let e = generator
+            .generate(request(1, 4))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&liar.url()) && e.contains(says), "{lie}: {e}");
+    }
 }

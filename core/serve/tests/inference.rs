@@ -69,6 +69,7 @@ impl Server {
             serve_inference_api(
                 api,
                 generator,
+                1 << 22,
                 Some(tokenizer),
                 None,
                 listen,
@@ -420,5 +421,157 @@ async fn an_answer_that_crossed_a_pause_keeps_a_version_only_if_the_server_names
                 assert_eq!(generator.dropped(), 1);
             }
         }
+    }
+}
+
+/// An SGLang server that lies as asked: its answer to `/generate` never ends (a chunked body
+/// that goes on), or names a weight version the run never sent it.
+fn lying_sglang(lie: &'static str) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::routing::{get, post};
+    let held = Arc::new(std::sync::Mutex::new(String::from("default")));
+    let (load, version) = (held.clone(), held.clone());
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/continue_generation", post(|| async { "{}" }))
+        .route(
+            "/update_weights_from_disk",
+            post(move |body: axum::Json<serde_json::Value>| async move {
+                *load.lock().unwrap() = body["weight_version"].as_str().unwrap().to_owned();
+                axum::Json(json!({ "success": true, "message": "" }))
+            }),
+        )
+        .route(
+            "/get_weight_version",
+            get(move || async move {
+                axum::Json(json!({ "weight_version": *version.lock().unwrap() }))
+            }),
+        )
+        .route(
+            "/generate",
+            post(move || async move {
+                let answer = json!({
+                    "text": "",
+                    "meta_info": {
+                        "finish_reason": { "type": "length" },
+                        "output_token_logprobs": [[-0.5, 1, null]],
+                        "weight_version": "999999",
+                    },
+                });
+                if lie == "endless" {
+                    let chunk = bytes::Bytes::from(vec![b' '; 1 << 16]);
+                    let endless = futures_util::stream::repeat_with(move || {
+                        Ok::<_, std::convert::Infallible>(chunk.clone())
+                    });
+                    axum::body::Body::from_stream(endless)
+                } else {
+                    axum::body::Body::from(answer.to_string())
+                }
+            }),
+        );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    listener.set_nonblocking(true).unwrap();
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (url, task)
+}
+
+/// Issue 32: the trainer's client read whole answers with no limit (a never-ending chunked
+/// body took it past 4 GB in 5–7 s), and trained on tokens of `weight_version = "999999"`
+/// with a lag of 0. Each is refused naming the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_server_answers_is_read_within_bounds_and_accounted_for() {
+    for (lie, says) in [
+        ("endless", "passed 64 MiB"),
+        (
+            "version",
+            "weight_version \"999999\", which is no version this run sent",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, server) = lying_sglang(lie);
+        let generator = client(
+            InferenceApi::Sglang,
+            vec![url.clone()],
+            dir.path(),
+            json!({ "check_tokenizer": false, "grace_s": 5.0 }),
+        );
+        generator
+            .update_weights(WeightUpdate::new(1, policy().weights()))
+            .await
+            .unwrap();
+        let e = generator
+            .generate(request(1, 4))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&url) && e.contains(says), "{lie}: {e}");
+        server.abort();
+    }
+}
+
+/// Issue 32, what the served API is sent: a request the generator refuses as malformed (an
+/// id outside the vocabulary) is the client's error, 400 (it was 500); a request past the
+/// server's bound on tokens is refused; a checkpoint folder with NaN weights, or whose
+/// weights file is a link to `/dev/zero`, is not loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_api_refuses_what_it_cannot_honour_as_a_client_error() {
+    let sglang = Server::start(InferenceApi::Sglang, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let folder = |name: &str, tensors: &[areal_sdk::NamedTensor]| {
+        let path = dir.path().join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        areal_sdk_train::weights_file::write_safetensors(
+            &path.join("model.safetensors"),
+            tensors,
+            &Default::default(),
+        )
+        .unwrap();
+        std::fs::write(path.join("config.json"), "{}").unwrap();
+        path
+    };
+    let good = folder("good", &policy().weights());
+    let mut tensors = policy().weights();
+    tensors[0].data[3] = f32::INFINITY;
+    let nan = folder("nan", &tensors);
+    let zero = folder("zero", &policy().weights());
+    std::fs::remove_file(zero.join("model.safetensors")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", zero.join("model.safetensors")).unwrap();
+    let load = |path: &std::path::Path| {
+        format!(
+            r#"{{"model_path":"{}","weight_version":"1"}}"#,
+            path.display()
+        )
+    };
+    let route = format!("{}/update_weights_from_disk", sglang.url());
+    for (path, says) in [(&nan, "finite"), (&zero, "not a regular file")] {
+        let (status, answer) = http(&route, Some(&load(path))).await;
+        assert_eq!(status, 400, "{answer}");
+        assert!(
+            answer["message"].as_str().unwrap().contains(says),
+            "{answer}"
+        );
+    }
+    let (status, answer) = http(&route, Some(&load(&good))).await;
+    assert_eq!(status, 200, "{answer}");
+    let url = format!("{}/generate", sglang.url());
+    for (body, says) in [
+        (
+            r#"{"input_ids":[100],"sampling_params":{"max_new_tokens":2}}"#,
+            "token id 100 is outside the vocabulary",
+        ),
+        (
+            r#"{"input_ids":[1],"sampling_params":{"max_new_tokens":4194305}}"#,
+            "bound of 4194304",
+        ),
+    ] {
+        let (status, answer) = http(&url, Some(body)).await;
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(
+            answer["message"].as_str().unwrap().contains(says),
+            "{answer}"
+        );
     }
 }

@@ -253,12 +253,14 @@ impl Worker {
         let Some(loaded) = self.loaded.as_ref() else {
             return Err(failed("generate before any weights were loaded"));
         };
+        // What is wrong with the request itself is the caller's fault (a server's 400).
+        let invalid = |message: String| PluginError::invalid_request(crate::NAME, message);
         let n = request.input_ids.len();
         if n == 0 {
-            return Err(failed("empty input"));
+            return Err(invalid("empty input".into()));
         }
         if n >= loaded.capacity {
-            return Err(failed(format!(
+            return Err(invalid(format!(
                 "input of {n} tokens does not fit the context of {} tokens",
                 loaded.capacity
             )));
@@ -268,11 +270,12 @@ impl Worker {
             .iter()
             .find(|&&t| t as usize >= loaded.config.vocab_size)
         {
-            return Err(failed(format!(
+            return Err(invalid(format!(
                 "token id {bad} is outside the vocabulary of {}",
                 loaded.config.vocab_size
             )));
         }
+        request.sampling.check().map_err(invalid)?;
         Ok(request.max_new_tokens.min(loaded.capacity - n))
     }
 

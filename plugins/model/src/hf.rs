@@ -280,8 +280,7 @@ pub fn read_weights(dir: &Path) -> Result<Vec<NamedTensor>, PluginError> {
     if !index_path.exists() {
         return read_safetensors(&dir.join(WEIGHTS_FILE));
     }
-    let text = std::fs::read_to_string(&index_path)
-        .map_err(|e| caused(format!("cannot read {}", index_path.display()), e))?;
+    let text = read_json_text(&index_path)?;
     #[derive(serde::Deserialize)]
     struct Index {
         weight_map: BTreeMap<String, String>,
@@ -350,11 +349,10 @@ pub struct GenerationConfig {
 /// The `generation_config.json` of `dir`, if it has one.
 pub fn read_generation_config(dir: &Path) -> Result<Option<GenerationConfig>, PluginError> {
     let path = dir.join(GENERATION_CONFIG_FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(caused(format!("cannot read {}", path.display()), e)),
-    };
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text = read_json_text(&path)?;
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| caused(path.display().to_string(), e))
@@ -398,14 +396,22 @@ pub fn save_checkpoint(
     tokenizer.save_to_folder(dir)
 }
 
+/// The text of a checkpoint's JSON file: a regular file of at most
+/// [`MAX_JSON_FILE_BYTES`](areal_sdk::resources::MAX_JSON_FILE_BYTES) (a folder a server is
+/// told to load may name anything).
+fn read_json_text(path: &Path) -> Result<String, PluginError> {
+    let bytes = areal_sdk::resources::read_file(path, areal_sdk::resources::MAX_JSON_FILE_BYTES)
+        .map_err(|e| caused(format!("cannot read {}", path.display()), e))?;
+    String::from_utf8(bytes).map_err(|e| caused(format!("cannot read {}", path.display()), e))
+}
+
 /// Read a checkpoint folder written by [`save_checkpoint`] or by Hugging Face.
 pub fn load_checkpoint(
     dir: &Path,
     device: &Device,
 ) -> Result<(ModelConfig, Transformer, HfTokenizer), PluginError> {
     let path = dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| caused(format!("cannot read {}", path.display()), e))?;
+    let text = read_json_text(&path)?;
     let config: ModelConfig =
         serde_json::from_str(&text).map_err(|e| caused(path.display().to_string(), e))?;
     config

@@ -318,8 +318,16 @@ impl Generator for BigramGenerator {
         let _guard = ActiveGuard(self);
 
         let Some(&last) = request.input_ids.last() else {
-            return Err(PluginError::failed(self.name(), "empty input"));
+            return Err(PluginError::invalid_request(self.name(), "empty input"));
         };
+        if let Some(w) = self.weights.read().expect("weights lock poisoned").as_ref()
+            && let Some(bad) = request.input_ids.iter().find(|&&t| t as usize >= w.vocab)
+        {
+            return Err(PluginError::invalid_request(
+                self.name(),
+                format!("token id {bad} is outside the vocabulary of {}", w.vocab),
+            ));
+        }
         let mut rng = StdRng::seed_from_u64(mix_seed(
             mix_seed(request.sampling.seed, request.sample_id),
             request.input_ids.len() as u64,

@@ -89,11 +89,15 @@ pub(crate) fn write_replacing(path: &Path, bytes: &[u8]) -> std::io::Result<()> 
 pub fn read_safetensors(
     path: &Path,
 ) -> Result<(Vec<NamedTensor>, HashMap<String, String>), WeightsFileError> {
-    let bytes = std::fs::read(path).map_err(|source| WeightsFileError::Io {
-        action: "read",
-        path: path.to_owned(),
-        source,
-    })?;
+    // Within what this process can still hold, and only a regular file: a name a peer or a
+    // folder gives may be a link to `/dev/zero`.
+    let memory = areal_sdk::resources::available_memory().unwrap_or(u64::MAX);
+    let bytes =
+        areal_sdk::resources::read_file(path, memory).map_err(|source| WeightsFileError::Io {
+            action: "read",
+            path: path.to_owned(),
+            source,
+        })?;
     let format = |message: String| WeightsFileError::Format {
         path: path.to_owned(),
         message,
