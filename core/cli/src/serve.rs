@@ -193,7 +193,7 @@ fn serve_generator(
                 None
             }
         };
-        runtime.block_on(areal_serve::serve_inference_api(
+        let served = runtime.block_on(areal_serve::serve_inference_api(
             http_api,
             generator,
             config.rollout.max_new_tokens,
@@ -208,10 +208,13 @@ fn serve_generator(
                 );
             },
             shutdown,
-        ))?;
+        ));
+        // what is still running (a weight load a stalled client started) does not hold the exit
+        runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+        served?;
         return Ok(());
     }
-    runtime.block_on(areal_serve::serve_generator(
+    let served = runtime.block_on(areal_serve::serve_generator(
         generator,
         config.rollout.max_new_tokens,
         listen,
@@ -220,7 +223,10 @@ fn serve_generator(
             println!("serving generator {name} on {addr}");
         },
         shutdown,
-    ))?;
+    ));
+    // what is still running (a weight load a stalled client started) does not hold the exit
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served?;
     Ok(())
 }
 
@@ -241,7 +247,7 @@ fn serve_reward(
         let _in_runtime = runtime.enter();
         shutdown(args.until_stdin_closes)
     };
-    runtime.block_on(areal_serve::serve_reward(
+    let served = runtime.block_on(areal_serve::serve_reward(
         verifier,
         &config.reward_service,
         listen,
@@ -250,6 +256,9 @@ fn serve_reward(
             println!("serving reward {name} on {addr} ({threads} threads)");
         },
         shutdown,
-    ))?;
+    ));
+    // what is still running (a weight load a stalled client started) does not hold the exit
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served?;
     Ok(())
 }

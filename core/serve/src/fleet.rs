@@ -5,7 +5,10 @@
 //! holding the current weights. A call or probe that finds it dead takes it out; its own
 //! probe brings it back when it answers again. When no server has taken work for longer than
 //! the grace period, the fleet is gone for good: every call from then on fails at once with
-//! the endpoints and what they last said.
+//! the endpoints and what they last said. A server loading weights is alive, so the grace
+//! period is then lengthened by the time one load may take (`weights_timeout_s`), but no
+//! more: servers that answer their health checks yet fail, or never finish, every load do
+//! not keep a run waiting for ever.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -50,6 +53,8 @@ pub(crate) struct Fleet<C> {
     kind: &'static str,
     members: Vec<Member<C>>,
     grace: Duration,
+    /// How long one weight load may take: added to the grace period while a server loads.
+    load_time: Duration,
     changed: Notify,
     /// Since when no member has been ready; the verdict once that passed the grace period.
     gone: Mutex<(Option<Instant>, Option<String>)>,
@@ -245,12 +250,19 @@ impl<C> Fleet<C> {
                 })
                 .collect(),
             grace,
+            load_time: Duration::ZERO,
             changed: Notify::new(),
             gone: Mutex::new((Some(Instant::now()), None)),
             next: AtomicUsize::new(0),
             reissued: AtomicU64::new(0),
             failures: AtomicU64::new(0),
         }
+    }
+
+    /// This fleet's servers load weights, each load taking at most `load_time`.
+    pub(crate) fn with_load_time(mut self, load_time: Duration) -> Self {
+        self.load_time = load_time;
+        self
     }
 
     pub(crate) fn members(&self) -> &[Member<C>] {
@@ -344,11 +356,9 @@ impl<C> Fleet<C> {
     }
 
     fn update_gone(&self) {
-        // a server loading weights is alive: a long load must not use up the grace period
-        let any_ready = (0..self.members.len()).any(|i| {
-            let s = self.state(i);
-            s.ready || s.loading
-        });
+        // Loading is not taking work: the clock runs on (a load that fails, then another,
+        // must not hold it back for ever); `acquire` lengthens the period by a load's time.
+        let any_ready = (0..self.members.len()).any(|i| self.state(i).ready);
         {
             let mut gone = self.gone.lock().expect("gone lock");
             if any_ready {
@@ -393,33 +403,37 @@ impl<C> Fleet<C> {
                         self.report()
                     ));
                 }
+                // a server loading weights is alive: a long load must not use up the grace
+                // period, but it gets one load's time, no more
                 let loading = (0..self.members.len()).any(|i| self.state(i).loading);
-                if loading {
-                    // alive, busy with weights: wait for it without a deadline
-                    None
+                let period = if loading {
+                    self.grace + self.load_time
                 } else {
-                    let since = *gone.0.get_or_insert_with(Instant::now);
-                    let deadline = since + self.grace;
-                    if Instant::now() >= deadline {
-                        let verdict = format!(
-                            "no {} server has taken work for {:.0} s (the grace period): {}",
-                            self.kind,
-                            self.grace.as_secs_f64(),
-                            self.report()
-                        );
-                        tracing::error!(target: "areal::remote", kind = self.kind, verdict, "giving up on the servers");
-                        gone.1 = Some(verdict.clone());
-                        return Err(verdict);
-                    }
-                    Some(deadline)
+                    self.grace
+                };
+                let since = *gone.0.get_or_insert_with(Instant::now);
+                let deadline = since + period;
+                if Instant::now() >= deadline {
+                    let verdict = format!(
+                        "no {} server has taken work for {:.0} s (the grace period{}): {}",
+                        self.kind,
+                        period.as_secs_f64(),
+                        if loading {
+                            " and one weight load's time"
+                        } else {
+                            ""
+                        },
+                        self.report()
+                    );
+                    tracing::error!(target: "areal::remote", kind = self.kind, verdict, "giving up on the servers");
+                    gone.1 = Some(verdict.clone());
+                    return Err(verdict);
                 }
+                deadline
             };
-            match deadline {
-                Some(deadline) => tokio::select! {
-                    () = &mut changed => {}
-                    () = tokio::time::sleep_until(deadline.into()) => {}
-                },
-                None => changed.await,
+            tokio::select! {
+                () = &mut changed => {}
+                () = tokio::time::sleep_until(deadline.into()) => {}
             }
         }
     }

@@ -211,7 +211,8 @@ impl InferenceServerGenerator {
                 "generator",
                 members,
                 Duration::from_secs_f64(options.grace_s),
-            ),
+            )
+            .with_load_time(Duration::from_secs_f64(options.weights_timeout_s)),
             http,
             weights_dir,
             held: (0..n).map(|_| Mutex::new(None)).collect(),

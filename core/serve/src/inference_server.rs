@@ -629,6 +629,9 @@ fn router(served: Arc<Served>) -> Router {
     router
         .route(routes::HEALTH, get(health))
         .route(routes::TOKENIZE, post(tokenize))
+        // the body is read (bounded) only once the token is checked: layers added later run
+        // first
+        .layer(axum::middleware::from_fn(crate::server::bounded_body))
         .layer(axum::middleware::from_fn_with_state(
             served.clone(),
             require_token,
@@ -692,8 +695,6 @@ pub async fn serve_inference_api(
     let (listener, addr) = bind(&listen).await?;
     tracing::info!(target: "areal::serve", %addr, api = api.name(), "inference API listening");
     on_bound(addr);
-    axum::serve(listener, router(served))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|source| ServeError::Http { addr, source })
+    crate::server::serve_http(listener, router(served), shutdown).await;
+    Ok(())
 }

@@ -192,7 +192,8 @@ impl RemoteGenerator {
                 "generator",
                 members,
                 Duration::from_secs_f64(options.grace_s),
-            ),
+            )
+            .with_load_time(Duration::from_secs_f64(options.weights_timeout_s)),
             stats: (0..n).map(|_| Mutex::new(StatsSum::default())).collect(),
             current: Mutex::new(None),
             sync: tokio::sync::Mutex::new(()),

@@ -359,6 +359,9 @@ impl Generator for Lying {
     }
 
     async fn update_weights(&self, update: WeightUpdate) -> Result<(), areal_sdk::PluginError> {
+        if self.lie == "stuck" && update.version > 0 {
+            std::future::pending::<()>().await;
+        }
         self.inner.update_weights(update).await
     }
 }
@@ -482,4 +485,108 @@ async fn what_a_peer_sends_is_checked_before_it_is_held_or_trained_on() {
             .to_string();
         assert!(e.contains(&liar.url()) && e.contains(says), "{lie}: {e}");
     }
+}
+
+/// Issue 32: a server that answers its health checks but never finishes a weight load kept the
+/// run waiting for ever (each new attempt counted as a live server, so `grace_s` never fired).
+/// Now the wait ends after the grace period and one load's time, naming the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_that_never_finish_a_load_do_not_keep_the_run_waiting() {
+    let stuck = ServerThread::start(
+        Listen::new("127.0.0.1:0".parse().unwrap(), None),
+        move |listen, on_bound| {
+            let inner = BigramGenerator::new(BigramGeneratorOptions {
+                token_delay_us: 0,
+                jitter: 0.0,
+            });
+            let generator = Arc::new(Lying {
+                inner,
+                lie: "stuck",
+            });
+            serve_generator(generator, 1 << 22, listen, on_bound, std::future::pending())
+        },
+    );
+    let generator = remote(
+        vec![stuck.url()],
+        json!({ "grace_s": 0.5, "weights_timeout_s": 0.5 }),
+    );
+    let policy = policy();
+    generator
+        .update_weights(WeightUpdate::new(0, policy.weights()))
+        .await
+        .unwrap();
+    generator.generate(request(1, 2)).await.unwrap();
+    // version 1 never loads: every attempt times out, and the next one starts
+    let _ = generator
+        .update_weights(WeightUpdate::new(1, policy.weights()))
+        .await;
+    let started = Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(60), generator.generate(request(2, 2)))
+        .await
+        .expect("the wait ends")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("no generator server has taken work") && e.contains(&stuck.url()),
+        "{e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+/// Issue 32: a server ignored SIGTERM while any client held a connection open (a silent TCP
+/// socket, a stalled weight stream), and silent connections were kept for ever (under a
+/// 256-descriptor limit they lock every other client out). Now a silent connection is closed
+/// after 10 s, and a shutdown ends within its 5 s grace whatever the clients do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_and_silent_connections_are_bounded_whatever_clients_do() {
+    use tokio::io::AsyncReadExt;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (bound, addr) = tokio::sync::oneshot::channel();
+    let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
+        token_delay_us: 0,
+        jitter: 0.0,
+    }));
+    let server = tokio::spawn(serve_generator(
+        generator,
+        1 << 22,
+        Listen::new("127.0.0.1:0".parse().unwrap(), None),
+        move |a| bound.send(a).unwrap(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let addr = addr.await.unwrap();
+    // a socket that never says anything is closed unread
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(60), silent.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the silent connection stays open: {read:?}"
+    );
+    // a weight stream that stops after its header, and another silent socket, at shutdown
+    let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut client = GeneratorClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let header =
+        areal_proto::weight_chunks(&WeightUpdate::new(1, policy().weights()), 16).remove(0);
+    tx.send(header).await.unwrap();
+    let stalled = tokio::spawn(async move {
+        client
+            .update_weights(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let signalled = Instant::now();
+    stop.send(()).unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(60), server).await;
+    assert!(
+        ended.is_ok(),
+        "the server ignored its shutdown with clients holding on"
+    );
+    assert!(signalled.elapsed() < Duration::from_secs(60));
+    drop(tx);
+    let _ = stalled.await;
 }

@@ -575,3 +575,57 @@ async fn the_served_api_refuses_what_it_cannot_honour_as_a_client_error() {
         );
     }
 }
+
+/// Issue 32, the HTTP servers: a half-sent body is given up on after 10 s (408), and a
+/// shutdown ends within its grace with such a client, and a silent one, still connected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_servers_shut_down_whatever_clients_do() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (bound, addr) = tokio::sync::oneshot::channel();
+    let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
+        token_delay_us: 0,
+        jitter: 0.0,
+    }));
+    let server = tokio::spawn(serve_inference_api(
+        InferenceApi::Sglang,
+        generator,
+        1 << 22,
+        None,
+        None,
+        Listen::new("127.0.0.1:0".parse().unwrap(), None),
+        move |a| bound.send(a).unwrap(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let addr = addr.await.unwrap();
+    let half = |addr| async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"input_ids\"")
+            .await
+            .unwrap();
+        s
+    };
+    let mut waiting = half(addr).await;
+    let mut answer = String::new();
+    let read = tokio::time::timeout(
+        Duration::from_secs(120),
+        waiting.read_to_string(&mut answer),
+    )
+    .await;
+    assert!(
+        read.is_ok(),
+        "a half-sent body held its connection for ever"
+    );
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let _held = half(addr).await;
+    let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.send(()).unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(60), server).await;
+    assert!(
+        ended.is_ok(),
+        "the server ignored its shutdown with clients holding on"
+    );
+}
