@@ -35,8 +35,28 @@ impl AppendFile {
         })
     }
 
-    /// Open `path` to go on after its first `bytes` bytes (what follows is cut off).
+    /// Open `path` to go on after its first `bytes` bytes (what follows is cut off). It must be
+    /// a regular file of at least `bytes` bytes, not a symbolic link: a run folder is not
+    /// trusted to point elsewhere (a link's target would be cut), nor to be grown to a
+    /// length a damaged checkpoint names.
     pub fn resume(path: &Path, bytes: u64) -> std::io::Result<Self> {
+        use std::io::{Error, ErrorKind};
+        let meta = std::fs::symlink_metadata(path)?;
+        if !meta.file_type().is_file() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "not a regular file (a symbolic link, a folder, a device): it is not cut back",
+            ));
+        }
+        if meta.len() < bytes {
+            return Err(Error::new(
+                ErrorKind::InvalidData,
+                format!(
+                    "{} bytes, fewer than the {bytes} its checkpoint recorded",
+                    meta.len()
+                ),
+            ));
+        }
         let file = std::fs::OpenOptions::new().write(true).open(path)?;
         file.set_len(bytes)?;
         let mut out = std::io::BufWriter::new(file);

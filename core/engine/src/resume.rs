@@ -58,6 +58,51 @@ pub(crate) struct RunState {
     pub(crate) checkpoints: CheckpointStats,
     /// The stage and its progress.
     pub(crate) stage: Stage,
+    /// The config the run was trained with up to here (what a resume is compared with, not
+    /// the folder's `config.toml`, which anyone can replace). Absent in checkpoints written
+    /// before it was recorded.
+    #[serde(default)]
+    pub(crate) config: Option<serde_json::Value>,
+}
+
+/// The largest step or version a checkpoint may name: far past any run (2^53), and far from
+/// the 2^64 at which a counter wraps.
+const MAX_COUNT: u64 = 1 << 53;
+
+impl RunState {
+    /// Why this state, read from a checkpoint, cannot be where a run was: a records file named
+    /// outside the run folder, a counter past any run, counts that do not add up, a sample the
+    /// run could not have trained on. A checkpoint file is untrusted input.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let events = &self.log.events_file;
+        if !crate::runlog::is_event_file_name(events) {
+            return Err(format!(
+                "log.events_file {events:?} is not the name of an event file of the run folder"
+            ));
+        }
+        match &self.stage {
+            Stage::Warmup(w) => {
+                if w.steps > MAX_COUNT || w.best_step > w.steps {
+                    return Err(format!(
+                        "the warm-up's step {} (best {}) is past any run",
+                        w.steps, w.best_step
+                    ));
+                }
+            }
+            Stage::Rl(rl) => {
+                if rl.step > MAX_COUNT || rl.version > MAX_COUNT {
+                    return Err(format!(
+                        "stage.step {} or stage.version {} is past any run",
+                        rl.step, rl.version
+                    ));
+                }
+                rl.rollout
+                    .check(rl.version)
+                    .map_err(|why| format!("stage.rollout: {why}"))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Where a run was.
@@ -186,6 +231,7 @@ async fn write(
         trainer,
         checkpoints: ctx.checkpoints.clone(),
         stage,
+        config: Some(serde_json::to_value(&ctx.config).expect("a config is JSON")),
     };
     let json = serde_json::to_vec_pretty(&state).expect("the run state serialises");
     let path = dir.join(STATE_FILE);
@@ -273,7 +319,11 @@ pub(crate) fn latest(run_dir: &Path) -> Result<Option<Found>, EngineError> {
 /// The state of the checkpoint `dir`, if its files match its manifest.
 fn verify(dir: &Path) -> Result<RunState, String> {
     crate::manifest::verify(dir, STATE_FILE)?;
-    let text = std::fs::read(dir.join(STATE_FILE)).map_err(|e| e.to_string())?;
+    let text = areal_sdk::resources::read_file(
+        &dir.join(STATE_FILE),
+        areal_sdk::resources::MAX_JSON_FILE_BYTES * 16,
+    )
+    .map_err(|e| format!("{STATE_FILE}: {e}"))?;
     let state: RunState =
         serde_json::from_slice(&text).map_err(|e| format!("{STATE_FILE}: {e}"))?;
     if state.format != FORMAT {
@@ -282,6 +332,9 @@ fn verify(dir: &Path) -> Result<RunState, String> {
             state.format
         ));
     }
+    state
+        .check()
+        .map_err(|why| format!("{STATE_FILE}: {why}"))?;
     Ok(state)
 }
 

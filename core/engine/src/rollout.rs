@@ -177,10 +177,24 @@ impl RolloutState {
 
     /// Group `group_id` ended with `outcome`: it leaves the groups in flight, an accepted one
     /// goes into the buffer; the admission counters and the failure streak follow. Returns the
-    /// failure streak.
+    /// failure streak. An accepted group the run cannot account for ([`unaccountable`]: a
+    /// token of a version newer than the generators hold, a logprob that is none) fails
+    /// instead, with a warning: nothing is trained on that the run cannot account for.
     pub(crate) fn settle(&mut self, group_id: u64, outcome: Outcome) -> usize {
         let Some(group) = self.running.remove(&group_id) else {
             return self.consecutive_failures;
+        };
+        let outcome = match outcome {
+            Outcome::Accepted(trained) => {
+                match unaccountable(&trained, self.admission.counts().version) {
+                    None => Outcome::Accepted(trained),
+                    Some(why) => {
+                        tracing::warn!(target: "areal::rollout", group_id, "group refused: {why}");
+                        Outcome::Failed
+                    }
+                }
+            }
+            other => other,
         };
         let accepted = match outcome {
             Outcome::Accepted(trained) => {
@@ -232,6 +246,80 @@ impl RolloutState {
             dropped: self.dropped_samples,
             pending: (self.running.len() * self.group_size + buffered) as u64,
         }
+    }
+}
+
+/// Why `group` cannot be trained on when the generators hold `version`: a sample whose token,
+/// logprob and version lists differ in length, whose logprobs are not log-probabilities, or
+/// with a token of a version no generator held yet (its lag would read 0). `None` when it can.
+pub(crate) fn unaccountable(group: &TrajectoryGroup, version: PolicyVersion) -> Option<String> {
+    for s in &group.samples {
+        let c = &s.completion;
+        if let Err(why) = c.check() {
+            return Some(format!("sample {}: {why}", s.sample_id));
+        }
+        if let Some(&v) = c.versions.iter().max()
+            && v > version
+        {
+            return Some(format!(
+                "sample {}: a token of version {v}, newer than the generators' {version}",
+                s.sample_id
+            ));
+        }
+        if !s.reward.value.is_finite() {
+            return Some(format!("sample {}: reward {}", s.sample_id, s.reward.value));
+        }
+    }
+    None
+}
+
+impl RolloutSnapshot {
+    /// Why this snapshot (a checkpoint's, read back) cannot be the run's state at policy
+    /// `version`: counters that do not add up (every group admitted is running, accepted or
+    /// rejected; the generators hold `version` or the one before, the snapshot being taken
+    /// while they are paused for it), or a group the run could not train on.
+    pub(crate) fn check(&self, version: PolicyVersion) -> Result<(), String> {
+        let c = &self.counts;
+        if c.version > version || version - c.version > 1 {
+            return Err(format!(
+                "rollout.counts.version {} is not the policy version {version} nor the one before",
+                c.version
+            ));
+        }
+        let version = c.version;
+        let admitted = c
+            .accepted
+            .checked_add(c.rejected)
+            .and_then(|n| n.checked_add(self.running.len() as u64));
+        if admitted != Some(self.next_group) {
+            return Err(format!(
+                "rollout.counts (accepted {}, rejected {}, running {}) do not add up to the {} groups admitted",
+                c.accepted,
+                c.rejected,
+                self.running.len(),
+                self.next_group
+            ));
+        }
+        for group in &self.buffer {
+            unaccountable(group, version).map_or(Ok(()), |why| {
+                Err(format!("buffered group {}: {why}", group.group_id))
+            })?;
+        }
+        for group in &self.running {
+            for (j, sample) in group.samples.iter().enumerate() {
+                let c = &sample.completion;
+                c.check().map_err(|why| {
+                    format!("group {} sample {j} in flight: {why}", group.spec.group_id)
+                })?;
+                if c.versions.iter().any(|&v| v > version) {
+                    return Err(format!(
+                        "group {} sample {j} in flight: a token newer than version {version}",
+                        group.spec.group_id
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

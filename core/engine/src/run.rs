@@ -155,6 +155,14 @@ fn open_resumed(
     }
     let before = resume::resumes(dir);
     let Some(found) = resume::latest(dir)? else {
+        if finished(dir) {
+            // (a run with `checkpoint.every = 0` has none): its records must not be wiped
+            // by training it again from scratch
+            return Err(EngineError::resume(format!(
+                "the run in {} is complete and has no checkpoint to go on from (checkpoint.every = 0?); start a new run to train again",
+                dir.display()
+            )));
+        }
         tracing::warn!(target: "areal::train", dir = %dir.display(), "the run has no checkpoint yet; starting it again from the beginning");
         let log = RunLog::new(Some(dir), config)?;
         let resumes = resume::count_resume(dir, before)?;
@@ -172,6 +180,7 @@ fn open_resumed(
             &task_fingerprint[..12.min(task_fingerprint.len())]
         )));
     }
+    check_config(&found, &name, config, allow_changes)?;
     let (step, warmup_step) = match &found.state.stage {
         Stage::Rl(rl) => (rl.step, 0),
         Stage::Warmup(w) => (0, w.steps),
@@ -200,6 +209,56 @@ fn open_resumed(
     tracing::info!(target: "areal::train", checkpoint = %found.dir.display(), step, warmup_step, discarded_steps, "resuming");
     log.record("resume", &record)?;
     Ok((Some(found), log, resumes))
+}
+
+/// Refuse to resume from checkpoint `name` with a config other than the one it was trained
+/// with (what it recorded, not the run folder's `config.toml`, which anyone can replace),
+/// unless `allow_changes`; keys fixed on resume never change. Where the servers are is
+/// placement, not the experiment: `areal launch local` picks new ports every time.
+fn check_config(
+    found: &Found,
+    name: &str,
+    config: &Config,
+    allow_changes: bool,
+) -> Result<(), EngineError> {
+    let Some(recorded) = &found.state.config else {
+        return Ok(());
+    };
+    let recorded: Config = match serde_json::from_value(recorded.clone()) {
+        Ok(c) => c,
+        Err(_) if allow_changes => return Ok(()),
+        Err(e) => {
+            return Err(EngineError::resume(format!(
+                "checkpoint {name} records a config this areal cannot read ({e}); resume with --allow-config-change to go on with the one given"
+            )));
+        }
+    };
+    let changes: Vec<_> = crate::config::config_changes(&recorded, config)
+        .into_iter()
+        .filter(|c| c.key != "generator.endpoints" && c.key != "reward.endpoints")
+        .collect();
+    let list = |changes: &[&crate::config::ConfigChange]| {
+        changes
+            .iter()
+            .map(|c| format!("  {c}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let fixed: Vec<_> = changes.iter().filter(|c| c.is_fixed_on_resume()).collect();
+    if !fixed.is_empty() {
+        return Err(EngineError::resume(format!(
+            "checkpoint {name} was trained with another config, and these keys never change on resume:\n{}",
+            list(&fixed)
+        )));
+    }
+    if !changes.is_empty() && !allow_changes {
+        let all: Vec<_> = changes.iter().collect();
+        return Err(EngineError::resume(format!(
+            "checkpoint {name} was trained with another config than the one given (its own is recorded in it; the run folder's config.toml does not decide):\n{}\nresume with the run's config, or add --allow-config-change to change it on purpose",
+            list(&all)
+        )));
+    }
+    Ok(())
 }
 
 /// Whether the run in `dir` ended (its summary says it was not stopped before its end).

@@ -91,6 +91,14 @@ impl RunLog {
         let lock = lock(dir)?;
         write_config(dir, config)?;
         let path = dir.join(METRICS_FILE);
+        // read and cut back only a regular file of the folder's own (a link's target is not)
+        let meta = std::fs::symlink_metadata(&path).map_err(|e| EngineError::io(&path, e))?;
+        if !meta.file_type().is_file() {
+            return Err(EngineError::resume(format!(
+                "{} is not a regular file (a symbolic link, a folder, a device): the run folder is damaged",
+                path.display()
+            )));
+        }
         let discarded = steps_after(&path, position.metrics_bytes)?;
         let jsonl = MetricsWriter::resume(&path, position.metrics_bytes)
             .map_err(|e| EngineError::io(&path, e))?;
@@ -230,12 +238,19 @@ fn event_files(dir: &Path) -> Result<Vec<PathBuf>, EngineError> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| EngineError::io(dir, e))? {
         let path = entry.map_err(|e| EngineError::io(dir, e))?.path();
-        let name = file_name(&path);
-        if name.starts_with("events.out.tfevents.") && name.ends_with(".areal") {
+        if is_event_file_name(&file_name(&path)) {
             out.push(path);
         }
     }
     Ok(out)
+}
+
+/// Whether `name` is the name of a TensorBoard event file in a run folder (what a checkpoint's
+/// `log.events_file` may hold): a plain file name, never a path.
+pub(crate) fn is_event_file_name(name: &str) -> bool {
+    name.starts_with("events.out.tfevents.")
+        && name.ends_with(".areal")
+        && !name.contains(['/', '\\'])
 }
 
 fn file_name(path: &Path) -> String {

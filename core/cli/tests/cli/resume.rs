@@ -503,3 +503,168 @@ fn a_run_stopped_by_a_signal_resumes_where_it_stopped() {
     assert_eq!(model(&stopped), model(&alone));
     assert_eq!(summary(&stopped)["interrupted"], false);
 }
+
+/// Rewrite `state.json` of the checkpoint `dir` with `edit`, and its manifest's checksum with
+/// it: a forgery the manifest alone does not catch.
+fn forge(dir: &Path, edit: impl FnOnce(&mut Value)) {
+    use sha2::Digest;
+    let path = dir.join("state.json");
+    let mut state: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut state);
+    let bytes = serde_json::to_vec_pretty(&state).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let manifest = dir.join("manifest.json");
+    let mut sums: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let sum: String = sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    sums["state.json"] = sum.into();
+    std::fs::write(&manifest, serde_json::to_vec_pretty(&sums).unwrap()).unwrap();
+}
+
+/// Issue 32: resume trusted its files. A checkpoint's `log.events_file` named a file outside
+/// the run folder (which was truncated and appended to), `stage.step = 2^64 − 1` wrapped,
+/// `rollout.counts.accepted = 10^18` hung the run, a buffered sample with fewer versions than
+/// tokens panicked the trainer: each checkpoint is now passed over as damaged, naming why,
+/// and the one before it is used. A `metrics.jsonl` that is a symbolic link is refused, its
+/// target untouched.
+#[test]
+fn a_forged_checkpoint_is_passed_over_naming_why_and_nothing_outside_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit(dir.path(), &["deterministic=true", "checkpoint.every=5"]);
+    let outside = dir.path().join("outside.txt");
+    std::fs::write(&outside, "not the run's\n").unwrap();
+    let forgeries: [(&str, Box<dyn Fn(&mut Value)>); 4] = [
+        (
+            "log.events_file",
+            Box::new(|s: &mut Value| s["log"]["events_file"] = "../outside.txt".into()),
+        ),
+        (
+            "stage.step 18446744073709551615",
+            Box::new(|s: &mut Value| s["stage"]["step"] = u64::MAX.into()),
+        ),
+        (
+            "do not add up",
+            Box::new(|s: &mut Value| {
+                s["stage"]["rollout"]["counts"]["accepted"] = 1_000_000_000_000_000_000u64.into()
+            }),
+        ),
+        (
+            "1 logprobs and 0 versions",
+            Box::new(|s: &mut Value| {
+                // the first sample with tokens, in the buffer or in flight
+                let Value::Object(rollout) = &mut s["stage"]["rollout"] else {
+                    panic!("a rollout snapshot")
+                };
+                let mut completions: Vec<&mut Value> = Vec::new();
+                for (key, groups) in rollout.iter_mut() {
+                    if key != "buffer" && key != "running" {
+                        continue;
+                    }
+                    for g in groups.as_array_mut().unwrap() {
+                        for sample in g["samples"].as_array_mut().unwrap() {
+                            completions.push(&mut sample["completion"]);
+                        }
+                    }
+                }
+                let c = completions
+                    .into_iter()
+                    .find(|c| !c["token_ids"].as_array().unwrap().is_empty())
+                    .expect("a sample with tokens");
+                for key in ["token_ids", "behaviour_logprobs"] {
+                    let first = c[key][0].clone();
+                    c[key] = vec![first].into();
+                }
+                c["versions"] = Vec::<u64>::new().into();
+            }),
+        ),
+    ];
+    for (i, (says, edit)) in forgeries.iter().enumerate() {
+        let run = dir.path().join(format!("run-{i}"));
+        let args = fresh(&config, &run);
+        let out = train(&args, Some("train:13"));
+        assert_eq!(out.status.signal(), Some(9), "{}", text(&out.stderr));
+        forge(&run.join("checkpoints/step-00000010"), edit);
+        let out = train(&["--resume", run.to_str().unwrap()], Some("train:14"));
+        assert_eq!(
+            out.status.signal(),
+            Some(9),
+            "{says}: {}",
+            text(&out.stderr)
+        );
+        let resumed = &records(&run, "resume")[0];
+        assert_eq!(resumed["checkpoint"], "step-00000005", "{says}: {resumed}");
+        let skipped = resumed["skipped"][0].as_str().unwrap();
+        assert!(
+            skipped.starts_with("step-00000010") && skipped.contains(says),
+            "{says}: {skipped}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&outside).unwrap(),
+        "not the run's\n"
+    );
+
+    // metrics.jsonl a link to a file outside: refused, its target left as it was
+    let run = dir.path().join("linked");
+    let args = fresh(&config, &run);
+    let out = train(&args, Some("train:13"));
+    assert_eq!(out.status.signal(), Some(9), "{}", text(&out.stderr));
+    std::fs::remove_file(run.join("metrics.jsonl")).unwrap();
+    std::os::unix::fs::symlink(&outside, run.join("metrics.jsonl")).unwrap();
+    let out = train(&["--resume", run.to_str().unwrap()], None);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("not a regular file"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&outside).unwrap(),
+        "not the run's\n"
+    );
+}
+
+/// Issue 32: swapping the run folder's `config.toml` bypassed `--allow-config-change` (the
+/// resume compared the arguments with that file); checkpoints now record the config they were
+/// trained with, and that is what a resume is held to. And resuming a finished run with
+/// `checkpoint.every = 0` trained it again from scratch; it is refused, its records kept.
+#[test]
+fn a_resume_is_held_to_the_config_its_checkpoint_was_trained_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit(dir.path(), &["checkpoint.every=5"]);
+    let run = dir.path().join("run");
+    let path = run.to_str().unwrap();
+    let out = train(&fresh(&config, &run), Some("train:12"));
+    assert_eq!(out.status.signal(), Some(9), "{}", text(&out.stderr));
+    let own = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(own.contains("lr = 0.3"), "{own}");
+    std::fs::write(run.join("config.toml"), own.replace("lr = 0.3", "lr = 0.1")).unwrap();
+    let out = train(&["--resume", path], None);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("trained with another config") && stderr.contains("`train.lr`: 0.3 → 0.1"),
+        "{stderr}"
+    );
+    let out = train(&["--resume", path, "--allow-config-change"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let finished = dir.path().join("finished");
+    let mut no_checkpoints = config.clone();
+    no_checkpoints.extend(["--set".to_owned(), "checkpoint.every=0".to_owned()]);
+    straight(&finished, &no_checkpoints);
+    let before = std::fs::read(finished.join("metrics.jsonl")).unwrap();
+    let out = train(&["--resume", finished.to_str().unwrap()], None);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("is complete"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read(finished.join("metrics.jsonl")).unwrap(),
+        before
+    );
+}
