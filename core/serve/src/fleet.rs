@@ -179,17 +179,18 @@ impl Connect {
 }
 
 /// A lazily connecting channel to `url`; must be called inside a runtime.
-pub(crate) fn channel(url: &str, connect: &Connect) -> Result<Channel, String> {
+pub(crate) fn channel(given: &str, connect: &Connect) -> Result<Channel, String> {
+    let url = redacted(given);
     let mut endpoint =
-        Channel::from_shared(url.to_owned()).map_err(|e| format!("endpoint {url:?}: {e}"))?;
-    if url.starts_with("https://") {
+        Channel::from_shared(given.to_owned()).map_err(|e| format!("endpoint {url:?}: {e}"))?;
+    if given.starts_with("https://") {
         let tls = connect.tls.clone().ok_or_else(|| {
             format!("endpoint {url:?} is https: give tls_ca_file, the certificate authority of its server")
         })?;
         endpoint = endpoint
             .tls_config(tls)
             .map_err(|e| format!("endpoint {url:?}: {e}"))?;
-    } else if !url.starts_with("http://") {
+    } else if !given.starts_with("http://") {
         return Err(format!(
             "endpoint {url:?} must start with http:// or https://"
         ));
@@ -238,7 +239,7 @@ impl<C> Fleet<C> {
             members: members
                 .into_iter()
                 .map(|(url, client)| Member {
-                    url,
+                    url: redacted(&url),
                     client,
                     in_flight: AtomicUsize::new(0),
                     state: Mutex::new(MemberState {
@@ -592,6 +593,23 @@ impl PauseGate {
 }
 
 /// Check the options both remote plugins share; the message names the key.
+/// `url` as logs and errors show it: a password in it (`http://user:secret@host`) becomes
+/// `***`. Calls use the URL as given; nothing that is printed does.
+pub(crate) fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 pub(crate) fn check_options(
     endpoints: &[String],
     seconds: &[(&'static str, f64)],
@@ -611,4 +629,22 @@ pub(crate) fn check_options(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    /// Issue 32: a password in an endpoint URL was echoed in logs and errors.
+    #[test]
+    fn passwords_in_urls_are_never_shown() {
+        assert_eq!(
+            redacted("http://trainer:s3cret@10.0.0.5:30000/generate?x=1"),
+            "http://trainer:***@10.0.0.5:30000/generate?x=1"
+        );
+        assert_eq!(redacted("https://token@host"), "https://token:***@host");
+        assert_eq!(redacted("http://host:1/a@b"), "http://host:1/a@b");
+        assert_eq!(redacted("http://127.0.0.1:50051"), "http://127.0.0.1:50051");
+        assert_eq!(redacted("not a url"), "not a url");
+    }
 }

@@ -54,7 +54,8 @@ impl HttpClient {
         let bytes = self.call_raw(method, url, body, timeout).await?;
         serde_json::from_slice(&bytes).map_err(|e| {
             CallError::Refused(format!(
-                "{url} answered what this client cannot read ({e}): {}",
+                "{} answered what this client cannot read ({e}): {}",
+                crate::fleet::redacted(url),
                 String::from_utf8_lossy(&bytes)
                     .chars()
                     .take(300)
@@ -82,9 +83,12 @@ impl HttpClient {
         if let Some(bearer) = &self.bearer {
             request = request.header(hyper::header::AUTHORIZATION, bearer);
         }
-        let request = request
-            .body(Full::new(payload))
-            .map_err(|e| CallError::Refused(format!("cannot make a request for {url}: {e}")))?;
+        let request = request.body(Full::new(payload)).map_err(|e| {
+            CallError::Refused(format!(
+                "cannot make a request for {}: {e}",
+                crate::fleet::redacted(url)
+            ))
+        })?;
         let call = async {
             let answer = self.client.request(request).await.map_err(|e| {
                 CallError::Fault(format!("unreachable ({})", crate::error_chain(&e)))

@@ -124,6 +124,8 @@ struct Shared {
     weight_loads: AtomicU64,
     /// Answers that crossed a pause without saying their version, run again.
     dropped: AtomicU64,
+    /// The trainer's vocabulary (0 until `check_tokenizer` says): no token past it is taken.
+    vocab: std::sync::atomic::AtomicUsize,
 }
 
 /// Generates on SGLang or vLLM servers; see the module documentation.
@@ -228,6 +230,7 @@ impl InferenceServerGenerator {
             tokens: AtomicU64::new(0),
             weight_loads: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            vocab: std::sync::atomic::AtomicUsize::new(0),
         });
         let interval = Duration::from_secs_f64(options.probe_interval_s);
         for index in 0..n {
@@ -353,7 +356,7 @@ impl Shared {
         let served = match answer {
             Ok(a) => a.tokens,
             Err(CallError::Refused(said)) if said.starts_with("HTTP 404") => {
-                tracing::warn!(target: "areal::remote", endpoint = %endpoint.base, "the server has no /tokenize route: its tokenizer cannot be checked");
+                tracing::warn!(target: "areal::remote", endpoint = %crate::fleet::redacted(&endpoint.base), "the server has no /tokenize route: its tokenizer cannot be checked");
                 return Ok(());
             }
             Err(e) => return Err(e),
@@ -765,6 +768,7 @@ impl Shared {
             )));
         }
         completion.check().map_err(malformed)?;
+        crate::remote_generator::check_vocab(&completion, self.vocab.load(Ordering::Relaxed))?;
         Ok(completion)
     }
 
@@ -910,6 +914,9 @@ impl Generator for InferenceServerGenerator {
     /// ids on every server; servers that are not up yet are checked when they come up, before
     /// they get work.
     async fn check_tokenizer(&self, tokenizer: &dyn Tokenizer) -> Result<(), PluginError> {
+        self.shared
+            .vocab
+            .store(tokenizer.vocab_size(), Ordering::Relaxed);
         if !self.shared.check_tokenizer {
             return Ok(());
         }

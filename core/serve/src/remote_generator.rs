@@ -17,7 +17,7 @@ use areal_proto::pb::generator_client::GeneratorClient;
 use areal_proto::{CompletionBuilder, MAX_MESSAGE_BYTES, PART_VALUES, pb};
 use areal_sdk::{
     BuildContext, Completion, GenerateRequest, Generator, GeneratorStats, PluginConfig,
-    PluginError, WeightUpdate,
+    PluginError, Tokenizer, WeightUpdate,
 };
 use futures_util::future::join_all;
 use serde::Deserialize;
@@ -119,6 +119,8 @@ struct Shared {
     weights_timeout: Duration,
     probe_timeout: Duration,
     weights_dir: Option<PathBuf>,
+    /// The trainer's vocabulary (0 until `check_tokenizer` says): no token past it is taken.
+    vocab: std::sync::atomic::AtomicUsize,
 }
 
 /// Generates on generator servers; see the module documentation.
@@ -202,6 +204,7 @@ impl RemoteGenerator {
             weights_timeout: Duration::from_secs_f64(options.weights_timeout_s),
             probe_timeout: connect_timeout,
             weights_dir: options.weights_dir.clone(),
+            vocab: std::sync::atomic::AtomicUsize::new(0),
         });
         let interval = Duration::from_secs_f64(options.probe_interval_s);
         for index in 0..n {
@@ -442,6 +445,10 @@ impl Shared {
         completion
             .check()
             .map_err(|e| CallError::Refused(format!("sent a malformed answer: {e}")))?;
+        check_vocab(
+            completion,
+            self.vocab.load(std::sync::atomic::Ordering::Relaxed),
+        )?;
         let sent = self
             .current
             .lock()
@@ -562,6 +569,15 @@ impl Generator for RemoteGenerator {
         self.shared.update(update).await
     }
 
+    /// The servers' tokenizers are theirs to match; what is kept here is the trainer's
+    /// vocabulary, past which no token a server sends is taken.
+    async fn check_tokenizer(&self, tokenizer: &dyn Tokenizer) -> Result<(), PluginError> {
+        self.shared
+            .vocab
+            .store(tokenizer.vocab_size(), std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     async fn pause(&self) -> Result<(), PluginError> {
         self.shared.gate.close().await;
         if self.shared.broadcast("pause", true).await {
@@ -606,3 +622,18 @@ areal_sdk::register_generator!(
     "generation on generator servers (`areal serve generator`): `endpoints = [\"http://HOST:PORT\", ...]`",
     build
 );
+
+/// Refuse a completion with a token id past the trainer's vocabulary of `vocab` (0: unknown
+/// yet), naming the id: it is no token the run can decode or train on.
+pub(crate) fn check_vocab(completion: &Completion, vocab: usize) -> Result<(), CallError> {
+    match completion
+        .token_ids
+        .iter()
+        .find(|&&id| vocab > 0 && id as usize >= vocab)
+    {
+        Some(id) => Err(CallError::Refused(format!(
+            "sent a malformed answer: token id {id} is outside the trainer's vocabulary of {vocab}"
+        ))),
+        None => Ok(()),
+    }
+}

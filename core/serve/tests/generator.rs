@@ -355,6 +355,9 @@ impl Generator for Lying {
         if self.lie == "version" {
             c.versions.iter_mut().for_each(|v| *v = 999_999);
         }
+        if self.lie == "vocab" {
+            c.token_ids.iter_mut().for_each(|t| *t = 1000);
+        }
         Ok(c)
     }
 
@@ -381,8 +384,8 @@ fn resident() -> u64 {
 /// Issue 32, what a peer controls: a 4-byte part claiming shape [2^34] (a 64 GiB reservation
 /// before any data arrived), NaN weights with a matching checksum, a NaN temperature and a
 /// request for more tokens than the server's bound are each refused by name, and the server
-/// answers on; tokens of a version the run never sent, or more tokens than asked for, are
-/// refused by the client naming the endpoint.
+/// answers on; tokens of a version the run never sent, more tokens than asked for, or ids
+/// outside the trainer's vocabulary are refused by the client naming the endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_peer_sends_is_checked_before_it_is_held_or_trained_on() {
     use pb::weight_chunk::Chunk;
@@ -461,6 +464,10 @@ async fn what_a_peer_sends_is_checked_before_it_is_held_or_trained_on() {
             "endless",
             "40 tokens streamed for a request of max_new_tokens 4",
         ),
+        (
+            "vocab",
+            "token id 1000 is outside the trainer's vocabulary of",
+        ),
     ] {
         let liar = ServerThread::start(
             Listen::new("127.0.0.1:0".parse().unwrap(), None),
@@ -474,6 +481,10 @@ async fn what_a_peer_sends_is_checked_before_it_is_held_or_trained_on() {
             },
         );
         let generator = remote(vec![liar.url()], json!({}));
+        generator
+            .check_tokenizer(policy.tokenizer().as_ref())
+            .await
+            .unwrap();
         generator
             .update_weights(WeightUpdate::new(3, policy.weights()))
             .await
