@@ -148,6 +148,49 @@ async fn testkit_run_learns_through_every_stage() {
     assert!(dir.path().join("checkpoint/bigram.json").exists());
 }
 
+/// Issue 32: the admission rule lets a group be trained with a lag past η (η + 1 through
+/// remote generators, η + 2 in process were measured: a long-tailed group finishes late);
+/// `rollout.max_lag` bounds the lag of every token trained, by leaving groups past it out
+/// (`drop`: with η = 4 and a bound of 2, the groups generated furthest ahead are dropped) or
+/// by slowing generation down and waiting for stragglers (`wait`). Generation jittered so
+/// that groups finish far apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_lag_bounds_the_lag_of_every_token_trained() {
+    for policy in ["drop", "wait"] {
+        let config = config(&[
+            "rollout.max_staleness=4",
+            "rollout.max_lag=2",
+            &format!("rollout.max_lag_policy=\"{policy}\""),
+            "train.steps=16",
+            "generator.token_delay_us=200",
+            "generator.jitter=0.9",
+            "eval.enabled=false",
+        ]);
+        let (summary, recorder) = run_recorded(config, None).await;
+        let summary = summary.unwrap();
+        assert_eq!(summary.steps, 16, "{policy}");
+        assert!(summary.token_lag_max <= 2, "{policy}: {summary:?}");
+        for (version, groups) in recorder.trained.lock().unwrap().iter() {
+            for s in groups.iter().flat_map(|g| &g.samples) {
+                let oldest = s.completion.versions.iter().min().unwrap();
+                assert!(
+                    version - oldest <= 2,
+                    "{policy}: version {oldest} trained at {version}"
+                );
+            }
+        }
+        assert_eq!(
+            summary.samples_admitted,
+            summary.samples_trained + summary.samples_dropped + summary.samples_pending,
+            "{policy}: every sample accounted for"
+        );
+        assert!(summary.samples_past_max_lag <= summary.samples_dropped);
+        if policy == "drop" {
+            assert!(summary.samples_past_max_lag > 0, "{summary:?}");
+        }
+    }
+}
+
 /// η = 0 is synchronous RL through the same code path: every trained token was sampled by
 /// the version being trained, even when samples finish in random order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

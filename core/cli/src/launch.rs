@@ -36,6 +36,13 @@ pub(crate) struct LocalArgs {
     /// Seconds to wait for every server to listen.
     #[arg(long, default_value_t = 300.0)]
     start_timeout_s: f64,
+    /// Override one key of the trainer's side only, after `[generator]` and `[reward]`
+    /// became `remote` on the servers: the remote clients' own options, which the servers do
+    /// not have, e.g. `--trainer-set generator.grace_s=120` or `--trainer-set
+    /// generator.weights_dir=/shared/weights` (repeatable, applied in order, after `--set`,
+    /// which goes to both sides).
+    #[arg(long = "trainer-set", value_name = "KEY=VALUE")]
+    trainer_set: Vec<String>,
     #[command(flatten)]
     train: TrainArgs,
 }
@@ -117,6 +124,7 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
             }
         }
     }
+    set.extend(args.trainer_set.iter().cloned());
     tracing::info!(target: "areal::launch", servers = urls.len(), "servers listening; training");
     if args.train.resume.is_none() {
         args.train.out = Some(out);

@@ -219,6 +219,9 @@ fn launch_local_learns_as_in_process_and_leaves_no_process_behind() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let launched = dir.path().join("launched");
     let mut args = LAUNCH.to_vec();
+    // issue 32: the remote clients' own options reach the trainer alone (with `--set` the
+    // servers refused them)
+    args.extend(["--trainer-set", "generator.grace_s=77"]);
     args.extend(&train_args(&config, &launched, &[])[1..]);
     let out = areal(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -250,6 +253,9 @@ fn launch_local_learns_as_in_process_and_leaves_no_process_behind() {
         3,
         "{run_config}"
     );
+    assert!(run_config.contains("grace_s = 77"), "{run_config}");
+    let served = std::fs::read_to_string(launched.join("servers/config.toml")).unwrap();
+    assert!(!served.contains("grace_s"), "{served}");
     for log in ["generator-0.log", "generator-1.log", "reward-0.log"] {
         let log = std::fs::read_to_string(launched.join("servers").join(log)).unwrap();
         assert!(log.contains("listening"), "{log}");

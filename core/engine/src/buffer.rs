@@ -46,6 +46,11 @@ impl ReplayBuffer {
         )
     }
 
+    /// Take group `group_id` out, if it is waiting.
+    pub fn remove(&mut self, group_id: u64) -> Option<TrajectoryGroup> {
+        self.groups.remove(&group_id)
+    }
+
     /// Every group waiting, oldest first.
     pub fn groups(&self) -> impl Iterator<Item = &TrajectoryGroup> {
         self.groups.values()

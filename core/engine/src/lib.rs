@@ -59,8 +59,8 @@ mod worker;
 
 pub use buffer::ReplayBuffer;
 pub use config::{
-    Config, ConfigChange, ConfigError, ConfigLoader, ConfigProblem, FIXED_ON_RESUME, Origin,
-    PromptConfig, PromptFormat, RewardServiceConfig, WarmupConfig, config_changes,
+    Config, ConfigChange, ConfigError, ConfigLoader, ConfigProblem, FIXED_ON_RESUME, LagPolicy,
+    Origin, PromptConfig, PromptFormat, RewardServiceConfig, WarmupConfig, config_changes,
 };
 pub use error::{EngineError, chain};
 pub use group_runner::{GroupCounters, GroupRunner, GroupSpec};

@@ -9,7 +9,7 @@ use areal_sdk::{Completion, PolicyVersion, Reward, SamplingParams, Split, Task, 
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::ReplayBuffer;
-use crate::config::Config;
+use crate::config::{Config, LagPolicy};
 use crate::group_runner::{GroupSpec, SampleProgress};
 use crate::order::DataOrder;
 use crate::staleness::{AdmissionCounts, StalenessManager};
@@ -64,18 +64,23 @@ pub(crate) struct RolloutState {
     group_size: usize,
     max_new_tokens: usize,
     sampling: SamplingParams,
+    max_lag: Option<u64>,
+    lag_policy: LagPolicy,
+    /// Samples of groups left out for `rollout.max_lag` so far.
+    lag_dropped: u64,
 }
 
 impl RolloutState {
     /// The state at the start of RL for `config`, drawing items of `task`'s train split.
     pub(crate) fn new(config: &Config, task: &dyn Task) -> Self {
         let r = &config.rollout;
+        // `wait` keeps generation from running further ahead than the bound allows
+        let eta = match (r.max_lag, r.max_lag_policy) {
+            (Some(bound), LagPolicy::Wait) => r.max_staleness.min(bound),
+            _ => r.max_staleness,
+        };
         Self {
-            admission: StalenessManager::new(
-                r.batch_size as u64,
-                r.max_staleness,
-                r.max_concurrent as u64,
-            ),
+            admission: StalenessManager::new(r.batch_size as u64, eta, r.max_concurrent as u64),
             buffer: ReplayBuffer::new(),
             running: BTreeMap::new(),
             next_group: 0,
@@ -89,6 +94,9 @@ impl RolloutState {
                 top_p: r.top_p,
                 seed: config.seed,
             },
+            max_lag: r.max_lag,
+            lag_policy: r.max_lag_policy,
+            lag_dropped: 0,
         }
     }
 
@@ -218,8 +226,43 @@ impl RolloutState {
         self.consecutive_failures
     }
 
-    /// The `n` oldest accepted groups, if `n` are waiting.
+    /// The `n` oldest accepted groups, if `n` are waiting. With `rollout.max_lag`, a group
+    /// whose oldest token would lag by more than it (trained at the generators' version) is
+    /// left out first, its place freed for another; with `max_lag_policy = "wait"` (where
+    /// generation runs at most `max_lag` versions ahead), nothing is taken while a group still
+    /// generating would be trained too late if not in this batch.
     pub(crate) fn take(&mut self, n: usize) -> Option<Vec<TrajectoryGroup>> {
+        if let Some(bound) = self.max_lag {
+            let version = self.admission.counts().version;
+            let stale: Vec<u64> = self
+                .buffer
+                .groups()
+                .filter(|g| {
+                    oldest_token(g.samples.iter().map(|s| &s.completion))
+                        .is_some_and(|v| version - v.min(version) > bound)
+                })
+                .map(|g| g.group_id)
+                .collect();
+            for group_id in stale {
+                let group = self.buffer.remove(group_id).expect("a buffered group");
+                let samples = group.samples.len() as u64;
+                tracing::warn!(target: "areal::rollout", group_id, max_lag = bound, "group left out: its oldest token would be trained with a lag past rollout.max_lag");
+                // (its samples whose reward was lost were counted when it was accepted)
+                self.dropped_samples += samples;
+                self.lag_dropped += samples;
+                self.admission.unaccept();
+            }
+            if self.lag_policy == LagPolicy::Wait {
+                // trained after this step, its lag would pass the bound: it goes in this one
+                let late = self.running.values().any(|g| {
+                    oldest_token(g.samples.iter().map(|s| &s.completion))
+                        .is_some_and(|v| version + 1 - v.min(version + 1) > bound)
+                });
+                if late {
+                    return None;
+                }
+            }
+        }
         self.buffer.try_take(n)
     }
 
@@ -244,9 +287,15 @@ impl RolloutState {
         SampleLedger {
             admitted: self.next_group * self.group_size as u64,
             dropped: self.dropped_samples,
+            lag_dropped: self.lag_dropped,
             pending: (self.running.len() * self.group_size + buffered) as u64,
         }
     }
+}
+
+/// The version of the oldest token of `completions`, if any has one.
+fn oldest_token<'a>(completions: impl Iterator<Item = &'a Completion>) -> Option<PolicyVersion> {
+    completions.flat_map(|c| c.versions.iter().copied()).min()
 }
 
 /// Why `group` cannot be trained on when the generators hold `version`: a sample whose token,
@@ -329,8 +378,10 @@ impl RolloutSnapshot {
 pub(crate) struct SampleLedger {
     /// Samples admitted (in every group admitted so far).
     pub(crate) admitted: u64,
-    /// In rejected groups, or their reward lost.
+    /// In rejected groups, or their reward lost, or left out for `rollout.max_lag`.
     pub(crate) dropped: u64,
+    /// Of which left out for `rollout.max_lag`.
+    pub(crate) lag_dropped: u64,
     /// In flight or in the buffer.
     pub(crate) pending: u64,
 }
@@ -418,6 +469,7 @@ mod tests {
             SampleLedger {
                 admitted: 9,
                 dropped: 1 + 3,
+                lag_dropped: 0,
                 pending: 3 + 2,
             }
         );
@@ -432,5 +484,81 @@ mod tests {
         let ids = |s: &mut RolloutState| s.take(1).map(|b| b[0].group_id);
         assert_eq!(ids(&mut restored), Some(0));
         assert_eq!(ids(&mut state), Some(0));
+    }
+
+    /// A group of two samples, each with one token of each version of `versions`.
+    fn with_versions(group: &RunningGroup, versions: &[u64]) -> Outcome {
+        let Outcome::Accepted(mut g) = accepted(group, 2) else {
+            unreachable!()
+        };
+        for s in &mut g.samples {
+            for &v in versions {
+                s.completion.push(3, -0.5, v);
+            }
+        }
+        Outcome::Accepted(g)
+    }
+
+    fn max_lag(policy: &str) -> Config {
+        crate::config::ConfigLoader::new()
+            .set_all([
+                "rollout.batch_size=1",
+                "rollout.group_size=3",
+                "rollout.max_staleness=8",
+                "rollout.max_concurrent=3",
+                "rollout.max_lag=1",
+                &format!("rollout.max_lag_policy=\"{policy}\""),
+            ])
+            .unwrap()
+            .load()
+            .unwrap()
+    }
+
+    /// Issue 32: `rollout.max_lag` bounds the lag of what is trained, where the admission
+    /// rule alone lets a long-tailed group through later than η. `drop` leaves a group past
+    /// the bound out (its place freed for another); `wait` does not take a batch while a
+    /// group still generating would be trained too late after it.
+    #[test]
+    fn max_lag_leaves_out_or_waits_for_what_would_be_trained_too_late() {
+        let config = max_lag("drop");
+        let mut state = RolloutState::new(&config, &Items);
+        let groups: Vec<RunningGroup> = std::iter::from_fn(|| state.admit()).collect();
+        state.set_version(3);
+        state.settle(0, with_versions(&groups[0], &[1, 3]));
+        state.settle(1, with_versions(&groups[1], &[2, 3]));
+        let taken = state.take(1).unwrap();
+        assert_eq!(
+            taken[0].group_id, 1,
+            "group 0's token of version 1 lags by 2"
+        );
+        assert_eq!(state.ledger().lag_dropped, 2);
+        assert_eq!(
+            state.ledger().dropped,
+            1 + 1 + 2,
+            "one sample of each group at settle, then group 0's two"
+        );
+        let counts = state.counts();
+        assert_eq!(
+            (counts.accepted, counts.rejected),
+            (1, 1),
+            "group 0's place is free"
+        );
+        assert!(state.snapshot().check(3).is_ok());
+
+        let config = max_lag("wait");
+        let mut state = RolloutState::new(&config, &Items);
+        let groups: Vec<RunningGroup> = std::iter::from_fn(|| state.admit()).collect();
+        state.set_version(3);
+        state.settle(1, with_versions(&groups[1], &[3]));
+        let mut part = Completion::empty(FinishReason::Interrupted);
+        part.push(4, -0.25, 2);
+        state.generated(0, 0, &part, false);
+        assert!(
+            state.take(1).is_none(),
+            "group 0 (a token of version 2) would lag by 2 after this step: wait for it"
+        );
+        state.settle(0, with_versions(&groups[0], &[2]));
+        assert_eq!(state.take(1).unwrap()[0].group_id, 0, "the oldest first");
+        assert_eq!(state.ledger().lag_dropped, 0);
     }
 }

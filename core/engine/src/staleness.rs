@@ -100,6 +100,14 @@ impl StalenessManager {
         }
     }
 
+    /// An accepted rollout was left out before training (`rollout.max_lag`): it counts as
+    /// rejected, so that another may take its place.
+    pub fn unaccept(&mut self) {
+        assert!(self.accepted > 0, "unaccept without an accepted rollout");
+        self.accepted -= 1;
+        self.rejected += 1;
+    }
+
     /// The generators now run `version`.
     pub fn set_version(&mut self, version: PolicyVersion) {
         self.version = version;

@@ -82,8 +82,12 @@ pub struct RunSummary {
     /// Samples admitted (every group started); each is trained, dropped or pending:
     /// `samples_admitted = samples_trained + samples_dropped + samples_pending`.
     pub samples_admitted: u64,
-    /// Samples dropped: in groups that failed or were filtered, or whose reward was lost.
+    /// Samples dropped: in groups that failed or were filtered, or whose reward was lost, or
+    /// left out for `rollout.max_lag`.
     pub samples_dropped: u64,
+    /// Of which left out for `rollout.max_lag` (in this process: not kept across a resume).
+    #[serde(default)]
+    pub samples_past_max_lag: u64,
     /// Samples generated or generating but not trained when the run ended (generation runs
     /// ahead of training).
     pub samples_pending: u64,
@@ -151,6 +155,7 @@ pub(crate) fn summarise(
         endpoint_failures: t.endpoint_failures + faults.endpoint_failures,
         samples_admitted: ledger.admitted,
         samples_dropped: ledger.dropped,
+        samples_past_max_lag: ledger.lag_dropped,
         samples_pending: ledger.pending,
         resumes: ctx.resumes,
         checkpoints_written: c.written,

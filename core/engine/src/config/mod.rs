@@ -158,8 +158,23 @@ pub struct RolloutConfig {
     pub group_size: usize,
     /// η: how many policy versions generation may run ahead of training; 0 is synchronous RL.
     /// A rollout starts only while `accepted + running + 1 ≤ (η + version + 1) · B`. By
-    /// default 4.
+    /// default 4. This bounds admission, not the lag of what is trained: a group much slower
+    /// than its peers (a long tail) is still trained when it ends, and its oldest tokens can
+    /// then lag by more than η (η + 1 through remote generators, η + 2 in process were
+    /// measured, as in AReaL, whose rule this is). `max_lag` bounds the lag itself.
     pub max_staleness: u64,
+    /// A hard bound on the lag of every token trained (the trainer's version minus the
+    /// version that sampled it), enforced when the trainer takes its batch; none by default.
+    /// What happens to a group past it is `max_lag_policy`'s.
+    pub max_lag: Option<u64>,
+    /// What `max_lag` does with a group that would be past it: `drop` (the default) leaves
+    /// it out of training (its samples count as dropped, another group takes its place, and
+    /// generation keeps its pace); `wait` slows generation down instead: it runs at most
+    /// `max_lag` versions ahead (η is lowered to it), and the trainer waits for a group
+    /// still generating that would otherwise be trained too late, so that it is trained in
+    /// this step; what is past the bound all the same is dropped. (verl's
+    /// `max_off_policy_threshold` offers the same two.)
+    pub max_lag_policy: LagPolicy,
     /// Most groups generating at once. By default 16.
     pub max_concurrent: usize,
     /// Most tokens generated per sample. By default 80.
@@ -188,8 +203,21 @@ impl Default for RolloutConfig {
             top_p: 1.0,
             max_consecutive_failures: 32,
             chunk_tokens: 16,
+            max_lag: None,
+            max_lag_policy: LagPolicy::Drop,
         }
     }
+}
+
+/// What `rollout.max_lag` does with a group past it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LagPolicy {
+    /// Leave it out of training.
+    #[default]
+    Drop,
+    /// Wait for groups still generating that would otherwise be trained too late.
+    Wait,
 }
 
 /// `[reward_service]`: the threads (or processes) verifiers run on.
