@@ -2,7 +2,6 @@
 //! sample under a deadline. A verifier that fails, panics or hangs costs that one sample.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -94,8 +93,9 @@ impl RewardService {
     pub fn from_config(verifier: Arc<dyn RewardVerifier>, config: &RewardServiceConfig) -> Self {
         let cache = match (config.cache, verifier.cache_identity()) {
             (true, Some(identity)) => {
-                let dir = (!config.cache_dir.is_empty()).then(|| Path::new(&config.cache_dir));
-                let cache = RewardCache::new(verifier.name(), &identity, dir).or_else(|e| {
+                let dir = (!config.cache_dir.is_empty())
+                    .then(|| crate::config::cache_path(&config.cache_dir));
+                let cache = RewardCache::new(verifier.name(), &identity, dir.as_deref()).or_else(|e| {
                     tracing::warn!(
                         target: "areal::reward",
                         "reward_service.cache_dir {:?}: {e}; rewards are cached for this run only",

@@ -15,6 +15,19 @@ mod validate;
 pub use diff::{ConfigChange, FIXED_ON_RESUME, config_changes};
 pub use loader::{ConfigError, ConfigLoader, ConfigProblem, Origin};
 
+/// The folder a cache setting names: a leading `~/` is the home folder (`$HOME`; without
+/// one, the system's temporary folder), anything else as written. The defaults live under
+/// `~/.cache/areal-rs/`, anchored there rather than in whatever folder a run starts from, so
+/// that no run (a test run from a crate's folder, say) leaves a cache inside a checkout.
+pub fn cache_path(dir: &str) -> std::path::PathBuf {
+    match dir.strip_prefix("~/") {
+        Some(rest) => std::env::var_os("HOME")
+            .map_or_else(std::env::temp_dir, std::path::PathBuf::from)
+            .join(rest),
+        None => std::path::PathBuf::from(dir),
+    }
+}
+
 /// The plugin sections of the config, in the order they are built.
 pub const PLUGIN_SECTIONS: [&str; 5] = ["policy", "generator", "task", "reward", "algorithm"];
 
@@ -243,7 +256,8 @@ pub struct RewardServiceConfig {
     /// identity (every built-in and run-time plugin does). By default false.
     pub cache: bool,
     /// Where the cache keeps deterministic rewards across runs (all but time limits measured
-    /// in time); `""` keeps them for the run only. By default `.cache/rewards`.
+    /// in time); `""` keeps them for the run only; a leading `~/` is the home folder
+    /// ([`cache_path`]). By default `~/.cache/areal-rs/rewards`.
     pub cache_dir: String,
 }
 
@@ -254,7 +268,7 @@ impl Default for RewardServiceConfig {
             workers: 0,
             deadline_ms: 10_000,
             cache: false,
-            cache_dir: ".cache/rewards".into(),
+            cache_dir: "~/.cache/areal-rs/rewards".into(),
         }
     }
 }
@@ -407,8 +421,9 @@ pub struct WarmupConfig {
     pub min_loss_improvement: f64,
     /// Stop here even without a plateau. By default 5000.
     pub max_steps: u64,
-    /// Folder of cached warm-ups (one sub-folder per settings hash); empty disables caching.
-    /// By default `.cache/warmup`.
+    /// Folder of cached warm-ups (one sub-folder per settings hash); empty disables caching;
+    /// a leading `~/` is the home folder ([`cache_path`]). By default
+    /// `~/.cache/areal-rs/warmup`.
     pub cache_dir: String,
 }
 
@@ -423,7 +438,7 @@ impl Default for WarmupConfig {
             min_delta: 0.01,
             min_loss_improvement: 0.02,
             max_steps: 5000,
-            cache_dir: ".cache/warmup".into(),
+            cache_dir: "~/.cache/areal-rs/warmup".into(),
         }
     }
 }

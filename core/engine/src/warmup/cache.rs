@@ -55,7 +55,7 @@ pub(super) fn path(config: &Config, task_data: &str, reward: Option<&str>) -> Op
         key["prompt"] = serde_json::json!(config.prompt);
     }
     let hash = areal_sdk::stable_hash(&key.to_string());
-    Some(Path::new(&config.warmup.cache_dir).join(format!("{hash:016x}")))
+    Some(crate::config::cache_path(&config.warmup.cache_dir).join(format!("{hash:016x}")))
 }
 
 /// File of a cached warm-up's report.
