@@ -64,8 +64,11 @@ bench-backends:
 	plugins/gen-burn/scripts/bench-backends.sh
 
 # Coverage-guided fuzzing of what reads untrusted input (tests/fuzz: the record decoder, the
-# expected-output and return-value parsers, the maths verifier), FUZZ_SECONDS each (default
-# 600). Installs cargo-fuzz; CI runs the bounded property tests of the same code instead.
+# expected-output and return-value parsers, the maths verifier, the weight-part decoder, the
+# SGLang/vLLM answer readers, a checkpoint's state.json), FUZZ_SECONDS each (default 600).
+# Installs cargo-fuzz; CI runs the bounded property tests of the same code instead.
 FUZZ_SECONDS ?= 600
 fuzz:
-	for t in record expected_output math; do tests/fuzz/run.sh $$t $(FUZZ_SECONDS) || exit 1; done
+	for t in record expected_output math weight_parts inference_answers state_json; do \
+		tests/fuzz/run.sh $$t $(FUZZ_SECONDS) || exit 1; \
+	done

@@ -83,3 +83,13 @@ pub fn registered_plugins() -> Vec<PluginInfo> {
     all.sort();
     all
 }
+
+/// Entry points of the fuzz targets (`tests/fuzz`), not an API.
+#[doc(hidden)]
+pub mod fuzz {
+    /// Read a checkpoint's `state.json` and check it as a resume does: `Ok` when a run could go
+    /// on from it.
+    pub fn checkpoint_state(bytes: &[u8]) -> Result<(), String> {
+        crate::resume::parse_state(bytes).map(drop)
+    }
+}

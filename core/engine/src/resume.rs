@@ -324,8 +324,12 @@ fn verify(dir: &Path) -> Result<RunState, String> {
         areal_sdk::resources::MAX_JSON_FILE_BYTES * 16,
     )
     .map_err(|e| format!("{STATE_FILE}: {e}"))?;
-    let state: RunState =
-        serde_json::from_slice(&text).map_err(|e| format!("{STATE_FILE}: {e}"))?;
+    parse_state(&text)
+}
+
+/// A checkpoint's `state.json`, read and checked ([`RunState::check`]); why not otherwise.
+pub(crate) fn parse_state(text: &[u8]) -> Result<RunState, String> {
+    let state: RunState = serde_json::from_slice(text).map_err(|e| format!("{STATE_FILE}: {e}"))?;
     if state.format != FORMAT {
         return Err(format!(
             "{STATE_FILE} is of format {}, this areal reads {FORMAT}",

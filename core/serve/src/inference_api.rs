@@ -525,3 +525,79 @@ mod tests {
         );
     }
 }
+
+/// What a generation answer says, read and checked: the tokens with their logprobs (as many
+/// of each), why it ended (the finish reason, and the server's message with it) and the
+/// weight version it names, if any. The readers below take an answer that parsed as JSON of
+/// the API's shape and refuse, naming what is wrong, one whose parts do not agree.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationAnswer {
+    /// The output token ids.
+    pub tokens: Vec<u32>,
+    /// The logprob of each.
+    pub logprobs: Vec<f64>,
+    /// The finish reason (`stop`, `length`, `abort`, or what the server said) and message.
+    pub reason: (String, Option<String>),
+    /// The weight version the server names (SGLang's `meta_info.weight_version`).
+    pub weight_version: Option<String>,
+}
+
+/// An SGLang `/generate` answer, read: `output_token_logprobs` gives each token and its logprob;
+/// `output_ids`, when there, must be the same tokens.
+pub fn read_sglang_answer(answer: SglangGenerateResponse) -> Result<GenerationAnswer, String> {
+    let meta = answer.meta_info;
+    let (logprobs, tokens): (Vec<f64>, Vec<u32>) = meta
+        .output_token_logprobs
+        .iter()
+        .map(|(lp, id, _)| (*lp, *id))
+        .unzip();
+    if let Some(ids) = &answer.output_ids
+        && *ids != tokens
+    {
+        return Err(format!(
+            "output_ids {ids:?} differ from the tokens of output_token_logprobs {tokens:?}"
+        ));
+    }
+    Ok(GenerationAnswer {
+        tokens,
+        logprobs,
+        reason: (meta.finish_reason.kind, meta.finish_reason.message),
+        weight_version: meta.weight_version,
+    })
+}
+
+/// A vLLM `/inference/v1/generate` answer, read: exactly one choice, whose logprob entries name
+/// its tokens (`token_id:<id>`) one for one, each with a logprob.
+pub fn read_vllm_answer(answer: VllmGenerateResponse) -> Result<GenerationAnswer, String> {
+    let [choice] = <[_; 1]>::try_from(answer.choices)
+        .map_err(|c| format!("{} choices for one sample", c.len()))?;
+    let tokens = choice.token_ids.unwrap_or_default();
+    let content = choice.logprobs.map(|l| l.content).unwrap_or_default();
+    if content.len() != tokens.len() {
+        return Err(format!(
+            "{} tokens with {} logprobs",
+            tokens.len(),
+            content.len()
+        ));
+    }
+    let mut logprobs = Vec::with_capacity(tokens.len());
+    for (i, (entry, id)) in content.iter().zip(&tokens).enumerate() {
+        if entry.token != format!("token_id:{id}") {
+            return Err(format!(
+                "logprob {i} is for {:?}, token {id} was sampled",
+                entry.token
+            ));
+        }
+        logprobs.push(
+            entry
+                .logprob
+                .ok_or_else(|| format!("token {i} has no logprob"))?,
+        );
+    }
+    Ok(GenerationAnswer {
+        tokens,
+        logprobs,
+        reason: (choice.finish_reason.unwrap_or_else(|| "stop".into()), None),
+        weight_version: None,
+    })
+}

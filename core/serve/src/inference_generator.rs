@@ -635,21 +635,8 @@ impl Shared {
                         self.call_timeout,
                     )
                     .await?;
-                let meta = answer.meta_info;
-                let (logprobs, tokens): (Vec<f64>, Vec<u32>) = meta
-                    .output_token_logprobs
-                    .iter()
-                    .map(|(lp, id, _)| (*lp, *id))
-                    .unzip();
-                if let Some(ids) = &answer.output_ids
-                    && *ids != tokens
-                {
-                    return Err(malformed(format!(
-                        "output_ids {ids:?} differ from the tokens of output_token_logprobs {tokens:?}"
-                    )));
-                }
-                let reason = (meta.finish_reason.kind, meta.finish_reason.message);
-                (tokens, logprobs, reason, meta.weight_version)
+                let read = crate::inference_api::read_sglang_answer(answer).map_err(malformed)?;
+                (read.tokens, read.logprobs, read.reason, read.weight_version)
             }
             InferenceApi::Vllm => {
                 let body = VllmGenerateRequest {
@@ -677,33 +664,8 @@ impl Shared {
                         self.call_timeout,
                     )
                     .await?;
-                let [choice] = <[_; 1]>::try_from(answer.choices)
-                    .map_err(|c| malformed(format!("{} choices for one sample", c.len())))?;
-                let tokens = choice.token_ids.unwrap_or_default();
-                let content = choice.logprobs.map(|l| l.content).unwrap_or_default();
-                if content.len() != tokens.len() {
-                    return Err(malformed(format!(
-                        "{} tokens with {} logprobs",
-                        tokens.len(),
-                        content.len()
-                    )));
-                }
-                let mut logprobs = Vec::with_capacity(tokens.len());
-                for (i, (entry, id)) in content.iter().zip(&tokens).enumerate() {
-                    if entry.token != format!("token_id:{id}") {
-                        return Err(malformed(format!(
-                            "logprob {i} is for {:?}, token {id} was sampled",
-                            entry.token
-                        )));
-                    }
-                    logprobs.push(
-                        entry
-                            .logprob
-                            .ok_or_else(|| malformed(format!("token {i} has no logprob")))?,
-                    );
-                }
-                let reason = (choice.finish_reason.unwrap_or_else(|| "stop".into()), None);
-                (tokens, logprobs, reason, None)
+                let read = crate::inference_api::read_vllm_answer(answer).map_err(malformed)?;
+                (read.tokens, read.logprobs, read.reason, read.weight_version)
             }
         };
         let paused_since = self.pauses.load(Ordering::SeqCst) != pauses_before;
