@@ -219,6 +219,9 @@ fn a_hostile_python_file_costs_one_sample_each_with_its_traceback() {
     fails_with(v.as_ref(), "memory", &file, "memory limit of 160 MiB");
     fails_with(v.as_ref(), "flood", &file, "output limit of 4096 bytes");
     fails_with(v.as_ref(), "sleep", &file, "limit");
+    // a loop of naps, each charged the time it took (issue 32: what it asked, nothing, so it
+    // ran to its wall time; the accounting is the grader's, proven in its second_pass.rs)
+    fails_with(v.as_ref(), "naps", &file, "CPU-time limit of 1.0 s");
     fails_with(v.as_ref(), "exit", &file, "exited with status 3");
     fails_with(
         v.as_ref(),
@@ -323,6 +326,17 @@ fn deterministic_mode_gives_the_same_reward_and_fuel_for_the_same_sample() {
     assert_eq!(a.provenance.details["draw"], b.provenance.details["draw"]);
     assert!(a.provenance.fuel.is_some() && a.provenance.fuel == b.provenance.fuel);
     assert_eq!(a.provenance.limits["mode"], json!("deterministic"));
+    // A loop of `time.sleep(0)` runs out of fuel, every time alike (issue 32: it ran to the
+    // wall-time limit, its fuel differing from run to run)
+    let naps = (0..3)
+        .map(|_| {
+            verify(v.as_ref(), &input(1, "naps", 16))
+                .unwrap_err()
+                .to_string()
+        })
+        .collect::<Vec<_>>();
+    assert!(naps[0].contains("fuel budget"), "{}", naps[0]);
+    assert!(naps.iter().all(|e| e == &naps[0]));
     let w =
         build(json!({ "kind": "wasm", "path": component("chain-sum"), "mode": "deterministic" }))
             .unwrap();
