@@ -310,35 +310,17 @@ fn resume_loader(dir: &Path, args: &ConfigArgs, allow: bool) -> anyhow::Result<C
     if let Some(seed) = args.seed {
         loader = loader.set(&format!("seed={seed}"))?;
     }
-    // where a remote plugin's servers are is placement, not the experiment: `areal launch
-    // local` picks new ports every time
-    let changes: Vec<_> = areal_core::config_changes(&run_config, &loader.load()?)
-        .into_iter()
-        .filter(|c| c.key != "generator.endpoints" && c.key != "reward.endpoints")
-        .collect();
-    let list = |changes: &[&areal_core::ConfigChange]| {
-        changes
-            .iter()
-            .map(|c| format!("  {c}"))
-            .collect::<Vec<_>>()
-            .join("\n")
+    let changes = match areal_core::resume_changes(&run_config, &loader.load()?, allow) {
+        Ok(changes) => changes,
+        Err(areal_core::ResumeRefusal::Fixed(list)) => anyhow::bail!(
+            "resuming {} cannot change what its checkpoints were trained with:\n{list}",
+            dir.display()
+        ),
+        Err(areal_core::ResumeRefusal::NotAllowed(list)) => anyhow::bail!(
+            "the config given differs from the run's own ({}):\n{list}\nresume without --config/--set, or add --allow-config-change to change it on purpose",
+            own.display()
+        ),
     };
-    let fixed: Vec<_> = changes.iter().filter(|c| c.is_fixed_on_resume()).collect();
-    if !fixed.is_empty() {
-        anyhow::bail!(
-            "resuming {} cannot change what its checkpoints were trained with:\n{}",
-            dir.display(),
-            list(&fixed)
-        );
-    }
-    if !changes.is_empty() && !allow {
-        let all: Vec<_> = changes.iter().collect();
-        anyhow::bail!(
-            "the config given differs from the run's own ({}):\n{}\nresume without --config/--set, or add --allow-config-change to change it on purpose",
-            own.display(),
-            list(&all)
-        );
-    }
     for change in &changes {
         tracing::warn!(target: "areal::train", key = %change.key, before = %change.before, after = %change.after, "config changed on resume");
     }

@@ -60,7 +60,8 @@ mod worker;
 pub use buffer::ReplayBuffer;
 pub use config::{
     Config, ConfigChange, ConfigError, ConfigLoader, ConfigProblem, FIXED_ON_RESUME, LagPolicy,
-    Origin, PromptConfig, PromptFormat, RewardServiceConfig, WarmupConfig, config_changes,
+    Origin, PromptConfig, PromptFormat, ResumeRefusal, RewardServiceConfig, WarmupConfig,
+    config_changes, resume_changes,
 };
 pub use error::{EngineError, chain};
 pub use group_runner::{GroupCounters, GroupRunner, GroupSpec};

@@ -213,8 +213,7 @@ fn open_resumed(
 
 /// Refuse to resume from checkpoint `name` with a config other than the one it was trained
 /// with (what it recorded, not the run folder's `config.toml`, which anyone can replace),
-/// unless `allow_changes`; keys fixed on resume never change. Where the servers are is
-/// placement, not the experiment: `areal launch local` picks new ports every time.
+/// unless `allow_changes` ([`resume_changes`](crate::config::resume_changes)).
 fn check_config(
     found: &Found,
     name: &str,
@@ -233,32 +232,15 @@ fn check_config(
             )));
         }
     };
-    let changes: Vec<_> = crate::config::config_changes(&recorded, config)
-        .into_iter()
-        .filter(|c| c.key != "generator.endpoints" && c.key != "reward.endpoints")
-        .collect();
-    let list = |changes: &[&crate::config::ConfigChange]| {
-        changes
-            .iter()
-            .map(|c| format!("  {c}"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    let fixed: Vec<_> = changes.iter().filter(|c| c.is_fixed_on_resume()).collect();
-    if !fixed.is_empty() {
-        return Err(EngineError::resume(format!(
-            "checkpoint {name} was trained with another config, and these keys never change on resume:\n{}",
-            list(&fixed)
-        )));
+    match crate::config::resume_changes(&recorded, config, allow_changes) {
+        Ok(_) => Ok(()),
+        Err(crate::config::ResumeRefusal::Fixed(list)) => Err(EngineError::resume(format!(
+            "checkpoint {name} was trained with another config, and these keys never change on resume:\n{list}"
+        ))),
+        Err(crate::config::ResumeRefusal::NotAllowed(list)) => Err(EngineError::resume(format!(
+            "checkpoint {name} was trained with another config than the one given (its own is recorded in it; the run folder's config.toml does not decide):\n{list}\nresume with the run's config, or add --allow-config-change to change it on purpose"
+        ))),
     }
-    if !changes.is_empty() && !allow_changes {
-        let all: Vec<_> = changes.iter().collect();
-        return Err(EngineError::resume(format!(
-            "checkpoint {name} was trained with another config than the one given (its own is recorded in it; the run folder's config.toml does not decide):\n{}\nresume with the run's config, or add --allow-config-change to change it on purpose",
-            list(&all)
-        )));
-    }
-    Ok(())
 }
 
 /// Whether the run in `dir` ended (its summary says it was not stopped before its end).

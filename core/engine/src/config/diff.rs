@@ -64,6 +64,44 @@ pub fn config_changes(before: &Config, after: &Config) -> Vec<ConfigChange> {
         .collect()
 }
 
+/// Why a resume may not change its config as asked: the changes, each on a line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResumeRefusal {
+    /// Keys no resume may change ([`FIXED_ON_RESUME`]), even on purpose.
+    Fixed(String),
+    /// Changes not allowed (`--allow-config-change` was not given).
+    NotAllowed(String),
+}
+
+/// The changes a resume from a run trained with `recorded` to `given` makes, where it may make
+/// them: keys fixed on resume never change, and others only when `allow`. Where a remote
+/// plugin's servers are is placement, not the experiment (`areal launch local` picks new ports
+/// every time): those keys are left out.
+pub fn resume_changes(
+    recorded: &Config,
+    given: &Config,
+    allow: bool,
+) -> Result<Vec<ConfigChange>, ResumeRefusal> {
+    let changes: Vec<_> = config_changes(recorded, given)
+        .into_iter()
+        .filter(|c| c.key != "generator.endpoints" && c.key != "reward.endpoints")
+        .collect();
+    let list = |changes: &mut dyn Iterator<Item = &ConfigChange>| {
+        changes
+            .map(|c| format!("  {c}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    if changes.iter().any(ConfigChange::is_fixed_on_resume) {
+        let fixed = list(&mut changes.iter().filter(|c| c.is_fixed_on_resume()));
+        return Err(ResumeRefusal::Fixed(fixed));
+    }
+    if !changes.is_empty() && !allow {
+        return Err(ResumeRefusal::NotAllowed(list(&mut changes.iter())));
+    }
+    Ok(changes)
+}
+
 /// Leaves of `value` by dotted key (arrays are leaves).
 fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
     match value {

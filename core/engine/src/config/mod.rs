@@ -12,7 +12,7 @@ mod loader;
 mod tests;
 mod validate;
 
-pub use diff::{ConfigChange, FIXED_ON_RESUME, config_changes};
+pub use diff::{ConfigChange, FIXED_ON_RESUME, ResumeRefusal, config_changes, resume_changes};
 pub use loader::{ConfigError, ConfigLoader, ConfigProblem, Origin};
 
 /// The folder a cache setting names: a leading `~/` is the home folder (`$HOME`; without
