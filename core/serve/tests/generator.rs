@@ -11,9 +11,9 @@ use areal_proto::pb::generator_client::GeneratorClient;
 use areal_sdk::{FinishReason, Generator, WeightUpdate};
 use areal_sdk_train::Policy;
 use areal_serve::{Listen, RemoteGenerator, RemoteGeneratorOptions, serve_generator};
-use areal_testkit::{BigramGenerator, BigramGeneratorOptions, conformance};
+use areal_testkit::{BigramGenerator, conformance};
 use serde_json::json;
-use support::{ServerThread, eventually, policy, request};
+use support::{ServerThread, bigram, eventually, policy, request};
 
 mod support;
 
@@ -28,10 +28,7 @@ impl Server {
 
     fn start_on(addr: SocketAddr, token_delay_us: u64) -> ServerThread {
         ServerThread::start(Listen::new(addr, None), move |listen, on_bound| {
-            let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
-                token_delay_us,
-                jitter: 0.0,
-            }));
+            let generator = Arc::new(bigram(token_delay_us));
             serve_generator(generator, 1 << 22, listen, on_bound, std::future::pending())
         })
     }
@@ -369,6 +366,22 @@ impl Generator for Lying {
     }
 }
 
+impl Lying {
+    /// A generator server of the bigram generator lying as `lie` says.
+    fn serve(lie: &'static str) -> ServerThread {
+        ServerThread::start(
+            Listen::new("127.0.0.1:0".parse().unwrap(), None),
+            move |listen, on_bound| {
+                let generator = Arc::new(Lying {
+                    inner: bigram(0),
+                    lie,
+                });
+                serve_generator(generator, 1 << 22, listen, on_bound, std::future::pending())
+            },
+        )
+    }
+}
+
 /// This process's resident memory, in bytes.
 fn resident() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -469,17 +482,7 @@ async fn what_a_peer_sends_is_checked_before_it_is_held_or_trained_on() {
             "token id 1000 is outside the trainer's vocabulary of",
         ),
     ] {
-        let liar = ServerThread::start(
-            Listen::new("127.0.0.1:0".parse().unwrap(), None),
-            move |listen, on_bound| {
-                let inner = BigramGenerator::new(BigramGeneratorOptions {
-                    token_delay_us: 0,
-                    jitter: 0.0,
-                });
-                let generator = Arc::new(Lying { inner, lie });
-                serve_generator(generator, 1 << 22, listen, on_bound, std::future::pending())
-            },
-        );
+        let liar = Lying::serve(lie);
         let generator = remote(vec![liar.url()], json!({}));
         generator
             .check_tokenizer(policy.tokenizer().as_ref())
@@ -503,20 +506,7 @@ async fn what_a_peer_sends_is_checked_before_it_is_held_or_trained_on() {
 /// Now the wait ends after the grace period and one load's time, naming the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_that_never_finish_a_load_do_not_keep_the_run_waiting() {
-    let stuck = ServerThread::start(
-        Listen::new("127.0.0.1:0".parse().unwrap(), None),
-        move |listen, on_bound| {
-            let inner = BigramGenerator::new(BigramGeneratorOptions {
-                token_delay_us: 0,
-                jitter: 0.0,
-            });
-            let generator = Arc::new(Lying {
-                inner,
-                lie: "stuck",
-            });
-            serve_generator(generator, 1 << 22, listen, on_bound, std::future::pending())
-        },
-    );
+    let stuck = Lying::serve("stuck");
     let generator = remote(
         vec![stuck.url()],
         json!({ "grace_s": 0.5, "weights_timeout_s": 0.5 }),
@@ -553,10 +543,7 @@ async fn shutdown_and_silent_connections_are_bounded_whatever_clients_do() {
     use tokio::io::AsyncReadExt;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (bound, addr) = tokio::sync::oneshot::channel();
-    let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
-        token_delay_us: 0,
-        jitter: 0.0,
-    }));
+    let generator = Arc::new(bigram(0));
     let server = tokio::spawn(serve_generator(
         generator,
         1 << 22,

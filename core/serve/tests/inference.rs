@@ -11,9 +11,9 @@ use areal_sdk_train::Policy;
 use areal_serve::{
     InferenceApi, InferenceServerGenerator, InferenceServerOptions, Listen, serve_inference_api,
 };
-use areal_testkit::{BigramGenerator, BigramGeneratorOptions, LetterTokenizer, conformance};
+use areal_testkit::{LetterTokenizer, conformance};
 use serde_json::json;
-use support::{ServerThread, eventually, policy, request};
+use support::{ServerThread, bigram, eventually, policy, request};
 
 mod support;
 
@@ -62,10 +62,7 @@ impl Server {
     ) -> ServerThread {
         let listen = Listen::new("127.0.0.1:0".parse().unwrap(), None);
         ServerThread::start(listen, move |listen, on_bound| {
-            let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
-                token_delay_us,
-                jitter: 0.0,
-            }));
+            let generator = Arc::new(bigram(token_delay_us));
             serve_inference_api(
                 api,
                 generator,
@@ -583,10 +580,7 @@ async fn the_http_servers_shut_down_whatever_clients_do() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (bound, addr) = tokio::sync::oneshot::channel();
-    let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
-        token_delay_us: 0,
-        jitter: 0.0,
-    }));
+    let generator = Arc::new(bigram(0));
     let server = tokio::spawn(serve_inference_api(
         InferenceApi::Sglang,
         generator,

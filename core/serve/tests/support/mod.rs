@@ -20,6 +20,14 @@ pub(crate) fn policy() -> BigramPolicy {
     BigramPolicy::new(&options, 11, &Device::flex().autodiff())
 }
 
+/// The testkit's bigram generator, sleeping `token_delay_us` after each token.
+pub(crate) fn bigram(token_delay_us: u64) -> areal_testkit::BigramGenerator {
+    areal_testkit::BigramGenerator::new(areal_testkit::BigramGeneratorOptions {
+        token_delay_us,
+        jitter: 0.0,
+    })
+}
+
 /// A sampled request of `max_new_tokens` after the prompt `[2]`, without stop tokens.
 pub(crate) fn request(sample_id: u64, max_new_tokens: usize) -> GenerateRequest {
     GenerateRequest {
