@@ -72,7 +72,15 @@ impl Lines {
                 Some(i) => (&buf[..i], Some(i + 1)),
                 None => (buf, None),
             };
-            if !over && bytes.len() + chunk.len() <= self.max_bytes.saturating_add(1) {
+            let limit = self.max_bytes.saturating_add(1);
+            if !over && bytes.len() + chunk.len() <= limit {
+                // grown by doubling, but never past the limit (a line refused at 576 MiB
+                // must not have reserved 1 GiB on the way)
+                let needed = bytes.len() + chunk.len();
+                if needed > bytes.capacity() {
+                    let want = needed.max(bytes.capacity().saturating_mul(2)).min(limit);
+                    bytes.reserve_exact(want - bytes.len());
+                }
                 bytes.extend_from_slice(chunk);
             } else {
                 over = true;
