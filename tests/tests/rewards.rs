@@ -9,11 +9,12 @@ use areal_testkit::{FaultyOptions, FaultyVerifier};
 
 use super::{chain, config, run_recorded};
 
+/// A sample of one item (as the samples of a group are): only `sample_id` tells them apart.
 fn input(sample_id: u64) -> RewardInput {
     RewardInput {
         metadata: Default::default(),
         sample_id,
-        item_id: format!("item-{sample_id}"),
+        item_id: "item-1".into(),
         prompt: "c".into(),
         completion: "defgha".into(),
         completion_ids: vec![3, 4, 5, 6, 7, 0],

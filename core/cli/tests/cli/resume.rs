@@ -535,7 +535,8 @@ fn a_forged_checkpoint_is_passed_over_naming_why_and_nothing_outside_is_touched(
     let config = testkit(dir.path(), &["deterministic=true", "checkpoint.every=5"]);
     let outside = dir.path().join("outside.txt");
     std::fs::write(&outside, "not the run's\n").unwrap();
-    let forgeries: [(&str, Box<dyn Fn(&mut Value)>); 4] = [
+    type Forgery = Box<dyn Fn(&mut Value)>;
+    let forgeries: [(&str, Forgery); 4] = [
         (
             "log.events_file",
             Box::new(|s: &mut Value| s["log"]["events_file"] = "../outside.txt".into()),
