@@ -58,44 +58,66 @@ impl Lines {
     /// The next line's bytes (without its newline) and whether it ended within the limit;
     /// `None` at the end of the input.
     fn read_line(&mut self) -> std::io::Result<Option<(Vec<u8>, bool)>> {
-        let mut bytes = Vec::new();
+        // Held in pieces and joined once at the end: a growing vector would copy itself at
+        // each doubling, keeping both copies (and the allocator may keep the old one a while),
+        // so that a line refused at the limit could cost twice the limit on the way.
+        // Each piece as large as what is held so far (8 KiB to 16 MiB): few pieces, no copy.
+        const PIECES: (usize, usize) = (8 << 10, 16 << 20);
+        let mut pieces: Vec<Vec<u8>> = Vec::new();
+        let mut held = 0usize;
         let mut over = false;
         let mut any = false;
         loop {
             let buf = self.input.fill_buf()?;
             if buf.is_empty() {
-                over |= bytes.len() > self.max_bytes;
-                return Ok(any.then_some((bytes, !over)));
+                break;
             }
             any = true;
             let (chunk, ends) = match buf.iter().position(|&b| b == b'\n') {
                 Some(i) => (&buf[..i], Some(i + 1)),
                 None => (buf, None),
             };
-            let limit = self.max_bytes.saturating_add(1);
-            if !over && bytes.len() + chunk.len() <= limit {
-                // grown by doubling, but never past the limit (a line refused at 576 MiB
-                // must not have reserved 1 GiB on the way)
-                let needed = bytes.len() + chunk.len();
-                if needed > bytes.capacity() {
-                    let want = needed.max(bytes.capacity().saturating_mul(2)).min(limit);
-                    bytes.reserve_exact(want - bytes.len());
+            if !over && held + chunk.len() <= self.max_bytes.saturating_add(1) {
+                let mut rest = chunk;
+                while !rest.is_empty() {
+                    if pieces.last().is_none_or(|p| p.len() == p.capacity()) {
+                        pieces.push(Vec::with_capacity(held.clamp(PIECES.0, PIECES.1)));
+                    }
+                    let piece = pieces.last_mut().expect("just pushed");
+                    let n = rest.len().min(piece.capacity() - piece.len());
+                    piece.extend_from_slice(&rest[..n]);
+                    rest = &rest[n..];
+                    held += n;
                 }
-                bytes.extend_from_slice(chunk);
             } else {
                 over = true;
-                bytes = Vec::new();
+                pieces = Vec::new();
             }
             let used = ends.unwrap_or(buf.len());
             self.input.consume(used);
             if ends.is_some() {
-                if bytes.ends_with(b"\r") {
-                    bytes.pop();
-                }
-                over |= bytes.len() > self.max_bytes;
-                return Ok(Some((bytes, !over)));
+                break;
             }
         }
+        if !any {
+            return Ok(None);
+        }
+        let mut bytes = match pieces.len() {
+            0 => Vec::new(),
+            1 => pieces.pop().expect("one piece"),
+            _ => {
+                let mut bytes = Vec::with_capacity(held);
+                for piece in pieces {
+                    bytes.extend_from_slice(&piece);
+                }
+                bytes
+            }
+        };
+        if bytes.ends_with(b"\r") {
+            bytes.pop();
+        }
+        over |= bytes.len() > self.max_bytes;
+        Ok(Some((bytes, !over)))
     }
 }
 
@@ -196,5 +218,12 @@ mod tests {
         assert!(lines("abcdef\nabcdefg", 6)[1].is_err());
         assert_eq!(lines("abcdef\r\n", 6), [Ok("abcdef".into())]);
         assert_eq!(lines("", 6), Vec::<Result<String, String>>::new());
+        // a line held in several pieces is joined in order
+        let long: String = (0..200_000)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        let got = lines(&format!("{long}\nx\n"), 200_000);
+        assert_eq!(got, [Ok(long.clone()), Ok("x".into())]);
+        assert!(lines(&format!("{long}\nx\n"), 199_999)[0].is_err());
     }
 }
