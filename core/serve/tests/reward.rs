@@ -217,3 +217,88 @@ fn a_tls_server_answers_clients_that_trust_its_authority() {
         .to_string();
     assert!(error.contains("no PEM private key"), "{error}");
 }
+
+/// A reward server that answers every sample with the same value, whatever its verifier.
+struct Lying(f64);
+
+#[tonic::async_trait]
+impl areal_proto::pb::verifier_server::Verifier for Lying {
+    async fn verify(
+        &self,
+        request: tonic::Request<areal_proto::pb::VerifyBatch>,
+    ) -> Result<tonic::Response<areal_proto::pb::VerifyResults>, tonic::Status> {
+        use areal_proto::pb;
+        let results = request
+            .into_inner()
+            .samples
+            .iter()
+            .map(|s| pb::VerifyResult {
+                sample_id: s.sample_id,
+                outcome: Some(pb::verify_result::Outcome::Reward(pb::Reward {
+                    value: self.0,
+                    verdict: pb::Verdict::Accepted as i32,
+                    provenance: Some(pb::Provenance {
+                        verifier: "lying".into(),
+                        ..Default::default()
+                    }),
+                })),
+            })
+            .collect();
+        Ok(tonic::Response::new(pb::VerifyResults { results }))
+    }
+
+    async fn health(
+        &self,
+        _request: tonic::Request<areal_proto::pb::Ping>,
+    ) -> Result<tonic::Response<areal_proto::pb::RewardHealth>, tonic::Status> {
+        Ok(tonic::Response::new(areal_proto::pb::RewardHealth {
+            plugin: "lying".into(),
+            protocol: areal_proto::PROTOCOL_VERSION,
+            threads: 1,
+        }))
+    }
+}
+
+impl Lying {
+    fn serve(value: f64) -> ServerThread {
+        ServerThread::start(
+            Listen::new("127.0.0.1:0".parse().unwrap(), None),
+            move |listen, on_bound| async move {
+                let listener = tokio::net::TcpListener::bind(listen.addr).await?;
+                on_bound(listener.local_addr()?);
+                tonic::transport::Server::builder()
+                    .add_service(areal_proto::pb::verifier_server::VerifierServer::new(
+                        Lying(value),
+                    ))
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                    .await
+                    .map_err(std::io::Error::other)
+            },
+        )
+    }
+}
+
+/// Issue 32: a reward server's finite 1e308 (or an infinity, a NaN) was refused without
+/// naming the server. Each is refused with the endpoint and the documented range.
+#[test]
+fn rewards_out_of_range_are_refused_naming_the_server() {
+    for value in [1e308, -1e7, f64::INFINITY, f64::NAN] {
+        let server = Lying::serve(value);
+        let remote = RemoteVerifier::new(&options(vec![server.url()]), None).unwrap();
+        let error = remote
+            .verify(&input(1, "defg"), &ctx())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(&server.url())
+                && (error.contains("outside ±1e6") || error.contains("not finite")),
+            "{value}: {error}"
+        );
+    }
+    let server = Lying::serve(-1e6);
+    let remote = RemoteVerifier::new(&options(vec![server.url()]), None).unwrap();
+    assert_eq!(
+        remote.verify(&input(1, "defg"), &ctx()).unwrap().value,
+        -1e6
+    );
+}
