@@ -19,13 +19,13 @@ use wasmtime::component::{Component, Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
+use crate::blocking::block_on;
 use crate::capture::Capture;
+use crate::determinism::{GuestClock, SeededRandom};
 use crate::guest::hex;
-use crate::sandbox::{
-    GuestClock, MemoryCap, Metered, Mode, Outcome, SandboxError, SeededRandom, TimeBudget,
-    block_on, classify, load_or_compile, meter, spawn_epoch_ticker,
-};
-use crate::{Limits, wasmtime_version};
+use crate::meter::{MemoryCap, Metered, TimeBudget, meter, spawn_epoch_ticker};
+use crate::module_cache::load_or_compile;
+use crate::run::{Limits, Mode, Outcome, SandboxError, classify, wasmtime_version};
 
 #[allow(missing_docs)]
 mod bindings {

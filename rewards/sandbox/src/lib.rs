@@ -20,11 +20,18 @@
 //!
 //! DESIGN.md §5 has the facts this was built on; `docs/sandbox.md` the threat model.
 
+mod blocking;
 mod capture;
 mod component;
+mod determinism;
 mod guest;
+mod meter;
+mod module_cache;
 mod pool;
+mod preinit;
+mod run;
 mod sandbox;
+mod sleep;
 mod watchdog;
 
 pub use component::{
@@ -32,7 +39,8 @@ pub use component::{
 };
 pub use guest::{INTERPRETER_ENV, Interpreter, InterpreterError};
 pub use pool::Pool;
-pub use sandbox::{
-    Limits, MAX_CONCURRENT_RUNS, MAX_GUEST_RESOURCES, Mode, Outcome, Run, RunReport, Sandbox,
-    SandboxError, Settings, wasmtime_version,
+pub use run::{
+    Limits, MAX_CONCURRENT_RUNS, MAX_GUEST_RESOURCES, Mode, Outcome, Run, RunReport, SandboxError,
+    Settings, wasmtime_version,
 };
+pub use sandbox::Sandbox;

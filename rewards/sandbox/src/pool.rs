@@ -29,7 +29,7 @@ impl Pool {
     /// A pool of `threads` workers, at least one and at most the sandbox's 64 instance slots.
     pub fn new(sandbox: Arc<Sandbox>, threads: usize) -> Self {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-        let threads = threads.clamp(1, crate::sandbox::MAX_CONCURRENT_RUNS as usize);
+        let threads = threads.clamp(1, crate::run::MAX_CONCURRENT_RUNS as usize);
         let workers = (0..threads)
             .map(|i| {
                 let rx = rx.clone();
