@@ -27,7 +27,7 @@ use crate::meter::{MemoryCap, Metered, TimeBudget, meter, spawn_epoch_ticker};
 use crate::module_cache::load_or_compile;
 use crate::run::{Limits, Mode, Outcome, SandboxError, classify, wasmtime_version};
 
-#[allow(missing_docs)]
+#[allow(missing_docs, reason = "generated code")]
 mod bindings {
     wasmtime::component::bindgen!({
         world: "reward",

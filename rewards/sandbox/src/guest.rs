@@ -155,3 +155,83 @@ impl Interpreter {
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// An interpreter binary, refused if it uses bulk-memory instructions: wasmtime runs them as
+/// host code that touches the guest's memory, and the watchdog stops a guest by revoking
+/// access to that memory (`watchdog.rs`). (What does not parse is left to wasmtime to report.)
+pub(crate) fn read_guest(path: &Path) -> Result<Vec<u8>, InterpreterError> {
+    use wasmtime::wasmparser::{Operator, Parser, Payload};
+    let wasm = read(path)?;
+    let refuse = |instruction| {
+        Err(InterpreterError::BulkMemory {
+            path: path.to_path_buf(),
+            instruction,
+        })
+    };
+    for payload in Parser::new(0).parse_all(&wasm) {
+        let Ok(Payload::CodeSectionEntry(body)) = payload else {
+            continue;
+        };
+        let Ok(mut ops) = body.get_operators_reader() else {
+            continue;
+        };
+        while !ops.eof() {
+            match ops.read() {
+                Ok(Operator::MemoryCopy { .. }) => return refuse("memory.copy"),
+                Ok(Operator::MemoryFill { .. }) => return refuse("memory.fill"),
+                Ok(Operator::MemoryInit { .. }) => return refuse("memory.init"),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    Ok(wasm)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, InterpreterError> {
+    std::fs::read(path).map_err(|source| InterpreterError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `(module (memory 1) (func ...))` with the given body's instructions.
+    fn module(code: &[u8]) -> Vec<u8> {
+        let mut body = vec![0x00]; // no locals
+        body.extend_from_slice(code);
+        body.push(0x0b);
+        let mut section = vec![0x01, u8::try_from(body.len()).unwrap()];
+        section.extend(body);
+        let mut wasm = b"\0asm\x01\0\0\0".to_vec();
+        wasm.extend([0x01, 0x04, 0x01, 0x60, 0x00, 0x00]); // type () -> ()
+        wasm.extend([0x03, 0x02, 0x01, 0x00]); // one function of that type
+        wasm.extend([0x05, 0x03, 0x01, 0x00, 0x01]); // memory 1
+        wasm.extend([0x0a, u8::try_from(section.len()).unwrap()]);
+        wasm.extend(section);
+        wasm
+    }
+
+    #[test]
+    fn interpreters_with_bulk_memory_instructions_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("guest.wasm");
+        // i32.const 0 ×3; memory.fill 0
+        std::fs::write(
+            &path,
+            module(&[0x41, 0, 0x41, 0, 0x41, 0, 0xfc, 0x0b, 0x00]),
+        )
+        .unwrap();
+        let err = read_guest(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("memory.fill") && err.contains("make python-wasi"),
+            "{err}"
+        );
+        // i32.const 0; i32.load; drop
+        std::fs::write(&path, module(&[0x41, 0, 0x28, 0x02, 0x00, 0x1a])).unwrap();
+        assert!(read_guest(&path).is_ok());
+    }
+}

@@ -32,6 +32,7 @@ mod preinit;
 mod run;
 mod sandbox;
 mod sleep;
+mod store;
 mod watchdog;
 
 pub use component::{

@@ -40,7 +40,10 @@ pub(crate) fn load_or_compile<A: Artifact>(
         // SAFETY: the file was written by `precompile_module` of an engine with these exact
         // settings (the key says so) and its sha256 matches the one written beside it, so it
         // is the artefact wasmtime produced, not arbitrary bytes.
-        #[allow(unsafe_code)]
+        #[allow(
+            unsafe_code,
+            reason = "a precompiled artefact is loaded only after its sha256 is checked"
+        )]
         let module = unsafe { A::deserialize_file(engine, &file) };
         match module {
             Ok(m) => return Ok(m),
@@ -58,7 +61,10 @@ pub(crate) fn load_or_compile<A: Artifact>(
     std::fs::write(&sum, hex(&Sha256::digest(&compiled))).map_err(|e| cache_err(&sum, e))?;
     tracing::info!("compiled in {:.1} s", started.elapsed().as_secs_f64());
     // SAFETY: as above; we wrote this file from `precompile_module` a moment ago.
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "a precompiled artefact is loaded only after its sha256 is checked"
+    )]
     let module = unsafe { A::deserialize_file(engine, &file) }?;
     Ok(module)
 }
@@ -68,7 +74,10 @@ pub(crate) trait Artifact: Sized {
     fn precompile(engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>>;
     /// # Safety
     /// `path` must hold what [`Artifact::precompile`] wrote for an engine of these settings.
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "wasmtime's deserialisation of a precompiled artefact is unsafe"
+    )]
     unsafe fn deserialize_file(engine: &Engine, path: &Path) -> wasmtime::Result<Self>;
 }
 
@@ -76,7 +85,10 @@ impl Artifact for Module {
     fn precompile(engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
         engine.precompile_module(wasm)
     }
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "wasmtime's deserialisation of a precompiled artefact is unsafe"
+    )]
     unsafe fn deserialize_file(engine: &Engine, path: &Path) -> wasmtime::Result<Self> {
         // SAFETY: the caller's promise.
         unsafe { Module::deserialize_file(engine, path) }
@@ -87,7 +99,10 @@ impl Artifact for wasmtime::component::Component {
     fn precompile(engine: &Engine, wasm: &[u8]) -> wasmtime::Result<Vec<u8>> {
         engine.precompile_component(wasm)
     }
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "wasmtime's deserialisation of a precompiled artefact is unsafe"
+    )]
     unsafe fn deserialize_file(engine: &Engine, path: &Path) -> wasmtime::Result<Self> {
         // SAFETY: the caller's promise.
         unsafe { wasmtime::component::Component::deserialize_file(engine, path) }

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use wasmtime::{Engine, Linker, Module, Store};
 
 use crate::capture::Capture;
-use crate::guest::Interpreter;
+use crate::guest::{Interpreter, read_guest};
 use crate::run::{Limits, Mode, Outcome, SandboxError, classify};
-use crate::sandbox::{Guest, GuestIo, guest_state, read_guest, watch_memory, watched};
+use crate::store::{Guest, GuestIo, guest_state, watch_memory, watched};
 use crate::watchdog::{Stop, Watch};
 
 /// Run `source` in the reactor interpreter and snapshot the initialised instance as a new

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use wasmtime::{Engine, Linker, Trap};
 
 use crate::run::Mode;
-use crate::sandbox::Guest;
+use crate::store::Guest;
 
 /// WASI preview 1, with a `poll_oneoff` of our own.
 ///

@@ -248,7 +248,10 @@ fn protect(base: usize, len: usize, readwrite: bool) {
     // this (the restorer drops before it). Revoking access only makes the guest's own next
     // access trap (no host code touches the memory meanwhile, see the module's docs), and
     // giving it back restores exactly what wasmtime had mapped.
-    #[allow(unsafe_code)]
+    #[allow(
+        unsafe_code,
+        reason = "revoking and restoring access to the guest's memory is an mprotect"
+    )]
     let done = unsafe { rustix::mm::mprotect(std::ptr::without_provenance_mut(base), len, flags) };
     if let Err(e) = done {
         // Not being able to stop a guest, or to reuse its memory, is not recoverable.
@@ -321,7 +324,10 @@ impl ThreadClock {
         let mut id: libc::clockid_t = 0;
         // SAFETY: `pthread_self()` is the calling thread, alive during the call, and `id`
         // is a valid place for the result.
-        #[allow(unsafe_code)]
+        #[allow(
+            unsafe_code,
+            reason = "the CPU clock of the guest's thread comes from libc"
+        )]
         let err = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
         assert_eq!(err, 0, "pthread_getcpuclockid failed: {err}");
         Self { id }
@@ -335,7 +341,7 @@ impl ThreadClock {
         };
         // SAFETY: `t` is a valid timespec to write; a clock whose thread has ended gives an
         // error, read as no time.
-        #[allow(unsafe_code)]
+        #[allow(unsafe_code, reason = "reading that thread's CPU clock")]
         let err = unsafe { libc::clock_gettime(self.id, &mut t) };
         if err != 0 {
             return Duration::ZERO;
