@@ -29,6 +29,7 @@ lint: reward-components
 	$(CARGO) fmt --all -- --check
 	$(CARGO) fmt --all --manifest-path rewards/components/Cargo.toml -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 	CARGO_TARGET_DIR=$(abspath $(TARGET_DIR))/components $(CARGO) clippy --locked \
 		--target wasm32-wasip2 --manifest-path rewards/components/Cargo.toml -- -D warnings
 	.ci/module-cycles sdk/src sdk/*/src core/*/src plugins/*/src plugins/examples/*/src rewards/*/src

@@ -156,7 +156,7 @@ mod tests {
 
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
+    #[allow(dead_code, reason = "the fields are read only by serde")]
     struct Opts {
         #[serde(default)]
         top_p: f32,
@@ -165,7 +165,7 @@ mod tests {
 
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
+    #[allow(dead_code, reason = "the fields are read only by serde")]
     struct Inner {
         depth: u32,
     }

@@ -189,7 +189,7 @@ where
     match dispatch(cli, started) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if error.downcast_ref::<Interrupted>().is_some() => {
-            #[allow(clippy::print_stderr)]
+            #[allow(clippy::print_stderr, reason = "messages for the user, on stderr")]
             {
                 eprintln!("{error}");
             }
@@ -198,7 +198,7 @@ where
         Err(error) => {
             let bad_config = error.downcast_ref::<ConfigError>().is_some()
                 || error.downcast_ref::<UsageError>().is_some();
-            #[allow(clippy::print_stderr)]
+            #[allow(clippy::print_stderr, reason = "messages for the user, on stderr")]
             {
                 eprintln!("error: {error}");
                 for cause in error.chain().skip(1) {
@@ -225,7 +225,7 @@ fn init_tracing(verbose: u8) {
         .try_init();
 }
 
-#[allow(clippy::print_stdout)]
+#[allow(clippy::print_stdout, reason = "the command's output is its stdout")]
 fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
     match cli.command {
         Command::Plugins { json } => {
@@ -251,7 +251,7 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
     }
 }
 
-#[allow(clippy::print_stdout)]
+#[allow(clippy::print_stdout, reason = "the command's output is its stdout")]
 fn print_plugins(json: bool) {
     let plugins = areal_core::registered_plugins();
     if json {
@@ -397,7 +397,7 @@ fn train(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
         },
     ))?;
     drop(observer);
-    #[allow(clippy::print_stdout)]
+    #[allow(clippy::print_stdout, reason = "the command's output is its stdout")]
     {
         let acc = |a: Option<f64>| a.map_or("-".to_owned(), |a| format!("{:.3}", a));
         let warmup = match &summary.warmup {
@@ -483,7 +483,7 @@ fn stop_on_signals(
                 _ = terminate.recv() => "SIGTERM",
             };
             received += 1;
-            #[allow(clippy::print_stderr)]
+            #[allow(clippy::print_stderr, reason = "messages for the user, on stderr")]
             if received == 1 {
                 eprintln!(
                     "{name}: stopping after the step in progress, then saving the checkpoint and summary (again to quit at once)"
@@ -548,7 +548,7 @@ fn eval(args: EvalArgs) -> anyhow::Result<()> {
         &args.checkpoint,
         &spec,
     ))?;
-    #[allow(clippy::print_stdout)]
+    #[allow(clippy::print_stdout, reason = "the command's output is its stdout")]
     {
         for item in outcome.results.iter().take(args.show) {
             for g in &item.completions {
@@ -634,7 +634,7 @@ impl Progress {
         }
     }
 
-    #[allow(clippy::print_stderr)]
+    #[allow(clippy::print_stderr, reason = "messages for the user, on stderr")]
     fn line(&self, text: String) {
         match &self.bar {
             Some(bar) => bar.println(text),

@@ -13,7 +13,7 @@ fn main() -> std::process::ExitCode {
     // are page-faulted in again on every step: training ran 10-20% slower than with glibc.
     // Never purging keeps them mapped (the process's footprint is its peak, as with glibc).
     // SAFETY: `mi_option_set` stores an integer option; mimalloc reads it at its next purge.
-    #[allow(unsafe_code)]
+    #[allow(unsafe_code, reason = "mimalloc's options are set through its C API")]
     unsafe {
         libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
     }

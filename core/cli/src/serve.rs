@@ -158,7 +158,7 @@ fn shutdown(until_stdin_closes: bool) -> impl Future<Output = ()> + Send + 'stat
     }
 }
 
-#[allow(clippy::print_stdout)]
+#[allow(clippy::print_stdout, reason = "the command's output is its stdout")]
 fn serve_generator(
     GeneratorArgs {
         listen: addr,
@@ -230,7 +230,7 @@ fn serve_generator(
     Ok(())
 }
 
-#[allow(clippy::print_stdout)]
+#[allow(clippy::print_stdout, reason = "the command's output is its stdout")]
 fn serve_reward(
     RewardArgs {
         listen: addr,

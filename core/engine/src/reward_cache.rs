@@ -176,8 +176,8 @@ impl RewardCache {
         }
     }
 
-    /// After a miss on `key`: verify it ([`Flight::Lead`]), or, when the same key is being
-    /// verified now, wait for that reward ([`Flight::Follow`]; a follow that gets it counts as
+    /// After a miss on `key`: verify it (`Flight::Lead`), or, when the same key is being
+    /// verified now, wait for that reward (`Flight::Follow`; a follow that gets it counts as
     /// a hit). Identical samples sent together — a group whose completions agree — are
     /// verified once.
     pub fn join(&self, key: [u8; 32]) -> Flight<'_> {

@@ -24,7 +24,14 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 /// The generated messages and services of `areal.v1`.
-#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
+#[allow(
+    missing_docs,
+    unreachable_pub,
+    clippy::all,
+    clippy::pedantic,
+    clippy::allow_attributes_without_reason,
+    reason = "generated code"
+)]
 pub mod pb {
     tonic::include_proto!("areal.v1");
 }

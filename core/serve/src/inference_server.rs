@@ -653,7 +653,10 @@ pub(crate) struct ErrorBody(StatusCode, Value);
 /// `on_bound` gets the address actually bound (port 0 picks one) once the server accepts
 /// calls. If `initial` is given, that checkpoint folder is loaded first (as the model a
 /// server starts with), reported as version `default`.
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the server's parts, each a caller's choice"
+)]
 pub async fn serve_inference_api(
     api: InferenceApi,
     generator: Arc<dyn Generator>,

@@ -27,7 +27,10 @@ fn t(values: &[f32], device: &Device) -> Tensor<1> {
 }
 
 /// One sequence: a prompt token then three generated tokens.
-#[allow(clippy::single_range_in_vec_init)]
+#[allow(
+    clippy::single_range_in_vec_init,
+    reason = "one sequence: its completion range"
+)]
 fn input(current: &[f32], proximal: &[f32], behaviour: &[f32], device: &Device) -> LossInput {
     LossInput {
         current: CurrentLogprobs(t(current, device)),

@@ -23,13 +23,19 @@ use areal_sdk_train::{PackedBatch, Policy};
 
 /// The CPU backends this build has.
 fn backends() -> Vec<(&'static str, Device)> {
-    #[allow(unused_mut)]
+    #[allow(unused_mut, reason = "pushed to only with the ndarray features")]
     let mut list = vec![("flex", Device::flex())];
     #[cfg(all(feature = "ndarray", not(feature = "openblas")))]
-    #[allow(deprecated)]
+    #[allow(
+        deprecated,
+        reason = "burn's ndarray backend is deprecated; it is measured for comparison"
+    )]
     list.push(("ndarray", Device::ndarray()));
     #[cfg(feature = "openblas")]
-    #[allow(deprecated)]
+    #[allow(
+        deprecated,
+        reason = "burn's ndarray backend is deprecated; it is measured for comparison"
+    )]
     list.push(("ndarray + OpenBLAS", Device::ndarray()));
     list
 }
@@ -130,7 +136,7 @@ fn measure(shape: &Shape, device: &Device, threads: usize) -> (f64, f64, f64) {
     (train, one, many)
 }
 
-#[allow(clippy::print_stdout)]
+#[allow(clippy::print_stdout, reason = "the command's output is its stdout")]
 fn main() {
     let args: Vec<usize> = std::env::args()
         .skip(1)

@@ -1,7 +1,7 @@
 //! The maths answer verifier: Math-Verify's behaviour, in Rust, with a deadline that works on
 //! any thread.
 //!
-//! - [`extract`](extract::extract) finds the answer in a completion (last `\boxed{}`, "final
+//! - `extract` finds the answer in a completion (last `\boxed{}`, "final
 //!   answer" anchors, the last LaTeX span, number or arithmetic).
 //! - The parser reads LaTeX and plain maths into [`Math`]: exact rationals, symbols, functions,
 //!   intervals, sets, tuples, matrices, relation chains.

@@ -2,7 +2,7 @@
 //! every case graded with its own config, the verdict against the one Math-Verify's tests
 //! assert. Math-Verify 0.9.0 under its default settings agrees with 262 of the 268.
 
-#![allow(clippy::print_stderr)] // the tests print what they measured
+#![allow(clippy::print_stderr, reason = "the tests print what they measured")]
 
 use std::collections::BTreeMap;
 use std::time::Duration;

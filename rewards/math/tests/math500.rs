@@ -1,7 +1,7 @@
 //! MATH-500's reference answers: each is read, equals itself, equals its rewritings (the same
 //! answer written as a model would), and differs from a perturbed copy.
 
-#![allow(clippy::print_stderr)] // the tests print what they measured
+#![allow(clippy::print_stderr, reason = "the tests print what they measured")]
 
 use std::time::Duration;
 

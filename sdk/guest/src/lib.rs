@@ -39,7 +39,12 @@
 use serde_json::{Map, Value};
 
 #[doc(hidden)]
-#[allow(clippy::too_many_arguments, missing_docs, unreachable_pub)]
+#[allow(
+    clippy::too_many_arguments,
+    missing_docs,
+    unreachable_pub,
+    reason = "generated code"
+)]
 pub mod bindings {
     wit_bindgen::generate!({
         world: "reward",

@@ -56,7 +56,11 @@ impl areal_core::Observer for ControllerTrace {
     }
 }
 
-#[allow(clippy::print_stderr, clippy::print_stdout)]
+#[allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "results on stdout, progress on stderr"
+)]
 pub(super) fn run(args: BenchControllerArgs) -> anyhow::Result<()> {
     let runtime = crate::runtime()?;
     eprintln!(

@@ -276,7 +276,11 @@ fn push(
     Ok(seconds)
 }
 
-#[allow(clippy::print_stderr, clippy::print_stdout)]
+#[allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "results on stdout, progress on stderr"
+)]
 pub(super) fn run(args: BenchFleetArgs) -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let config = scratch.path().join("testkit.toml");

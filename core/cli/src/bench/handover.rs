@@ -145,7 +145,11 @@ fn time_api(
     Ok(row)
 }
 
-#[allow(clippy::print_stderr, clippy::print_stdout)]
+#[allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "results on stdout, progress on stderr"
+)]
 pub(super) fn run(args: BenchHandoverArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rounds >= 1, "--rounds must be at least 1");
     let apis = args

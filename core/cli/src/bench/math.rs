@@ -151,7 +151,11 @@ fn measure_reference(
     })
 }
 
-#[allow(clippy::print_stderr, clippy::print_stdout)]
+#[allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "results on stdout, progress on stderr"
+)]
 pub(super) fn run(args: BenchMathArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.answers)
         .with_context(|| format!("cannot read {}", args.answers.display()))?;

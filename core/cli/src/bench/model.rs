@@ -87,7 +87,11 @@ fn sync(t: Tensor<2>) {
     let _ = t.slice([0..1, 0..1]).into_data();
 }
 
-#[allow(clippy::print_stderr, clippy::print_stdout)]
+#[allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "results on stdout, progress on stderr"
+)]
 pub(super) fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rounds >= 1, "--rounds must be at least 1");
     for work in &args.work {

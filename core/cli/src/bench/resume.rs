@@ -5,7 +5,11 @@
 //! parameters. Every run is a child process of this binary.
 
 // progress goes to stderr, the tables to stdout
-#![allow(clippy::print_stderr, clippy::print_stdout)]
+#![allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "results on stdout, progress on stderr"
+)]
 
 use std::collections::HashSet;
 use std::fmt::Write as _;

@@ -225,7 +225,11 @@ fn build(config: Value) -> anyhow::Result<Arc<dyn RewardVerifier>> {
     Ok(RewardPlugin::build_from(&config, &BuildContext::new(1, 1))?)
 }
 
-#[allow(clippy::print_stdout, clippy::print_stderr)]
+#[allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "results on stdout, progress on stderr"
+)]
 pub(super) fn run(args: BenchRewardArgs) -> anyhow::Result<()> {
     let inputs = samples(args.samples)?;
     eprintln!("loading the plugins (a Python file is imported and snapshotted once)...");

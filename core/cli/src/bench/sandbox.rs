@@ -119,7 +119,11 @@ fn load(path: &PathBuf) -> anyhow::Result<Vec<Item>> {
     Ok(items)
 }
 
-#[allow(clippy::print_stderr, clippy::print_stdout)]
+#[allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "results on stdout, progress on stderr"
+)]
 pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
     let (python, python_version) = resolve_python(&args.python)?;
     let items = Arc::new(match args.set {
@@ -282,7 +286,7 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
 /// other, `rounds` times after an untimed pass, so that both see the machine alike (on a
 /// shared machine its speed drifts by 10–30 % over minutes); a program's ratio is the median
 /// of its rounds' ratios. Execution time only: the program alone, start-up excluded.
-#[allow(clippy::print_stderr)]
+#[allow(clippy::print_stderr, reason = "messages for the user, on stderr")]
 fn heavy_report(
     python: &str,
     python_version: &str,

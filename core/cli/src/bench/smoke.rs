@@ -52,7 +52,11 @@ fn memory_gb() -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-#[allow(clippy::print_stderr, clippy::print_stdout)]
+#[allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "results on stdout, progress on stderr"
+)]
 pub(super) fn run(args: BenchSmokeArgs) -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let dir = args

@@ -90,7 +90,7 @@ fn parse_line(line: &str, max_tests_bytes: usize) -> Result<Job, String> {
     })
 }
 
-#[allow(clippy::print_stderr)]
+#[allow(clippy::print_stderr, reason = "messages for the user, on stderr")]
 pub(super) fn run(args: GradeCodeArgs) -> anyhow::Result<()> {
     let options = GradeOptions {
         mode: if args.deterministic {

@@ -37,7 +37,7 @@ pub(crate) struct GradeMathArgs {
 /// Lines graded together (in parallel, then printed in order).
 const BATCH: usize = 512;
 
-#[allow(clippy::print_stderr)]
+#[allow(clippy::print_stderr, reason = "messages for the user, on stderr")]
 pub(super) fn run(args: GradeMathArgs) -> anyhow::Result<()> {
     let options = Options {
         float_rounding: args.float_rounding,

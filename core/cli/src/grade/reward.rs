@@ -35,7 +35,7 @@ pub(crate) struct GradeRewardArgs {
 /// Lines graded together (at once on the service's threads, then printed in order).
 const BATCH: usize = 512;
 
-#[allow(clippy::print_stderr)]
+#[allow(clippy::print_stderr, reason = "messages for the user, on stderr")]
 pub(super) fn run(args: GradeRewardArgs) -> anyhow::Result<()> {
     let mut loader = loader(&args.config)?;
     if let Some(j) = args.threads {

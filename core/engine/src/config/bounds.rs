@@ -1,5 +1,6 @@
-//! Bounds of the engine's settings, checked by [`Config::problems`]: generous for real runs,
-//! finite so that no product wraps and no setting asks for more than a machine has.
+//! Bounds of the engine's settings, checked by [`Config::problems`](super::Config::problems):
+//! generous for real runs, finite so that no product wraps and no setting asks for more than a
+//! machine has.
 
 /// Most prompts per training step (`rollout.batch_size`).
 pub const MAX_BATCH_SIZE: usize = 1 << 20;

@@ -88,7 +88,10 @@ fn the_binary_lists_cispo_and_trains_one_step_with_it() {
 }
 
 #[test]
-#[allow(clippy::single_range_in_vec_init)] // one sequence: its completion range
+#[allow(
+    clippy::single_range_in_vec_init,
+    reason = "one sequence: its completion range"
+)]
 fn the_gradient_is_the_clipped_weight_times_the_advantage() {
     use areal_example_cispo as _;
     let cfg = PluginConfig::new("algorithm", "cispo").with("eps_low", 0.2);

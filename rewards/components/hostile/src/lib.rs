@@ -108,7 +108,10 @@ impl Reward for Hostile {
     }
 }
 
-#[allow(unconditional_recursion)]
+#[allow(
+    unconditional_recursion,
+    reason = "it recurses until the stack overflows, on purpose"
+)]
 fn recurse(n: u64) -> u64 {
     let frame = std::hint::black_box([n; 64]);
     recurse(frame[3] + 1) + frame[7]

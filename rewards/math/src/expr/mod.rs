@@ -1,9 +1,9 @@
 //! Expressions: the tree both answers are parsed into, its canonical form, and its value.
 //!
-//! [`simplify`] brings an expression to a canonical form: sums and products flattened, numbers
+//! `simplify` brings an expression to a canonical form: sums and products flattened, numbers
 //! folded exactly, like terms and like factors collected, operands in a fixed order. Two
 //! expressions with the same canonical form are equal; the comparison falls back to
-//! evaluation ([`eval`]) for the rest.
+//! evaluation (`eval`) for the rest.
 
 use crate::number::Number;
 
@@ -31,7 +31,7 @@ pub enum Constant {
 
 /// Functions that are known and evaluated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[allow(missing_docs)]
+#[allow(missing_docs, reason = "the variants are the functions' own names")]
 pub enum Func {
     Sin,
     Cos,

@@ -123,7 +123,11 @@ fn algorithm_sets(algorithm: &str) -> Vec<String> {
     }
 }
 
-#[allow(clippy::print_stderr, clippy::print_stdout)]
+#[allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "results on stdout, progress on stderr"
+)]
 pub(crate) fn run(args: AsyncVsSyncArgs) -> anyhow::Result<()> {
     let plan = Plan::from(&args);
     let [gen_threads, train_threads] = <[usize; 2]>::try_from(args.async_threads.clone())
