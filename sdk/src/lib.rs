@@ -17,12 +17,15 @@
 //!     RewardVerifier, Verdict, VerifyContext,
 //! };
 //!
+//! /// The registered name, written once (`name()` must return it).
+//! pub const NAME: &str = "contains";
+//!
 //! /// Reward 1 when the completion contains the reference string.
 //! struct Contains;
 //!
 //! impl RewardVerifier for Contains {
 //!     fn name(&self) -> &str {
-//!         "contains"
+//!         NAME
 //!     }
 //!
 //!     fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {
@@ -39,7 +42,7 @@
 //!     Ok(Arc::new(Contains))
 //! }
 //!
-//! register_reward!("contains", "reward 1 when the completion contains the reference", build);
+//! register_reward!(NAME, "reward 1 when the completion contains the reference", build);
 //! ```
 //!
 //! The config then selects it with `reward = { kind = "contains" }`.

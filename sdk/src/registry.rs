@@ -85,8 +85,6 @@ where
     }
 }
 
-/// Defines a registry entry type (used by this crate and by `areal-sdk-train`; not public
-/// API): `name`, `description`, and `build: fn(&PluginConfig, &$context) -> Result<$object>`.
 /// A built plugin must answer to the name it is registered under: that name is the one a
 /// config writes, metrics and provenance carry, and error messages cite.
 #[doc(hidden)]
@@ -104,6 +102,8 @@ pub fn check_name(kind: &str, registered: &str, built: &str) -> Result<(), Plugi
     ))
 }
 
+/// Defines a registry entry type (used by this crate and by `areal-sdk-train`; not public
+/// API): `name`, `description`, and `build: fn(&PluginConfig, &$context) -> Result<$object>`.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __registry {

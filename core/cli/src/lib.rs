@@ -71,7 +71,7 @@ enum Command {
     /// math: answers against references; reward: any config's `[reward]` over samples).
     #[command(subcommand)]
     Grade(grade::GradeCommand),
-    /// Benchmarks that print tables (sandbox, controller, async-vs-sync, math).
+    /// Benchmarks that print tables (areal bench --help lists each, with what it measures).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// Serve a plugin of a config over gRPC (generator, reward), for runs in other processes

@@ -48,7 +48,9 @@ struct Job {
     state: Arc<AtomicU8>,
 }
 
-struct Shared {
+/// What the verifier threads share: the verifier, the queue of jobs, and the count of threads
+/// alive and abandoned (a thread stuck past its deadline is abandoned and replaced).
+struct ThreadPool {
     verifier: Arc<dyn RewardVerifier>,
     jobs: Receiver<Job>,
     deadline: Duration,
@@ -58,7 +60,7 @@ struct Shared {
 
 /// A pool of verifier threads, with an optional reward cache in front.
 pub struct RewardService {
-    shared: Arc<Shared>,
+    pool: Arc<ThreadPool>,
     submit: Sender<Job>,
     cache: Option<Arc<RewardCache>>,
 }
@@ -67,7 +69,7 @@ impl RewardService {
     /// Start `threads` threads running `verifier` with a per-sample `deadline`.
     pub fn new(verifier: Arc<dyn RewardVerifier>, threads: usize, deadline: Duration) -> Self {
         let (submit, jobs) = crossbeam_channel::unbounded();
-        let shared = Arc::new(Shared {
+        let pool = Arc::new(ThreadPool {
             verifier,
             jobs,
             deadline,
@@ -75,10 +77,10 @@ impl RewardService {
             abandoned: AtomicUsize::new(0),
         });
         for _ in 0..threads.max(1) {
-            spawn_worker(&shared);
+            spawn_worker(&pool);
         }
         Self {
-            shared,
+            pool,
             submit,
             cache: None,
         }
@@ -130,24 +132,24 @@ impl RewardService {
 
     /// The verifier the threads run.
     pub fn verifier(&self) -> &Arc<dyn RewardVerifier> {
-        &self.shared.verifier
+        &self.pool.verifier
     }
 
     /// Threads alive now: the configured number plus those still stuck in abandoned
     /// verifications.
     pub fn live_threads(&self) -> usize {
-        self.shared.live.load(Ordering::SeqCst)
+        self.pool.live.load(Ordering::SeqCst)
     }
 
     /// Verifications abandoned at their deadline so far.
     pub fn abandoned(&self) -> usize {
-        self.shared.abandoned.load(Ordering::SeqCst)
+        self.pool.abandoned.load(Ordering::SeqCst)
     }
 
     /// Verify one sample. Never fails: a failed, crashed or late verifier yields a reward
     /// with verdict `error`, `verifier_crashed` or `verifier_timeout`.
     pub async fn verify(&self, input: RewardInput) -> Verified {
-        self.verify_within(input, self.shared.deadline).await
+        self.verify_within(input, self.pool.deadline).await
     }
 
     /// [`RewardService::verify`] with a deadline of its own (a remote client's, say).
@@ -200,7 +202,7 @@ impl RewardService {
             done: done_tx,
             state: state.clone(),
         };
-        let name = self.shared.verifier.name().to_owned();
+        let name = self.pool.verifier.name().to_owned();
         let failure = |verdict: Verdict, message: String| {
             let mut reward = Reward::new(0.0, verdict).with_detail("error", message);
             reward.provenance.verifier = name.clone();
@@ -243,10 +245,10 @@ impl RewardService {
             }
             Some(Err(_)) => failure(Verdict::VerifierCrashed, "reward worker died".into()),
             None => {
-                self.shared.abandoned.fetch_add(1, Ordering::SeqCst);
+                self.pool.abandoned.fetch_add(1, Ordering::SeqCst);
                 // The stuck thread cannot be stopped: a replacement keeps the pool at strength,
                 // and the stuck one exits if it ever returns.
-                spawn_worker(&self.shared);
+                spawn_worker(&self.pool);
                 tracing::warn!(
                     target: "areal::reward",
                     verifier = %name,
@@ -276,35 +278,35 @@ fn abandon_grace(deadline: Duration) -> Duration {
     (deadline / 4).min(Duration::from_secs(1))
 }
 
-fn spawn_worker(shared: &Arc<Shared>) {
-    shared.live.fetch_add(1, Ordering::SeqCst);
-    let shared = shared.clone();
+fn spawn_worker(pool: &Arc<ThreadPool>) {
+    pool.live.fetch_add(1, Ordering::SeqCst);
+    let pool = pool.clone();
     std::thread::Builder::new()
         .name("areal-reward".into())
-        .spawn(move || worker(&shared))
+        .spawn(move || worker(&pool))
         .expect("spawn a reward thread");
 }
 
-fn worker(shared: &Shared) {
-    while let Ok(job) = shared.jobs.recv() {
+fn worker(pool: &ThreadPool) {
+    while let Ok(job) = pool.jobs.recv() {
         if job.started.send(()).is_err() {
             continue; // the caller is gone
         }
         let ctx = VerifyContext::with_timeout(job.deadline);
         let start = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            shared.verifier.verify(&job.input, &ctx)
+            pool.verifier.verify(&job.input, &ctx)
         }));
         let wall_ms = start.elapsed().as_secs_f64() * 1e3;
         let result = match outcome {
             Ok(Ok(mut reward)) => {
-                reward.provenance.verifier = shared.verifier.name().to_owned();
+                reward.provenance.verifier = pool.verifier.name().to_owned();
                 reward.provenance.wall_ms = wall_ms;
                 match Reward::check_value(reward.value) {
                     Ok(()) => Ok(reward),
                     Err(why) => Err(Failure {
                         verdict: Verdict::Error,
-                        message: format!("verifier {} returned {why}", shared.verifier.name()),
+                        message: format!("verifier {} returned {why}", pool.verifier.name()),
                         wall_ms,
                     }),
                 }
@@ -338,5 +340,5 @@ fn worker(shared: &Shared) {
             break;
         }
     }
-    shared.live.fetch_sub(1, Ordering::SeqCst);
+    pool.live.fetch_sub(1, Ordering::SeqCst);
 }

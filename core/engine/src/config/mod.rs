@@ -444,7 +444,8 @@ impl Default for WarmupConfig {
 }
 
 impl Config {
-    /// The plugin section `name` (one of [`PLUGIN_SECTIONS`]).
+    /// The plugin section `name` (one of [`PLUGIN_SECTIONS`]; any other name is a config
+    /// error naming it and the sections there are).
     pub fn plugin(&self, name: &str) -> Result<PluginConfig, areal_sdk::PluginError> {
         let value = match name {
             "policy" => &self.policy,
@@ -452,7 +453,15 @@ impl Config {
             "task" => &self.task,
             "reward" => &self.reward,
             "algorithm" => &self.algorithm,
-            other => panic!("{other} is not a plugin section"),
+            other => {
+                return Err(areal_sdk::PluginError::config(
+                    other,
+                    format!(
+                        "not a plugin section (the plugin sections are {})",
+                        PLUGIN_SECTIONS.join(", ")
+                    ),
+                ));
+            }
         };
         PluginConfig::from_value(name, value.clone())
     }

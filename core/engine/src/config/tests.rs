@@ -266,3 +266,16 @@ fn plugin_sections_must_be_tables() {
     assert_eq!(p[0].origin, Origin::File("r.toml".into()));
     assert!(p[0].message.contains("kind"), "{}", p[0].message);
 }
+
+#[test]
+fn only_plugin_sections_are_plugin_configs() {
+    let config = Config::default();
+    for name in super::PLUGIN_SECTIONS {
+        assert_eq!(config.plugin(name).unwrap().path(), name);
+    }
+    let error = config.plugin("rollout").unwrap_err().to_string();
+    assert!(
+        error.contains("rollout") && error.contains("policy, generator, task, reward, algorithm"),
+        "{error}"
+    );
+}
