@@ -294,9 +294,7 @@ fn worker(pool: &ThreadPool) {
         }
         let ctx = VerifyContext::with_timeout(job.deadline);
         let start = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            pool.verifier.verify(&job.input, &ctx)
-        }));
+        let outcome = catch_unwind(AssertUnwindSafe(|| pool.verifier.verify(&job.input, &ctx)));
         let wall_ms = start.elapsed().as_secs_f64() * 1e3;
         let result = match outcome {
             Ok(Ok(mut reward)) => {

@@ -1,19 +1,7 @@
 //! The PPO family as [`Algorithm`] plugins, each selectable with `algorithm.kind`:
 //!
-//! | kind | what it is |
-//! |---|---|
-//! | `decoupled-ppo` (default) | AReaL's decoupled objective (arXiv 2505.24298, Eq. 5) |
-//! | `ppo` | standard clipped PPO: π_prox = π_behav |
-//! | `ppo-critic` | PPO with a value head, GAE and a clipped value loss |
-//! | `grpo` | group mean/std advantages, per-sequence token mean, k3 KL term in the loss |
-//! | `dr-grpo` | group mean, no std, a constant normaliser |
-//! | `rloo` | leave-one-out baseline, REINFORCE on the sequence |
-//! | `dapo` | ε_high > ε_low, overlong punishment, dynamic filtering, token mean |
-//! | `gspo` | sequence-level geometric-mean ratio |
-//! | `sapo` | soft sigmoid gates instead of clipping |
-//! | `m2po` | second-moment masking of stale tokens instead of clipping |
-//! | `reinforce++` | KL in the reward, global whitening of token advantages |
-//! | `areal-grpo` | AReaL's "GRPO" recipe: decoupled PPO with batch mean/std |
+//! `areal plugins` lists them, each with what it is; `variants.rs` defines them, one entry each
+//! (name, description, the parts that make it what it is, its preset).
 //!
 //! Every variant is one [`Variant`] preset of the same [`Options`]; options that make no sense
 //! for a variant are rejected with the reason. `docs/algorithms.md` has the formulas.
@@ -35,20 +23,21 @@
 mod advantage;
 mod loss;
 mod options;
+mod variants;
 
 use std::sync::Arc;
 
 use areal_sdk::{BuildContext, PluginConfig, PluginError, TrajectoryGroup};
 use areal_sdk_train::{
     AdvantageInput, Advantages, Algorithm, LossInput, LossOutput, ProximalMode, Requirements,
-    register_algorithm,
 };
 
 pub use advantage::overlong_punishment;
 pub use loss::second_moment_mask;
 pub use options::{
-    CapMode, KlEstimator, KlPlacement, Level, LossAgg, Options, Proximal, Surrogate, Variant,
+    CapMode, KlEstimator, KlPlacement, Level, LossAgg, Options, Proximal, Surrogate,
 };
+pub use variants::{ProximalRule, Variant};
 
 /// One member of the PPO family with its options.
 #[derive(Clone, Debug)]
@@ -121,35 +110,11 @@ impl Algorithm for PpoFamily {
     }
 }
 
-fn build(
+/// The plugin of `variant` for its config section (what each variant registers).
+pub(crate) fn build(
     variant: Variant,
     config: &PluginConfig,
     ctx: &BuildContext,
 ) -> Result<Arc<dyn Algorithm>, PluginError> {
     Ok(Arc::new(PpoFamily::new(variant, config, ctx)?))
-}
-
-macro_rules! register {
-    ($($variant:ident: $description:expr;)*) => {$(
-        register_algorithm!(
-            Variant::$variant.name(),
-            $description,
-            |config: &PluginConfig, ctx: &BuildContext| build(Variant::$variant, config, ctx)
-        );
-    )*};
-}
-
-register! {
-    DecoupledPpo: "AReaL's decoupled PPO: clipped ratio to a recomputed proximal policy, weighted by π_prox/π_behav";
-    Ppo: "standard clipped PPO: the behaviour policy is the proximal policy (no recompute)";
-    PpoCritic: "PPO with a critic: value head on the policy's trunk, GAE, clipped value loss";
-    Grpo: "GRPO: group mean/std advantages, per-sequence token mean, k3 KL to the reference in the loss";
-    DrGrpo: "Dr. GRPO: group-mean advantages without std, token sums over a constant normaliser";
-    Rloo: "RLOO: leave-one-out baseline, REINFORCE on the whole sequence (token sum, sequence mean)";
-    Dapo: "DAPO: clip-higher, overlong punishment, dynamic filtering of all-equal groups, token mean";
-    Gspo: "GSPO: sequence-level geometric-mean ratio, clipped per sequence";
-    Sapo: "SAPO: soft sigmoid gates on the ratio instead of clipping (coupled loss only)";
-    M2po: "M2PO: unclipped ratio, masking the tokens that push the second moment of log(π_θ/π_behav) over a bound";
-    ReinforcePlusPlus: "REINFORCE++: per-token KL penalty in the reward, returns whitened over the batch's tokens";
-    ArealGrpo: "AReaL's \"GRPO\" recipe: decoupled PPO with reward bias/scale and batch mean/std";
 }

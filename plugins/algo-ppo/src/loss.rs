@@ -9,8 +9,9 @@ use areal_sdk_train::burn::tensor::{Device, Tensor, TensorData};
 use areal_sdk_train::{LossInput, LossOutput, LossStats};
 
 use crate::options::{
-    CapMode, KlEstimator, KlPlacement, Level, LossAgg, Options, Proximal, Surrogate, Variant,
+    CapMode, KlEstimator, KlPlacement, Level, LossAgg, Options, Proximal, Surrogate,
 };
+use crate::variants::Variant;
 
 /// Sum of `values` over the tokens where `mask` is 1, as an f64.
 fn masked_sum(values: Tensor<1>, mask: &Tensor<1>) -> f64 {

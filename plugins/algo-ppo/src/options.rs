@@ -1,180 +1,11 @@
-//! The variants, their options and presets, and which combinations are allowed.
+//! The options every variant shares, their defaults, and which combinations are allowed.
 
 use areal_sdk::{BuildContext, PluginConfig, PluginError};
 use areal_sdk_train::advantages::{Baseline, RewardShaping, Scale};
+
+use crate::variants::{ProximalRule, Variant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-
-/// A member of the PPO family. Each is a preset of [`Options`] plus the parts that make it
-/// what it is (its surrogate, its ratio), which options cannot change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Variant {
-    /// AReaL's decoupled PPO (arXiv 2505.24298, Eq. 5).
-    DecoupledPpo,
-    /// Standard clipped PPO (Schulman et al. 2017): π_prox = π_behav.
-    Ppo,
-    /// PPO with a critic: a value head, GAE, clipped value loss.
-    PpoCritic,
-    /// GRPO (DeepSeekMath, arXiv 2402.03300).
-    Grpo,
-    /// Dr. GRPO (arXiv 2503.20783).
-    DrGrpo,
-    /// RLOO (arXiv 2402.14740).
-    Rloo,
-    /// DAPO (arXiv 2503.14476).
-    Dapo,
-    /// GSPO (arXiv 2507.18071).
-    Gspo,
-    /// SAPO (arXiv 2511.20347).
-    Sapo,
-    /// M2PO (arXiv 2510.01161).
-    M2po,
-    /// REINFORCE++ (arXiv 2501.03262).
-    ReinforcePlusPlus,
-    /// AReaL's own "GRPO" recipe: decoupled PPO with batch-level normalisation.
-    ArealGrpo,
-}
-
-impl Variant {
-    /// Every variant, in the order `areal plugins` lists them.
-    pub const ALL: [Variant; 12] = [
-        Variant::DecoupledPpo,
-        Variant::Ppo,
-        Variant::PpoCritic,
-        Variant::Grpo,
-        Variant::DrGrpo,
-        Variant::Rloo,
-        Variant::Dapo,
-        Variant::Gspo,
-        Variant::Sapo,
-        Variant::M2po,
-        Variant::ReinforcePlusPlus,
-        Variant::ArealGrpo,
-    ];
-
-    /// Registered name.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Variant::DecoupledPpo => "decoupled-ppo",
-            Variant::Ppo => "ppo",
-            Variant::PpoCritic => "ppo-critic",
-            Variant::Grpo => "grpo",
-            Variant::DrGrpo => "dr-grpo",
-            Variant::Rloo => "rloo",
-            Variant::Dapo => "dapo",
-            Variant::Gspo => "gspo",
-            Variant::Sapo => "sapo",
-            Variant::M2po => "m2po",
-            Variant::ReinforcePlusPlus => "reinforce++",
-            Variant::ArealGrpo => "areal-grpo",
-        }
-    }
-
-    /// The policy-gradient term.
-    pub fn surrogate(self) -> Surrogate {
-        match self {
-            Variant::Sapo => Surrogate::SoftGate,
-            Variant::M2po => Surrogate::SecondMoment,
-            _ => Surrogate::Clip,
-        }
-    }
-
-    /// Whether the importance ratio is per sequence (GSPO) rather than per token.
-    pub fn sequence_ratio(self) -> bool {
-        self == Variant::Gspo
-    }
-
-    /// Whether the variant trains a critic.
-    pub fn critic(self) -> bool {
-        self == Variant::PpoCritic
-    }
-
-    /// Options only this kind of variant reads; elsewhere they are rejected.
-    fn own_keys(self) -> &'static [&'static str] {
-        match self {
-            Variant::PpoCritic => &["gamma", "lambda", "value_coef", "value_clip"],
-            Variant::Sapo => &["tau_pos", "tau_neg"],
-            Variant::M2po => &["m2_threshold"],
-            _ => &[],
-        }
-    }
-
-    /// The defaults of this variant, from its paper. `max_new_tokens` is the rollout length
-    /// limit when known (DAPO's overlong buffer is a fifth of it); the length limits left
-    /// unset default to it for every variant when the options are resolved.
-    pub fn preset(self, max_new_tokens: Option<usize>) -> Options {
-        let base = Options::default();
-        match self {
-            Variant::DecoupledPpo => Options {
-                proximal: Proximal::Recompute,
-                ..base
-            },
-            Variant::Ppo | Variant::M2po => base,
-            Variant::PpoCritic => Options {
-                baseline: Baseline::None,
-                scale: Scale::None,
-                token_whitening: true,
-                ..base
-            },
-            Variant::Grpo => Options {
-                loss_agg: LossAgg::SeqMeanTokenMean,
-                kl_coef: 0.04,
-                kl_estimator: KlEstimator::K3,
-                kl_placement: KlPlacement::Loss,
-                ..base
-            },
-            Variant::DrGrpo => Options {
-                scale: Scale::None,
-                loss_agg: LossAgg::SeqMeanTokenSumNorm,
-                ..base
-            },
-            Variant::Rloo => Options {
-                baseline: Baseline::LeaveOneOut,
-                scale: Scale::None,
-                loss_agg: LossAgg::SeqMeanTokenSum,
-                ..base
-            },
-            Variant::Dapo => Options {
-                eps_clip_high: Some(0.28),
-                dynamic_filter: true,
-                // DAPO's 4096-token buffer of a 20480-token limit: a fifth
-                overlong_buffer: max_new_tokens.map_or(0, |m| m / 5),
-                ..base
-            },
-            Variant::Gspo => Options {
-                eps_clip: 3e-4,
-                eps_clip_high: Some(4e-4),
-                loss_agg: LossAgg::SeqMeanTokenMean,
-                ..base
-            },
-            Variant::Sapo => Options {
-                loss_agg: LossAgg::SeqMeanTokenMean,
-                ..base
-            },
-            Variant::ReinforcePlusPlus => Options {
-                baseline: Baseline::None,
-                scale: Scale::None,
-                token_whitening: true,
-                kl_coef: 0.01,
-                kl_estimator: KlEstimator::K1,
-                kl_placement: KlPlacement::Reward,
-                ..base
-            },
-            Variant::ArealGrpo => Options {
-                eps_clip: 0.4,
-                proximal: Proximal::Recompute,
-                reward: RewardShaping {
-                    bias: -0.5,
-                    scale: 10.0,
-                    clip: Some(20.0),
-                },
-                baseline: Baseline::BatchMean,
-                scale: Scale::BatchStd,
-                ..base
-            },
-        }
-    }
-}
 
 /// The policy-gradient term of a variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -457,28 +288,14 @@ fn check(variant: Variant, o: &Options, config: &PluginConfig) -> Result<(), Plu
     }
 
     // Coupled or decoupled.
-    match (variant, o.proximal) {
-        (Variant::Ppo, p) if p != Proximal::Behaviour => {
-            return bad(
-                "proximal",
-                "ppo is the coupled loss (π_prox = π_behav); use kind = \"decoupled-ppo\" for a \
-                 recomputed or log-linear proximal policy"
-                    .into(),
-            );
+    match (variant.proximal_rule(), o.proximal) {
+        (ProximalRule::Coupled(why), p) if p != Proximal::Behaviour => {
+            return bad("proximal", why.into());
         }
-        (Variant::DecoupledPpo | Variant::ArealGrpo, Proximal::Behaviour) => {
+        (ProximalRule::Decoupled, Proximal::Behaviour) => {
             return bad(
                 "proximal",
                 format!("{name} is the decoupled loss; with π_prox = π_behav it is kind = \"ppo\""),
-            );
-        }
-        (Variant::Sapo, p) if p != Proximal::Behaviour => {
-            return bad(
-                "proximal",
-                "sapo's soft gate is defined on π_θ/π_old and is not combined with the decoupled \
-                 loss (as in AReaL): the behaviour weight would multiply a gate that already \
-                 bounds the update; use proximal = \"behaviour\""
-                    .into(),
             );
         }
         _ => {}

@@ -232,6 +232,7 @@ fn every_variant_is_registered_with_a_description() {
             .find(|i| i.name == variant.name())
             .unwrap_or_else(|| panic!("{} is not registered", variant.name()));
         assert!(!info.description.is_empty());
+        assert_eq!(info.description, variant.description());
     }
 }
 
