@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
-use crate::{TrainArgs, loader, utc_timestamp};
+use crate::configs::loader;
+use crate::train::{TrainArgs, utc_timestamp};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum LaunchCommand {
@@ -129,7 +130,7 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
     if args.train.resume.is_none() {
         args.train.out = Some(out);
     }
-    let result = crate::train(args.train, started);
+    let result = crate::train::run(args.train, started);
     servers.stop();
     result
 }

@@ -7,7 +7,8 @@ use anyhow::Context;
 use areal_serve::{Listen, ServerTls, token_from_env};
 use clap::{Args, Subcommand};
 
-use crate::{ConfigArgs, loader, runtime};
+use crate::configs::{ConfigArgs, loader};
+use crate::runtime;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ServeCommand {

@@ -24,7 +24,7 @@ use rand::{RngExt, SeedableRng};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::ConfigArgs;
+use crate::configs::ConfigArgs;
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchResumeArgs {
@@ -74,7 +74,7 @@ struct Row {
 
 pub(crate) fn run(args: BenchResumeArgs) -> anyhow::Result<()> {
     let out = args.out.clone().unwrap_or_else(|| {
-        Path::new("runs").join(format!("bench-resume-{}", crate::utc_timestamp()))
+        Path::new("runs").join(format!("bench-resume-{}", crate::train::utc_timestamp()))
     });
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let exe = std::env::current_exe().context("cannot find the areal binary")?;
@@ -87,7 +87,7 @@ pub(crate) fn run(args: BenchResumeArgs) -> anyhow::Result<()> {
     };
     // Both runs of a pair must start alike: with a warm-up cache, it is filled first, so that
     // the run left alone and the killed one both reuse it (and the kills fall in RL).
-    let config = crate::loader(&args.config)?.load()?;
+    let config = crate::configs::loader(&args.config)?.load()?;
     if config.warmup.enabled && !config.warmup.cache_dir.is_empty() {
         eprintln!(
             "[warm-up] filling the warm-up cache ({})",

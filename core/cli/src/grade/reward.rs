@@ -13,7 +13,8 @@ use clap::Args;
 use serde_json::{Map, Value, json};
 
 use super::input::{Lines, check_flags, line_progress, open_input};
-use crate::{ConfigArgs, loader, runtime};
+use crate::configs::{ConfigArgs, loader};
+use crate::runtime;
 
 #[derive(Debug, Args)]
 pub(crate) struct GradeRewardArgs {
