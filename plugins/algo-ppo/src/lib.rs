@@ -23,6 +23,7 @@
 mod advantage;
 mod loss;
 mod options;
+mod resolve;
 mod variants;
 
 use std::sync::Arc;
@@ -53,7 +54,7 @@ impl PpoFamily {
         config: &PluginConfig,
         ctx: &BuildContext,
     ) -> Result<Self, PluginError> {
-        let options = options::resolve(variant, config, ctx)?;
+        let options = resolve::resolve(variant, config, ctx)?;
         Ok(Self { variant, options })
     }
 

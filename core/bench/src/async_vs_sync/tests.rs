@@ -1,0 +1,160 @@
+//! Tests of the bench's plan, targets and tables.
+
+use super::plan::Plan;
+use super::report::table;
+use super::results::{CurvePoint, Results, RunKey, RunRecord};
+use super::*;
+
+fn record(
+    workload: Workload,
+    algorithm: &str,
+    eta: u64,
+    seed: u64,
+    curve: &[(f64, f64)],
+) -> RunRecord {
+    RunRecord {
+        key: RunKey {
+            workload,
+            algorithm: algorithm.into(),
+            max_staleness: eta,
+            seed,
+        },
+        time_to_target_s: None,
+        reached: None,
+        final_accuracy: curve.last().unwrap().1,
+        gen_busy: Some(0.5),
+        train_busy: 0.9,
+        tokens_per_s: 1000.0,
+        steps: 30,
+        wall_s: curve.last().unwrap().0 + 1.0,
+        stopped_early: false,
+        gen_threads: 1,
+        train_threads: 1,
+        token_lag_mean: 1.0,
+        token_lag_max: 2,
+        weight_sync_ms: 1.0,
+        resume_ms: None,
+        curve: curve
+            .iter()
+            .enumerate()
+            .map(|(i, &(wall_s, accuracy))| CurvePoint {
+                step: 10 * i as u64,
+                wall_s,
+                accuracy,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn target_is_ninety_percent_of_the_synchronous_mean_and_times_come_from_the_curves() {
+    let mut results = Results {
+        runs: vec![
+            record(
+                Workload::Default,
+                "decoupled-ppo",
+                0,
+                1,
+                &[(0.0, 0.1), (10.0, 0.5), (20.0, 0.8)],
+            ),
+            record(
+                Workload::Default,
+                "decoupled-ppo",
+                0,
+                2,
+                &[(0.0, 0.1), (10.0, 0.7), (20.0, 0.6)],
+            ),
+            record(
+                Workload::Default,
+                "decoupled-ppo",
+                4,
+                1,
+                &[(0.0, 0.1), (5.0, 0.64), (12.0, 0.7)],
+            ),
+            record(
+                Workload::Default,
+                "ppo",
+                4,
+                1,
+                &[(0.0, 0.1), (5.0, 0.3), (12.0, 0.4)],
+            ),
+            record(
+                Workload::LongTail,
+                "decoupled-ppo",
+                4,
+                1,
+                &[(0.0, 0.1), (5.0, 0.3)],
+            ),
+        ],
+        ..Results::default()
+    };
+    results.settle();
+    // (0.8 + 0.6) / 2 · 0.9
+    let target = results.target_accuracy.unwrap();
+    assert!((target - 0.63).abs() < 1e-12);
+    let ttt: Vec<(Option<f64>, Option<bool>)> = results
+        .runs
+        .iter()
+        .map(|r| (r.time_to_target_s, r.reached))
+        .collect();
+    assert_eq!(
+        ttt,
+        [
+            (Some(20.0), Some(true)),
+            (Some(10.0), Some(true)),
+            (Some(5.0), Some(true)),
+            // never reached: the whole RL time
+            (Some(13.0), Some(false)),
+            // no synchronous runs of this workload: no target yet
+            (None, None),
+        ]
+    );
+    let table = table(&results);
+    assert!(table.contains("target accuracy 0.630"), "{table}");
+    // sync mean 15 s, η = 4 took 5 s
+    assert!(
+        table.contains(
+            "| decoupled-ppo | 4 | 1 | 5.0 ± 0.0 | 1/1 | 3.00× | 3.00× | 0.700 ± 0.000 | 0.700 – 0.700 | 0.480 ± 0.000 |"
+        ),
+        "{table}"
+    );
+    assert!(
+        table.contains("| 4 | 0.400 ± 0.000 | 0.700 ± 0.000 | +0.300 ± 0.000 | 0.267 ± 0.000 | 0.480 ± 0.000 | +0.213 ± 0.000 |"),
+        "{table}"
+    );
+}
+
+#[test]
+fn plan_runs_synchronous_runs_first_and_the_ablation_on_the_first_workload() {
+    let plan = Plan {
+        workloads: vec![Workload::Default, Workload::LongTail],
+        staleness: vec![4, 0],
+        seeds: vec![1, 2],
+        ablation: vec![8],
+        log_linear: vec![4],
+    };
+    let keys: Vec<(Workload, String, u64, u64)> = plan
+        .runs()
+        .into_iter()
+        .map(|k| (k.workload, k.algorithm, k.max_staleness, k.seed))
+        .collect();
+    let d = |w, a: &str, e, s| (w, a.to_owned(), e, s);
+    use Workload::{Default as D, LongTail as L};
+    assert_eq!(
+        keys,
+        [
+            d(D, "decoupled-ppo", 0, 1),
+            d(D, "decoupled-ppo", 0, 2),
+            d(D, "decoupled-ppo", 4, 1),
+            d(D, "decoupled-ppo", 4, 2),
+            d(D, "ppo", 8, 1),
+            d(D, "ppo", 8, 2),
+            d(D, LOG_LINEAR, 4, 1),
+            d(D, LOG_LINEAR, 4, 2),
+            d(L, "decoupled-ppo", 0, 1),
+            d(L, "decoupled-ppo", 0, 2),
+            d(L, "decoupled-ppo", 4, 1),
+            d(L, "decoupled-ppo", 4, 2),
+        ]
+    );
+}
