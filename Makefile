@@ -14,7 +14,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 # rewards also need the WASI interpreter: `make python-wasi` (apt, Debian's source package).
 setup:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust 1.95 with rustup" >&2; exit 1; }
-	$(CARGO) build --release --locked -p areal-cli
+	$(CARGO) build --release --locked -p areal
 
 train: setup
 	$(TARGET_DIR)/release/areal train
@@ -37,7 +37,7 @@ lint: reward-components
 # burn's CUDA backend cannot be linked without internet at build time (cubecl-llvm downloads
 # LLVM); DOCS_RS=1 skips that download so the code behind the `cuda` feature is type-checked.
 cuda-check:
-	DOCS_RS=1 CARGO_TARGET_DIR=$(TARGET_DIR)/cuda-check $(CARGO) check --locked -p areal-cli --features cuda
+	DOCS_RS=1 CARGO_TARGET_DIR=$(TARGET_DIR)/cuda-check $(CARGO) check --locked -p areal --features cuda
 
 # The sandbox's guest interpreter (CPython 3.11 for wasm32-wasip1), built from Debian's source
 # package with Debian's clang-16 into .cache/python-wasi (~5 min; installs the toolchain with apt).

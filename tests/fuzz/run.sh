@@ -42,7 +42,7 @@ for i, l in enumerate(sys.stdin):
         # the checkpoints of a short run of the testkit job
         run=".cache/fuzz/state-run"
         rm -rf "$run"
-        cargo run --quiet --release --locked -p areal-cli -- train -q \
+        cargo run --quiet --release --locked -p areal -- train -q \
             --config sdk/testkit/testkit.toml \
             --set checkpoint.every=2 --set train.steps=6 --out "$run"
         i=0

@@ -16,8 +16,9 @@ pub(crate) struct ConfigCommandArgs {
     check: bool,
 }
 
+/// The config options every command shares: `--config`, `--set`, `--seed`.
 #[derive(Clone, Debug, Args)]
-pub(crate) struct ConfigArgs {
+pub struct ConfigArgs {
     /// A TOML config file merged over the built-in defaults.
     #[arg(long, short)]
     pub(crate) config: Option<PathBuf>,
@@ -31,7 +32,7 @@ pub(crate) struct ConfigArgs {
 
 impl ConfigArgs {
     /// The same options as command-line arguments (for a child process).
-    pub(crate) fn to_args(&self) -> Vec<std::ffi::OsString> {
+    pub fn to_args(&self) -> Vec<std::ffi::OsString> {
         let mut args = Vec::new();
         if let Some(path) = &self.config {
             args.push("--config".into());
@@ -63,7 +64,7 @@ pub(crate) fn run(args: ConfigCommandArgs) -> anyhow::Result<()> {
 }
 
 /// The loader of `args`: the built-in defaults, the file, then each `--set` and `--seed`.
-pub(crate) fn loader(args: &ConfigArgs) -> Result<ConfigLoader, ConfigError> {
+pub fn loader(args: &ConfigArgs) -> Result<ConfigLoader, ConfigError> {
     let mut loader = ConfigLoader::new();
     if let Some(path) = &args.config {
         loader = loader.file(path)?;

@@ -136,7 +136,7 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
 }
 
 /// `urls` as the TOML list of an `endpoints` key.
-pub(crate) fn endpoints(urls: &[&str]) -> String {
+pub fn endpoints(urls: &[&str]) -> String {
     let quoted: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
     format!("[{}]", quoted.join(", "))
 }
@@ -160,7 +160,7 @@ type Listening = (usize, Result<String, String>);
 
 /// Servers started as child processes; dropped, they are stopped.
 #[derive(Default)]
-pub(crate) struct Servers {
+pub struct Servers {
     started: Vec<Server>,
     /// Each server's address once it listens, or why it does not.
     listening: Option<(mpsc::Sender<Listening>, mpsc::Receiver<Listening>)>,
@@ -178,7 +178,7 @@ impl Servers {
 
     /// Start `exe serve KIND` on a free loopback port with `config` (command-line options),
     /// logging to `logs/KIND-N.log`.
-    pub(crate) fn start(
+    pub fn start(
         &mut self,
         exe: &Path,
         kind: &'static str,
@@ -336,7 +336,7 @@ impl Servers {
     }
 
     /// Wait until every server listens; `(kind, url)` of each, in order.
-    pub(crate) fn wait_listening(
+    pub fn wait_listening(
         &mut self,
         timeout: Duration,
     ) -> anyhow::Result<Vec<(&'static str, String)>> {
@@ -388,7 +388,7 @@ impl Servers {
     }
 
     /// Stop every server: close its input, give it a few seconds, then kill it.
-    pub(crate) fn stop(&mut self) {
+    pub fn stop(&mut self) {
         for server in &mut self.started {
             server.stdin.take();
         }

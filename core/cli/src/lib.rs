@@ -2,7 +2,8 @@
 //!
 //! Plugins register themselves at link time, so the binary must link every plugin crate it
 //! offers. This crate links the built-in ones; a user's own crate adds theirs and calls
-//! [`main`]:
+//! [`main`] (the `areal` binary itself also links the testkit's plugins and adds `areal bench`,
+//! with [`main_with`]):
 //!
 //! ```no_run
 //! // src/main.rs of a user's crate that depends on areal-cli and on its own plugin crate
@@ -24,7 +25,6 @@ use anyhow::Context;
 use areal_core::ConfigError;
 use clap::{Parser, Subcommand};
 
-mod bench;
 mod configs;
 mod eval;
 mod grade;
@@ -45,11 +45,10 @@ use areal_reward_math as _;
 use areal_reward_plugin as _;
 use areal_serve as _;
 use areal_tasks as _;
-use areal_testkit as _;
 
 /// Fully asynchronous RL for language models on reasoning tasks.
 #[derive(Debug, Parser)]
-#[command(name = "areal", version, about, long_about = None)]
+#[command(name = "areal", version, long_about = None)]
 pub struct Cli {
     /// Log more (-v: info, -vv: debug); RUST_LOG overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -76,9 +75,6 @@ enum Command {
     /// math: answers against references; reward: any config's `[reward]` over samples).
     #[command(subcommand)]
     Grade(grade::GradeCommand),
-    /// Benchmarks that print tables (areal bench --help lists each, with what it measures).
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
     /// Serve a plugin of a config over gRPC (generator, reward), for runs in other processes
     /// or on other machines.
     #[command(subcommand)]
@@ -100,10 +96,55 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    main_with(args, &[])
+}
+
+/// A command a binary adds to the command line: the `areal` binary adds `bench` (the
+/// `areal-bench` crate) this way, so that a user's own binary, built on [`main`], links no
+/// benchmark code.
+pub struct Extension {
+    /// The subcommand: its name, help and arguments (`-v` comes with it).
+    pub command: fn() -> clap::Command,
+    /// Run it with its own matches.
+    pub run: fn(&clap::ArgMatches) -> anyhow::Result<()>,
+}
+
+/// [`main_from`] with `extensions` added to the commands.
+pub fn main_with<I, T>(args: I, extensions: &[Extension]) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::{CommandFactory, FromArgMatches};
     let started = Instant::now();
-    let cli = Cli::parse_from(args);
-    init_tracing(cli.verbose);
-    match dispatch(cli, started) {
+    let mut command = Cli::command();
+    let mut added = Vec::new();
+    for extension in extensions {
+        let sub = (extension.command)();
+        added.push((sub.get_name().to_owned(), extension.run));
+        command = command.subcommand(sub);
+    }
+    let matches = command.get_matches_from(args);
+    init_tracing(matches.get_count("verbose"));
+    let outcome = match matches.subcommand().and_then(|(name, sub)| {
+        added
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, run)| (run, sub))
+    }) {
+        Some((run, sub)) => run(sub),
+        None => match Cli::from_arg_matches(&matches) {
+            Ok(cli) => dispatch(cli, started),
+            Err(e) => e.exit(),
+        },
+    };
+    exit_code(outcome)
+}
+
+/// The exit status of a command's outcome, its error chain printed: 130 for a run stopped
+/// by a signal, 2 for a bad config or command line (as clap's own), 1 for anything else.
+fn exit_code(outcome: anyhow::Result<()>) -> ExitCode {
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) if error.downcast_ref::<train::Interrupted>().is_some() => {
             #[allow(clippy::print_stderr, reason = "messages for the user, on stderr")]
@@ -125,6 +166,18 @@ where
             ExitCode::from(if bad_config { 2 } else { 1 })
         }
     }
+}
+
+/// What `areal-bench` shares with the commands (the runtime, config options, server
+/// processes, the `lcb` reward in workers): not a stable API.
+#[doc(hidden)]
+pub mod internal {
+    pub use crate::configs::{ConfigArgs, loader};
+    pub use crate::grade::code::{lcb_workers, verify_record};
+    pub use crate::launch::{Servers, endpoints};
+    pub use crate::runtime;
+    pub use crate::train::utc_timestamp;
+    pub use crate::workers::{CALLS_PER_WORKER, RewardWorkers};
 }
 
 fn init_tracing(verbose: u8) {
@@ -152,7 +205,6 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
         Command::Train(args) => train::run(args, started),
         Command::Eval(args) => eval::run(args),
         Command::Grade(command) => grade::run(command),
-        Command::Bench(command) => bench::run(command),
         Command::Serve(command) => serve::run(command),
         Command::Launch(command) => launch::run(command, started),
     }
@@ -160,7 +212,7 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
 
 /// The async runtime of every command: two worker threads (the engine's own threads for
 /// rewards, training and decoding come on top).
-pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("areal-rt")

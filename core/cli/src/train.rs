@@ -126,7 +126,7 @@ pub(crate) struct Interrupted {
 }
 
 /// `YYYYMMDD-HHMMSS` in UTC.
-pub(crate) fn utc_timestamp() -> String {
+pub fn utc_timestamp() -> String {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -24,7 +24,7 @@ use crate::launch::Servers;
 
 /// Calls to keep in flight per worker: one graded while the other's answer travels back (as
 /// the reward service does with `reward_service.workers`).
-pub(crate) const CALLS_PER_WORKER: usize = 2;
+pub const CALLS_PER_WORKER: usize = 2;
 /// How long a worker may take to listen (building a sandbox compiles its module once).
 const START_TIMEOUT: Duration = Duration::from_secs(300);
 /// How often dead workers are looked for.
@@ -33,7 +33,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(200);
 const MAX_RESTARTS: usize = 64;
 
 /// Started worker processes; dropped, they are stopped.
-pub(crate) struct RewardWorkers {
+pub struct RewardWorkers {
     servers: Arc<Mutex<Servers>>,
     stopping: Arc<AtomicBool>,
     watcher: Option<JoinHandle<()>>,

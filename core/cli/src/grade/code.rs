@@ -243,7 +243,7 @@ impl Grader {
 
 /// The `lcb` reward with `options` in `count` worker processes (`reward_service.workers`): the
 /// verifier that grades through them, and the workers.
-pub(crate) fn lcb_workers(
+pub fn lcb_workers(
     sandbox: &Arc<Sandbox>,
     options: &GradeOptions,
     count: usize,
@@ -320,7 +320,7 @@ fn grade_job(sandbox: &Sandbox, line: usize, job: Job, options: &GradeOptions) -
 
 /// `completion` graded on the LiveCodeBench `record` by `verifier` (the `lcb` reward in
 /// workers), under a deadline of a day: the reward's own limits bound each test.
-pub(crate) fn verify_record(
+pub fn verify_record(
     verifier: &dyn areal_sdk::RewardVerifier,
     sample_id: u64,
     item_id: String,
