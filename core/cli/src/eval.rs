@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::configs::{ConfigArgs, loader};
-use crate::{in_workers, runtime};
+use crate::runtime;
+use crate::workers::in_workers;
 
 #[derive(Debug, Args)]
 pub(crate) struct EvalArgs {

@@ -16,9 +16,7 @@
 //! ```
 
 use std::io::IsTerminal;
-use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -219,22 +217,6 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")
-}
-
-/// With `reward_service.workers`, start the worker processes and verify through them instead
-/// of with `verifier` (which stays the name and cache identity); the workers live as long as
-/// what is returned.
-pub(crate) fn in_workers(
-    config: &areal_core::Config,
-    verifier: &mut Arc<dyn areal_sdk::RewardVerifier>,
-    dir: Option<&Path>,
-) -> anyhow::Result<Option<workers::RewardWorkers>> {
-    Ok(
-        workers::start(config, verifier, dir)?.map(|(through, workers)| {
-            *verifier = through;
-            workers
-        }),
-    )
 }
 
 /// A command line that asks for what cannot be: a flag's value out of its range, flags that

@@ -9,8 +9,9 @@ use clap::Args;
 
 use crate::configs::{ConfigArgs, loader, resume_loader};
 use crate::progress::Progress;
+use crate::runtime;
 use crate::signals::stop_on_signals;
-use crate::{in_workers, runtime};
+use crate::workers::in_workers;
 
 #[derive(Debug, Args)]
 pub(crate) struct TrainArgs {

@@ -197,3 +197,17 @@ fn fresh_token() -> String {
         .map(|_| format!("{:08x}", rng.random::<u32>()))
         .collect()
 }
+
+/// With `reward_service.workers`, start the worker processes and verify through them instead
+/// of with `verifier` (which stays the name and cache identity); the workers live as long as
+/// what is returned.
+pub(crate) fn in_workers(
+    config: &areal_core::Config,
+    verifier: &mut Arc<dyn areal_sdk::RewardVerifier>,
+    dir: Option<&Path>,
+) -> anyhow::Result<Option<RewardWorkers>> {
+    Ok(start(config, verifier, dir)?.map(|(through, workers)| {
+        *verifier = through;
+        workers
+    }))
+}
