@@ -30,6 +30,7 @@ mod launch;
 mod plugins;
 mod progress;
 mod serve;
+mod servers;
 mod signals;
 mod train;
 mod workers;
@@ -172,8 +173,8 @@ fn exit_code(outcome: anyhow::Result<()>) -> ExitCode {
 pub mod internal {
     pub use crate::configs::{ConfigArgs, loader};
     pub use crate::grade::code::{lcb_workers, verify_record};
-    pub use crate::launch::{Servers, endpoints};
     pub use crate::runtime;
+    pub use crate::servers::{Servers, endpoints};
     pub use crate::train::utc_timestamp;
     pub use crate::workers::{CALLS_PER_WORKER, RewardWorkers};
 }

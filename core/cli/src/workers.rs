@@ -20,7 +20,7 @@ use areal_core::Config;
 use areal_sdk::{FaultStats, PluginError, Reward, RewardInput, RewardVerifier, VerifyContext};
 use areal_serve::{RemoteRewardOptions, RemoteVerifier};
 
-use crate::launch::Servers;
+use crate::servers::Servers;
 
 /// Calls to keep in flight per worker: one graded while the other's answer travels back (as
 /// the reward service does with `reward_service.workers`).
