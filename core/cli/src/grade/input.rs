@@ -67,6 +67,7 @@ impl Lines {
         let mut held = 0usize;
         let mut over = false;
         let mut any = false;
+        let mut ended = false;
         loop {
             let buf = self.input.fill_buf()?;
             if buf.is_empty() {
@@ -96,6 +97,7 @@ impl Lines {
             let used = ends.unwrap_or(buf.len());
             self.input.consume(used);
             if ends.is_some() {
+                ended = true;
                 break;
             }
         }
@@ -113,7 +115,8 @@ impl Lines {
                 bytes
             }
         };
-        if bytes.ends_with(b"\r") {
+        // `\r\n` ends a line as `\n` does; a last line without a newline is kept as it is
+        if ended && bytes.ends_with(b"\r") {
             bytes.pop();
         }
         over |= bytes.len() > self.max_bytes;
