@@ -36,6 +36,7 @@ use crate::inference_api::{
     TokenizeRequest, VllmFinishRequest, VllmGenerateRequest, VllmUpdateRequest, routes,
 };
 use crate::security::{Listen, ServeError, bind, constant_time_eq};
+use crate::server::{ErrorBody, refuse};
 use crate::weights_folder;
 
 struct Served {
@@ -62,19 +63,6 @@ struct Served {
 }
 
 type Answer = Result<Response, ErrorBody>;
-
-fn refuse(status: StatusCode, message: impl Into<String>) -> ErrorBody {
-    let message = message.into();
-    ErrorBody(
-        status,
-        json!({
-            "object": "error",
-            "message": message,
-            "type": status.canonical_reason().unwrap_or("error"),
-            "code": status.as_u16(),
-        }),
-    )
-}
 
 fn bad(message: impl Into<String>) -> ErrorBody {
     refuse(StatusCode::BAD_REQUEST, message)
@@ -638,15 +626,6 @@ fn router(served: Arc<Served>) -> Router {
         ))
         .with_state(served)
 }
-
-impl IntoResponse for ErrorBody {
-    fn into_response(self) -> Response {
-        (self.0, axum::Json(self.1)).into_response()
-    }
-}
-
-/// An error answer: its status, and a body in the shape both servers use.
-pub(crate) struct ErrorBody(StatusCode, Value);
 
 /// Serve `generator` (with `tokenizer` for `/tokenize`, if given) behind `api` until
 /// `shutdown` completes, refusing requests for more than `max_new_tokens` tokens.

@@ -186,6 +186,32 @@ pub(crate) async fn serve_http(
     bounded(accept, shutdown, drain, "HTTP").await;
 }
 
+/// An error answer of the HTTP servers: its status, and a body in the shape SGLang's and
+/// vLLM's servers both use (`{"object": "error", "message", "type", "code"}`).
+pub(crate) struct ErrorBody(
+    pub(crate) axum::http::StatusCode,
+    pub(crate) serde_json::Value,
+);
+
+impl axum::response::IntoResponse for ErrorBody {
+    fn into_response(self) -> axum::response::Response {
+        (self.0, axum::Json(self.1)).into_response()
+    }
+}
+
+/// The error answer `status` with `message`.
+pub(crate) fn refuse(status: axum::http::StatusCode, message: impl Into<String>) -> ErrorBody {
+    ErrorBody(
+        status,
+        serde_json::json!({
+            "object": "error",
+            "message": message.into(),
+            "type": status.canonical_reason().unwrap_or("error"),
+            "code": status.as_u16(),
+        }),
+    )
+}
+
 /// The most an HTTP request's body may hold: 2 MiB, axum's own default for the handlers'
 /// `Bytes` (a prompt of some 300 000 token ids as JSON).
 pub(crate) const MAX_BODY: usize = 2 << 20;
@@ -199,13 +225,6 @@ pub(crate) async fn bounded_body(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let (parts, body) = request.into_parts();
-    let refuse = |status: axum::http::StatusCode, message: String| {
-        (
-            status,
-            axum::Json(serde_json::json!({ "message": message, "object": "error" })),
-        )
-            .into_response()
-    };
     match tokio::time::timeout(BODY_READ, axum::body::to_bytes(body, MAX_BODY)).await {
         Ok(Ok(bytes)) => {
             let request = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
@@ -217,13 +236,15 @@ pub(crate) async fn bounded_body(
                 "the request's body cannot be read within {} MiB: {e}",
                 MAX_BODY >> 20
             ),
-        ),
+        )
+        .into_response(),
         Err(_) => refuse(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             format!(
                 "the request's body did not arrive within {} s",
                 BODY_READ.as_secs()
             ),
-        ),
+        )
+        .into_response(),
     }
 }
