@@ -237,10 +237,7 @@ impl RolloutState {
             let stale: Vec<u64> = self
                 .buffer
                 .groups()
-                .filter(|g| {
-                    oldest_token(g.samples.iter().map(|s| &s.completion))
-                        .is_some_and(|v| version - v.min(version) > bound)
-                })
+                .filter(|g| lag_past(g.samples.iter().map(|s| &s.completion), version, bound))
                 .map(|g| g.group_id)
                 .collect();
             for group_id in stale {
@@ -254,10 +251,10 @@ impl RolloutState {
             }
             if self.lag_policy == LagPolicy::Wait {
                 // trained after this step, its lag would pass the bound: it goes in this one
-                let late = self.running.values().any(|g| {
-                    oldest_token(g.samples.iter().map(|s| &s.completion))
-                        .is_some_and(|v| version + 1 - v.min(version + 1) > bound)
-                });
+                let late = self
+                    .running
+                    .values()
+                    .any(|g| lag_past(g.samples.iter().map(|s| &s.completion), version + 1, bound));
                 if late {
                     return None;
                 }
@@ -293,9 +290,13 @@ impl RolloutState {
     }
 }
 
-/// The version of the oldest token of `completions`, if any has one.
-fn oldest_token<'a>(completions: impl Iterator<Item = &'a Completion>) -> Option<PolicyVersion> {
-    completions.flat_map(|c| c.versions.iter().copied()).min()
+/// Whether a token of `completions`, trained at version `at`, would have a lag past `bound`.
+fn lag_past<'a>(
+    mut completions: impl Iterator<Item = &'a Completion>,
+    at: PolicyVersion,
+    bound: u64,
+) -> bool {
+    completions.any(|c| c.versions.iter().any(|&v| at.saturating_sub(v) > bound))
 }
 
 /// Why `group` cannot be trained on when the generators hold `version`: a sample whose token,
