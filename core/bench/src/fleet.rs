@@ -239,9 +239,9 @@ fn push(
 ) -> anyhow::Result<f64> {
     let (mut servers, urls) = start_servers(n, config, &[], logs)?;
     let runtime = areal_cli::internal::runtime()?;
-    let options: areal_serve::RemoteGeneratorOptions =
+    let options: areal_serve::GeneratorFleetOptions =
         serde_json::from_value(serde_json::json!({ "endpoints": urls, "probe_interval_s": 0.05 }))?;
-    let remote = areal_serve::RemoteGenerator::new(&options, None)
+    let remote = areal_serve::GeneratorFleet::new("remote", &options, None)
         .map_err(|(key, e)| anyhow::anyhow!("{key}: {e}"))?;
     let seconds = runtime.block_on(async {
         remote

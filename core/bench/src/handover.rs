@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use areal_sdk::{Generator, WeightUpdate};
-use areal_serve::{InferenceApi, InferenceServerGenerator, InferenceServerOptions};
+use areal_serve::{GeneratorFleet, GeneratorFleetOptions, InferenceApi};
 use clap::Args;
 
 use super::stats::median;
@@ -86,13 +86,13 @@ fn time_api(
         .next()
         .context("the server did not start")?;
     let dir = tempfile::tempdir_in(logs)?;
-    let options: InferenceServerOptions = serde_json::from_value(serde_json::json!({
+    let options: GeneratorFleetOptions = serde_json::from_value(serde_json::json!({
         "endpoints": [url],
         "weights_dir": dir.path(),
         "probe_interval_s": 0.05,
     }))?;
     let runtime = areal_cli::internal::runtime()?;
-    let client = InferenceServerGenerator::new(api, &options, None)
+    let client = GeneratorFleet::new(api.name(), &options, None)
         .map_err(|(key, e)| anyhow::anyhow!("{key}: {e}"))?;
     let scratch = tempfile::tempdir_in(logs)?;
     let mut row = Row {

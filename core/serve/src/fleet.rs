@@ -58,6 +58,7 @@ pub(crate) struct Fleet<C> {
     changed: Notify,
     /// Since when no member has been ready; the verdict once that passed the grace period.
     gone: Mutex<(Option<Instant>, Option<String>)>,
+    routing: Routing,
     next: AtomicUsize,
     reissued: AtomicU64,
     failures: AtomicU64,
@@ -76,13 +77,19 @@ impl<C> Drop for Lease<'_, C> {
 }
 
 /// How a failed call is taken.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum CallError {
     /// The server is dead, unreachable or too slow: take it out and send the work elsewhere.
+    #[error("{0}")]
     Fault(String),
     /// The server answered and refused (the plugin failed, a malformed request): sending the
     /// same work elsewhere would fail the same way.
+    #[error("{0}")]
     Refused(String),
+    /// The server cannot do this at all (an API without the call): neither a fault nor a
+    /// refusal of this request.
+    #[error("cannot {0}")]
+    Unsupported(&'static str),
 }
 
 impl CallError {
@@ -144,10 +151,12 @@ pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;
 pub(crate) type OptionError = (&'static str, String);
 
 /// How a client reaches its servers: the connection time-out, and for `https://` endpoints
-/// the certificate authority that signed the servers' certificates.
+/// the certificate authority that signed the servers' certificates (the same for gRPC and
+/// HTTP: rustls over ring).
 pub(crate) struct Connect {
     pub(crate) timeout: Duration,
-    pub(crate) tls: Option<tonic::transport::ClientTlsConfig>,
+    /// The authority's PEM, checked to hold at least one certificate.
+    ca_pem: Option<Vec<u8>>,
 }
 
 impl Connect {
@@ -156,7 +165,7 @@ impl Connect {
         timeout: Duration,
         ca_file: Option<&std::path::Path>,
     ) -> Result<Self, OptionError> {
-        let tls = ca_file
+        let ca_pem = ca_file
             .map(|path| {
                 let pem = std::fs::read(path).map_err(|e| {
                     (
@@ -164,36 +173,86 @@ impl Connect {
                         format!("cannot read {}: {e}", path.display()),
                     )
                 })?;
-                if !String::from_utf8_lossy(&pem).contains("CERTIFICATE") {
+                if certificates(&pem).is_none_or(|c| c.is_empty()) {
                     return Err((
                         "tls_ca_file",
                         format!("{} holds no PEM certificate", path.display()),
                     ));
                 }
-                Ok(tonic::transport::ClientTlsConfig::new()
-                    .ca_certificate(tonic::transport::Certificate::from_pem(pem)))
+                Ok(pem)
             })
             .transpose()?;
-        Ok(Self { timeout, tls })
+        Ok(Self { timeout, ca_pem })
     }
+
+    /// The TLS settings of gRPC channels, when an authority is given.
+    fn grpc_tls(&self) -> Option<tonic::transport::ClientTlsConfig> {
+        self.ca_pem.as_ref().map(|pem| {
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(pem))
+        })
+    }
+
+    /// The TLS settings of HTTP clients: trusting the authority if given, nothing otherwise
+    /// (an `https://` endpoint is then refused by [`check`](Self::check)).
+    pub(crate) fn http_tls(&self) -> rustls::ClientConfig {
+        let mut roots = rustls::RootCertStore::empty();
+        let pem = self.ca_pem.as_deref().unwrap_or_default();
+        for certificate in certificates(pem).unwrap_or_default() {
+            // checked in `new`: a certificate rustls cannot use fails the handshake instead
+            let _ = roots.add(certificate);
+        }
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth()
+    }
+
+    /// Refuse an endpoint this client cannot reach: not `http://` or `https://`, no host, or
+    /// `https://` without an authority to trust.
+    pub(crate) fn check(&self, given: &str) -> Result<(), String> {
+        let url = redacted(given);
+        let rest = if let Some(rest) = given.strip_prefix("https://") {
+            if self.ca_pem.is_none() {
+                return Err(format!(
+                    "endpoint {url:?} is https: give tls_ca_file, the certificate authority of its server"
+                ));
+            }
+            rest
+        } else if let Some(rest) = given.strip_prefix("http://") {
+            rest
+        } else {
+            return Err(format!(
+                "endpoint {url:?} must start with http:// or https://"
+            ));
+        };
+        if rest.trim_end_matches('/').is_empty() {
+            return Err(format!("endpoint {url:?} has no host"));
+        }
+        Ok(())
+    }
+}
+
+/// The certificates of a PEM file; `None` if it does not parse.
+fn certificates(pem: &[u8]) -> Option<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
 }
 
 /// A lazily connecting channel to `url`; must be called inside a runtime.
 pub(crate) fn channel(given: &str, connect: &Connect) -> Result<Channel, String> {
+    connect.check(given)?;
     let url = redacted(given);
     let mut endpoint =
         Channel::from_shared(given.to_owned()).map_err(|e| format!("endpoint {url:?}: {e}"))?;
-    if given.starts_with("https://") {
-        let tls = connect.tls.clone().ok_or_else(|| {
-            format!("endpoint {url:?} is https: give tls_ca_file, the certificate authority of its server")
-        })?;
+    if let Some(tls) = connect.grpc_tls().filter(|_| given.starts_with("https://")) {
         endpoint = endpoint
             .tls_config(tls)
             .map_err(|e| format!("endpoint {url:?}: {e}"))?;
-    } else if !given.starts_with("http://") {
-        return Err(format!(
-            "endpoint {url:?} must start with http:// or https://"
-        ));
     }
     Ok(endpoint
         .connect_timeout(connect.timeout)
@@ -254,6 +313,7 @@ impl<C> Fleet<C> {
             load_time: Duration::ZERO,
             changed: Notify::new(),
             gone: Mutex::new((Some(Instant::now()), None)),
+            routing: Routing::default(),
             next: AtomicUsize::new(0),
             reissued: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -343,6 +403,16 @@ impl<C> Fleet<C> {
         self.update_gone();
     }
 
+    /// Member `index` failed as `error` says: down for now, or refusing us for good.
+    pub(crate) fn fail(&self, index: usize, error: CallError) {
+        match error {
+            CallError::Fault(said) => self.set_down(index, said),
+            refused @ (CallError::Refused(_) | CallError::Unsupported(_)) => {
+                self.set_refused(index, refused.to_string());
+            }
+        }
+    }
+
     /// A sample was sent again after its server failed.
     pub(crate) fn count_reissue(&self) {
         self.reissued.fetch_add(1, Ordering::Relaxed);
@@ -393,7 +463,7 @@ impl<C> Fleet<C> {
                 if let Some(verdict) = &gone.1 {
                     return Err(verdict.clone());
                 }
-                if let Some(lease) = self.least_loaded() {
+                if let Some(lease) = self.route() {
                     return Ok(lease);
                 }
                 let refused = (0..self.members.len()).all(|i| self.state(i).refused);
@@ -439,15 +509,15 @@ impl<C> Fleet<C> {
         }
     }
 
-    /// Run `call` for sample `sample_id` on the least-loaded member that takes work (after
-    /// `before`, each time). A member that fails is taken out and the call goes once more to
+    /// Run `call` for sample `sample_id` on the member the routing picks (after `before`, each
+    /// time), given its index and client. A member that fails is taken out and the call goes once more to
     /// another; a refusal is final. The answer and the endpoint that gave it, or why there is
     /// none, naming every failure on the way.
     pub(crate) async fn call_reissuing_once<T, Before, Fut>(
         &self,
         sample_id: u64,
         mut before: impl FnMut() -> Before,
-        mut call: impl FnMut(C) -> Fut,
+        mut call: impl FnMut(usize, C) -> Fut,
     ) -> Result<(T, String), String>
     where
         C: Clone,
@@ -467,10 +537,10 @@ impl<C> Fleet<C> {
             before().await;
             let lease = self.acquire().await.map_err(|why| fail(&failures, why))?;
             let url = lease.member.url.clone();
-            match call(lease.member.client.clone()).await {
+            match call(lease.index, lease.member.client.clone()).await {
                 Ok(answer) => return Ok((answer, url)),
-                Err(CallError::Refused(said)) => {
-                    return Err(fail(&failures, format!("{url} refused: {said}")));
+                Err(refused @ (CallError::Refused(_) | CallError::Unsupported(_))) => {
+                    return Err(fail(&failures, format!("{url} refused: {refused}")));
                 }
                 Err(CallError::Fault(said)) => {
                     tracing::debug!(target: "areal::remote", kind = self.kind, endpoint = %url, sample_id, said, "call failed; sending the sample elsewhere");
@@ -488,26 +558,40 @@ impl<C> Fleet<C> {
         }
     }
 
-    fn least_loaded(&self) -> Option<Lease<'_, C>> {
+    /// The member the routing policy picks among those that take work, leased.
+    fn route(&self) -> Option<Lease<'_, C>> {
         let n = self.members.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let mut best: Option<(usize, usize)> = None;
-        for k in 0..n {
-            let i = (start + k) % n;
-            if !self.state(i).ready {
-                continue;
+        let index = match self.routing {
+            Routing::LeastLoaded => {
+                let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+                let mut best: Option<(usize, usize)> = None;
+                for k in 0..n {
+                    let i = (start + k) % n;
+                    if !self.state(i).ready {
+                        continue;
+                    }
+                    let load = self.members[i].in_flight();
+                    if best.is_none_or(|(_, b)| load < b) {
+                        best = Some((i, load));
+                    }
+                }
+                best?.0
             }
-            let load = self.members[i].in_flight();
-            if best.is_none_or(|(_, b)| load < b) {
-                best = Some((i, load));
-            }
-        }
-        best.map(|(index, _)| {
-            let member = &self.members[index];
-            member.in_flight.fetch_add(1, Ordering::Relaxed);
-            Lease { index, member }
-        })
+        };
+        let member = &self.members[index];
+        member.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Lease { index, member })
     }
+}
+
+/// How a fleet picks the server of a call among those that take work. Least-loaded is the one
+/// policy today; sessions that must stay on one server (an agent's turns, for its prefix
+/// cache) are the next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Routing {
+    /// The fewest calls in flight; ties taken in turn.
+    #[default]
+    LeastLoaded,
 }
 
 /// A tokio runtime of a client's own (its channels and probes), shut down without waiting

@@ -1,4 +1,5 @@
-//! JSON over HTTP/1.1 for the clients of inference servers: a pooled connection per server,
+//! JSON over HTTP/1.1 for the clients of inference servers: hyper's pooled client, over
+//! rustls for `https://` endpoints (trusting the `tls_ca_file` authority, as gRPC clients do),
 //! a time limit on every call, and each failure sorted as the fleet takes it (the server is
 //! gone or broken: [`CallError::Fault`]; it answered no: [`CallError::Refused`]).
 
@@ -7,13 +8,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::fleet::CallError;
+use crate::fleet::{CallError, Connect};
 use crate::inference_api::error_message;
 
 /// The most of one answer this client reads (64 MiB): a generation of 100 000 tokens with
@@ -23,17 +25,23 @@ pub(crate) const MAX_ANSWER_BYTES: usize = 64 << 20;
 /// A client of JSON APIs.
 #[derive(Clone)]
 pub(crate) struct HttpClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// `Authorization: Bearer ...` on every call, when set.
     bearer: Option<String>,
 }
 
 impl HttpClient {
-    /// A client connecting within `connect_timeout`; must be built inside a runtime.
-    pub(crate) fn new(connect_timeout: Duration, api_key: Option<&str>) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(connect_timeout));
-        connector.set_nodelay(true);
+    /// A client connecting as `connect` says; must be built inside a runtime.
+    pub(crate) fn new(connect: &Connect, api_key: Option<&str>) -> Self {
+        let mut tcp = HttpConnector::new();
+        tcp.set_connect_timeout(Some(connect.timeout));
+        tcp.set_nodelay(true);
+        tcp.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(connect.http_tls())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(tcp);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);

@@ -35,7 +35,7 @@ use crate::inference_api::{
     InferenceApi, SglangGenerateRequest, SglangPauseRequest, SglangUpdateFromDiskRequest,
     TokenizeRequest, VllmFinishRequest, VllmGenerateRequest, VllmUpdateRequest, routes,
 };
-use crate::security::{Listen, ServeError, bind, constant_time_eq};
+use crate::security::{Listen, ServeError, ServerTls, bind, constant_time_eq};
 use crate::server::{ErrorBody, refuse};
 use crate::weights_folder;
 
@@ -646,12 +646,7 @@ pub async fn serve_inference_api(
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    if listen.tls.is_some() {
-        return Err(ServeError::Unsupported(format!(
-            "--api {} serves plain HTTP, as SGLang and vLLM do: put a TLS proxy in front of it instead of --tls-cert",
-            api.name()
-        )));
-    }
+    let tls = listen.tls.as_ref().map(ServerTls::rustls).transpose()?;
     let served = Arc::new(Served {
         api,
         generator,
@@ -677,6 +672,6 @@ pub async fn serve_inference_api(
     let (listener, addr) = bind(&listen).await?;
     tracing::info!(target: "areal::serve", %addr, api = api.name(), "inference API listening");
     on_bound(addr);
-    crate::server::serve_http(listener, router(served), shutdown).await;
+    crate::server::serve_http(listener, router(served), tls, shutdown).await;
     Ok(())
 }

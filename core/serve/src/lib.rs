@@ -5,17 +5,20 @@
 //!   (its threads, its deadlines, a failing or hanging verifier costing one sample).
 //! - The `remote` reward plugin (`[reward] kind = "remote"`, `endpoints = [...]`) sends each
 //!   sample to the least-loaded of its servers and, when one cannot be reached, to the next.
+//! - [`serve_generator`] and [`serve_inference_api`] serve any generator plugin over gRPC or
+//!   behind SGLang's or vLLM's HTTP API.
+//! - [`GeneratorFleet`] generates on servers of any of those kinds (`[generator] kind =
+//!   "remote"`, `"sglang"`, `"vllm"`): one fleet over an adapter per wire API.
 //!
 //! Servers listen on loopback unless given a shared token ([`Listen`]): on any other address
 //! every call must carry it (`AREAL_TOKEN`). Every client call has a timeout.
 
 mod fleet;
 mod generator_server;
+mod generators;
 mod http_client;
 pub mod inference_api;
-mod inference_generator;
 mod inference_server;
-mod remote_generator;
 mod remote_reward;
 mod reward_server;
 mod security;
@@ -23,10 +26,9 @@ mod server;
 mod weights_folder;
 
 pub use generator_server::serve_generator;
+pub use generators::{GeneratorFleet, GeneratorFleetOptions};
 pub use inference_api::InferenceApi;
-pub use inference_generator::{InferenceServerGenerator, InferenceServerOptions};
 pub use inference_server::serve_inference_api;
-pub use remote_generator::{RemoteGenerator, RemoteGeneratorOptions};
 pub use remote_reward::{NAME as REMOTE, RemoteRewardOptions, RemoteVerifier};
 pub use reward_server::serve_reward;
 pub use security::{Listen, ServeError, ServerTls, TOKEN_ENV, token_from_env};

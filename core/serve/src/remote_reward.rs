@@ -180,7 +180,7 @@ impl RemoteVerifier {
             .call_reissuing_once(
                 input.sample_id,
                 || std::future::ready(()),
-                |client| {
+                |_, client| {
                     let deadline = ctx.remaining().max(Duration::from_millis(1));
                     let sample = areal_proto::reward_input(input, deadline);
                     Self::call(client, sample, deadline + self.call_margin)
@@ -202,10 +202,7 @@ async fn probe(fleet: Arc<Fleet<Client>>, index: usize, interval: Duration, time
                     fleet.set_ready(index, None);
                 }
             }
-            Err(status) => match CallError::from_status(&status) {
-                CallError::Refused(said) => fleet.set_refused(index, said),
-                CallError::Fault(said) => fleet.set_down(index, said),
-            },
+            Err(status) => fleet.fail(index, CallError::from_status(&status)),
         }
         tokio::time::sleep(interval).await;
     }

@@ -78,6 +78,32 @@ impl ServerTls {
         })
     }
 
+    /// The identity as rustls serves it (the HTTP servers).
+    pub(crate) fn rustls(&self) -> Result<std::sync::Arc<rustls::ServerConfig>, ServeError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let bad = |what: &str, e: &dyn std::fmt::Display| ServeError::Tls {
+            message: format!("the {what} cannot be read: {e}"),
+            source: None,
+        };
+        let chain = CertificateDer::pem_slice_iter(&self.cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad("certificate", &e))?;
+        let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| bad("private key", &e))?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad("protocol versions", &e))?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| ServeError::Tls {
+                message: format!("the certificate and key do not make a TLS identity: {e}"),
+                source: None,
+            })?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(std::sync::Arc::new(config))
+    }
+
     pub(crate) fn config(&self) -> tonic::transport::ServerTlsConfig {
         tonic::transport::ServerTlsConfig::new()
             .identity(tonic::transport::Identity::from_pem(&self.cert, &self.key))

@@ -139,15 +139,17 @@ pub(crate) async fn serve_on(
     }
 }
 
-/// Serve `app` over HTTP/1.1 on `listener` until `shutdown` completes, with the bounds of this
-/// module: one request per connection, its headers within [`HEADER_READ`] (its body is bounded
-/// by [`bounded_body`], which `app` must have as a layer).
+/// Serve `app` over HTTP/1.1 on `listener` until `shutdown` completes, over TLS with `tls` if
+/// given, with the bounds of this module: the TLS handshake and then the request's headers
+/// each within [`HEADER_READ`], one request per connection (its body is bounded by
+/// [`bounded_body`], which `app` must have as a layer).
 pub(crate) async fn serve_http(
     listener: TcpListener,
     app: axum::Router,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()>,
 ) {
-    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::rt::TokioIo;
     let (drain, stop) = tokio::sync::watch::channel(false);
     let accept = async {
         let mut connections = tokio::task::JoinSet::new();
@@ -164,26 +166,56 @@ pub(crate) async fn serve_http(
             while connections.try_join_next().is_some() {}
             let service = hyper_util::service::TowerToHyperService::new(app.clone());
             let stop = stop.clone();
+            let tls = tls.clone();
             connections.spawn(async move {
-                let mut builder = hyper::server::conn::http1::Builder::new();
-                builder
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_READ)
-                    .keep_alive(false);
-                let connection = builder.serve_connection(TokioIo::new(stream), service);
-                tokio::pin!(connection);
-                tokio::select! {
-                    _ = connection.as_mut() => return,
-                    () = drained(stop) => {}
+                match tls {
+                    None => serve_connection(TokioIo::new(stream), service, stop).await,
+                    Some(tls) => {
+                        let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
+                        match tokio::time::timeout(HEADER_READ, handshake).await {
+                            Ok(Ok(stream)) => {
+                                serve_connection(TokioIo::new(stream), service, stop).await;
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(target: "areal::serve", error = %e, "TLS handshake failed");
+                            }
+                            Err(_) => {}
+                        }
+                    }
                 }
-                connection.as_mut().graceful_shutdown();
-                let _ = connection.await;
             });
         }
         // stop accepting; the calls in progress finish (bounded by the caller)
         while connections.join_next().await.is_some() {}
     };
     bounded(accept, shutdown, drain, "HTTP").await;
+}
+
+/// Serve one HTTP/1.1 request on `io`, its headers within [`HEADER_READ`]; when `stop` says,
+/// finish it and close.
+async fn serve_connection<I, S>(io: I, service: S, stop: tokio::sync::watch::Receiver<bool>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming> + Send,
+    S::Future: Send + 'static,
+    S::ResBody: Send + 'static,
+    <S::ResBody as hyper::body::Body>::Data: Send,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ)
+        .keep_alive(false);
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        () = drained(stop) => {}
+    }
+    connection.as_mut().graceful_shutdown();
+    let _ = connection.await;
 }
 
 /// An error answer of the HTTP servers: its status, and a body in the shape SGLang's and

@@ -18,17 +18,13 @@ const CONFIG_FILE: &str = "config.json";
 /// The metadata key holding the version.
 const VERSION_KEY: &str = "areal.version";
 
-/// Folders of older versions the `remote` generator keeps (a server may still be reading one).
-pub(crate) const KEEP: usize = 2;
-
 /// The folder of `version` under `dir`.
 pub(crate) fn folder(dir: &Path, version: u64) -> PathBuf {
     dir.join(format!("v{version:010}"))
 }
 
 /// Write `update` under `dir` as `v<version>`, whole or not at all (staged in a hidden folder,
-/// then renamed); the folder written. Older versions stay: see [`remove_except`] and
-/// [`keep_last`].
+/// then renamed); the folder written. Older versions stay: see [`remove_except`].
 pub(crate) fn write(dir: &Path, update: &WeightUpdate) -> Result<PathBuf, String> {
     let io = |what: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", what.display());
     std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
@@ -89,16 +85,6 @@ pub(crate) fn remove_except(dir: &Path, keep: &[u64]) -> Result<Vec<u64>, String
         }
     }
     Ok(removed)
-}
-
-/// Remove every version under `dir` but the newest `n`.
-pub(crate) fn keep_last(dir: &Path, n: usize) -> Result<(), String> {
-    let versions = versions(dir)?;
-    let old = versions.len().saturating_sub(n);
-    for (_, folder) in &versions[..old] {
-        remove(folder);
-    }
-    Ok(())
 }
 
 /// The tensors and architecture of a checkpoint folder (`model.safetensors` and
@@ -174,7 +160,7 @@ mod tests {
             write(dir.path(), &update(v)).unwrap();
         }
         let folder = write(dir.path(), &update(4)).unwrap();
-        keep_last(dir.path(), KEEP).unwrap();
+        assert_eq!(remove_except(dir.path(), &[3, 4]).unwrap(), [0, 1, 2]);
         let sum = areal_proto::weights_sha256(&update(4).tensors);
         let back = read(&folder, 4, &sum).unwrap();
         assert_eq!(back.version, 4);

@@ -10,7 +10,7 @@ use areal_proto::pb;
 use areal_proto::pb::generator_client::GeneratorClient;
 use areal_sdk::{FinishReason, Generator, WeightUpdate};
 use areal_sdk_train::Policy;
-use areal_serve::{Listen, RemoteGenerator, RemoteGeneratorOptions, serve_generator};
+use areal_serve::{GeneratorFleet, GeneratorFleetOptions, Listen, serve_generator};
 use areal_testkit::{BigramGenerator, conformance};
 use serde_json::json;
 use support::{ServerThread, bigram, eventually, policy, request};
@@ -34,7 +34,7 @@ impl Server {
     }
 }
 
-fn remote(endpoints: Vec<String>, extra: serde_json::Value) -> RemoteGenerator {
+fn remote(endpoints: Vec<String>, extra: serde_json::Value) -> GeneratorFleet {
     let mut options = json!({
         "endpoints": endpoints,
         "connect_timeout_s": 2.0,
@@ -45,8 +45,8 @@ fn remote(endpoints: Vec<String>, extra: serde_json::Value) -> RemoteGenerator {
         .as_object_mut()
         .unwrap()
         .extend(extra.as_object().unwrap().clone());
-    let options: RemoteGeneratorOptions = serde_json::from_value(options).unwrap();
-    RemoteGenerator::new(&options, None).unwrap()
+    let options: GeneratorFleetOptions = serde_json::from_value(options).unwrap();
+    GeneratorFleet::new("remote", &options, None).unwrap()
 }
 
 async fn health(url: &str) -> Option<pb::GeneratorHealth> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use areal_sdk::{FinishReason, Generator, PluginError, Tokenizer, WeightUpdate};
 use areal_sdk_train::Policy;
 use areal_serve::{
-    InferenceApi, InferenceServerGenerator, InferenceServerOptions, Listen, serve_inference_api,
+    GeneratorFleet, GeneratorFleetOptions, InferenceApi, Listen, serve_inference_api,
 };
 use areal_testkit::{LetterTokenizer, conformance};
 use serde_json::json;
@@ -82,7 +82,7 @@ fn client(
     endpoints: Vec<String>,
     dir: &std::path::Path,
     extra: serde_json::Value,
-) -> InferenceServerGenerator {
+) -> GeneratorFleet {
     let mut options = json!({
         "endpoints": endpoints,
         "weights_dir": dir,
@@ -94,8 +94,8 @@ fn client(
         .as_object_mut()
         .unwrap()
         .extend(extra.as_object().unwrap().clone());
-    let options: InferenceServerOptions = serde_json::from_value(options).unwrap();
-    InferenceServerGenerator::new(api, &options, None).unwrap()
+    let options: GeneratorFleetOptions = serde_json::from_value(options).unwrap();
+    GeneratorFleet::new(api.name(), &options, None).unwrap()
 }
 
 fn versions_on_disk(dir: &std::path::Path) -> Vec<String> {
@@ -484,7 +484,7 @@ async fn what_a_server_answers_is_read_within_bounds_and_accounted_for() {
         ("endless", "passed 64 MiB"),
         (
             "version",
-            "weight_version \"999999\", which is no version this run sent",
+            "weight version 999999, which this run never sent",
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
@@ -622,4 +622,80 @@ async fn the_http_servers_shut_down_whatever_clients_do() {
         ended.is_ok(),
         "the server ignored its shutdown with clients holding on"
     );
+}
+
+/// TLS works the same for every kind of server: an SGLang or vLLM server started with a
+/// certificate answers a client that trusts its authority through `https://` (weights,
+/// samples, pause and resume), and an `https://` endpoint without an authority to trust is
+/// refused when the plugin is built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_servers_answer_clients_that_trust_their_authority() {
+    use areal_serve::ServerTls;
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+    for api in [InferenceApi::Sglang, InferenceApi::Vllm] {
+        let tls = ServerTls::from_files(&fixtures.join("server.pem"), &fixtures.join("server.key"))
+            .unwrap();
+        let listen = Listen {
+            tls: Some(tls),
+            ..Listen::new("127.0.0.1:0".parse().unwrap(), None)
+        };
+        let server = ServerThread::start(listen, move |listen, on_bound| {
+            serve_inference_api(
+                api,
+                Arc::new(bigram(0)),
+                1 << 22,
+                Some(Arc::new(LetterTokenizer::new(8))),
+                None,
+                listen,
+                on_bound,
+                std::future::pending(),
+            )
+        });
+        let url = format!("https://localhost:{}", server.addr.port());
+        let dir = tempfile::tempdir().unwrap();
+        let ca = fixtures.join("ca.pem");
+        let generator = client(
+            api,
+            vec![url.clone()],
+            dir.path(),
+            json!({ "tls_ca_file": ca }),
+        );
+        let policy = policy();
+        generator
+            .check_tokenizer(policy.tokenizer().as_ref())
+            .await
+            .unwrap();
+        generator
+            .update_weights(WeightUpdate::new(2, policy.weights()))
+            .await
+            .unwrap();
+        let completion = generator.generate(request(1, 6)).await.unwrap();
+        assert_eq!(completion.len(), 6, "{api:?}");
+        assert!(completion.versions.iter().all(|&v| v == 2), "{api:?}");
+        generator.pause().await.unwrap();
+        generator.resume().await.unwrap();
+        assert_eq!(generator.generate(request(2, 3)).await.unwrap().len(), 3);
+
+        // a plain-HTTP client gets no answer from a TLS server
+        let plain = client(
+            api,
+            vec![server.url()],
+            dir.path(),
+            json!({ "grace_s": 0.3, "check_tokenizer": false }),
+        );
+        assert!(plain.generate(request(3, 2)).await.is_err(), "{api:?}");
+
+        let mut options: GeneratorFleetOptions = serde_json::from_value(json!({
+            "endpoints": [url],
+            "weights_dir": dir.path(),
+        }))
+        .unwrap();
+        let (key, error) = GeneratorFleet::new(api.name(), &options, None).unwrap_err();
+        assert_eq!(key, "endpoints");
+        assert!(error.contains("tls_ca_file"), "{error}");
+        options.tls_ca_file = Some(fixtures.join("server.key"));
+        let (key, error) = GeneratorFleet::new(api.name(), &options, None).unwrap_err();
+        assert_eq!(key, "tls_ca_file");
+        assert!(error.contains("holds no PEM certificate"), "{error}");
+    }
 }
