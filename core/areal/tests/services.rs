@@ -593,3 +593,84 @@ fn first_pid_mentioning(needle: &str) -> u32 {
     }
     panic!("no process mentions {needle}");
 }
+
+/// Issue 33: `reward_service.workers` worked only when the command line started the run;
+/// `areal_core::run` ignored it and verified in process. Through the library now, the engine
+/// starts the workers (children of this process, their config and logs in the run folder),
+/// verifies through them, and stops them with the run; a program that cannot serve rewards is
+/// refused naming the key.
+#[test]
+fn the_library_runs_rewards_in_worker_processes_when_the_config_asks() {
+    use areal_core::{ConfigLoader, Plugins, RunOptions};
+    use areal_serve as _; // the `remote` reward the workers are called through
+    let load = |sets: &[String]| {
+        ConfigLoader::new()
+            .toml(areal_testkit::CONFIG, Path::new("testkit.toml"))
+            .unwrap()
+            .set_all(sets)
+            .unwrap()
+            .load()
+            .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let areal = env!("CARGO_BIN_EXE_areal");
+    let config = load(&[
+        "reward_service.workers=2".into(),
+        format!("reward_service.worker_command=[\"{areal}\"]"),
+        "generator.token_delay_us=2000".into(),
+        "train.steps=20".into(),
+    ]);
+    let plugins = Plugins::build(&config).unwrap();
+    let runtime = areal_cli::internal::runtime().unwrap();
+    let options = RunOptions {
+        out_dir: Some(run.clone()),
+        ..RunOptions::default()
+    };
+    let training =
+        std::thread::spawn(move || runtime.block_on(areal_core::run(config, plugins, options)));
+    wait_for_steps(&run, 3);
+    let needle = run.join("reward-workers/config.toml").display().to_string();
+    let workers = processes_mentioning(&needle);
+    assert_eq!(workers.len(), 2, "two workers: {workers:#?}");
+    let pid = first_pid_mentioning(&needle);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let parent: u32 = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        parent,
+        std::process::id(),
+        "the engine started them: {stat}"
+    );
+    let summary = training.join().unwrap().unwrap();
+    assert_eq!(summary.steps, 20);
+    assert_eq!(summary.reward_failures, 0);
+    let served = std::fs::read_to_string(run.join("reward-workers/config.toml")).unwrap();
+    assert!(served.contains("workers = 0"), "{served}");
+    assert!(run.join("reward-workers/reward-1.log").exists());
+    assert_none_left(&needle);
+
+    // a program that serves no rewards
+    let config = load(&[
+        "reward_service.workers=1".into(),
+        "reward_service.worker_command=[\"/bin/false\"]".into(),
+    ]);
+    let plugins = Plugins::build(&config).unwrap();
+    let runtime = areal_cli::internal::runtime().unwrap();
+    let error = runtime
+        .block_on(areal_core::run(config, plugins, RunOptions::default()))
+        .unwrap_err();
+    let said = areal_core::chain(&error);
+    assert!(
+        said.contains("reward_service.workers = 1") && said.contains("/bin/false"),
+        "{said}"
+    );
+    assert!(said.contains("reward_service.worker_command"), "{said}");
+}

@@ -6,7 +6,7 @@ use clap::Args;
 
 use crate::configs::{ConfigArgs, loader};
 use crate::runtime;
-use crate::workers::in_workers;
+use areal_core::reward_workers::in_workers;
 
 #[derive(Debug, Args)]
 pub(crate) struct EvalArgs {

@@ -13,8 +13,8 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
 use crate::configs::loader;
-use crate::servers::{Servers, endpoints};
 use crate::train::{TrainArgs, utc_timestamp};
+use areal_core::processes::{ServerProcesses as Servers, endpoints};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum LaunchCommand {

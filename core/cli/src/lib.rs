@@ -30,10 +30,8 @@ mod launch;
 mod plugins;
 mod progress;
 mod serve;
-mod servers;
 mod signals;
 mod train;
-mod workers;
 
 // The built-in plugins: naming the crates links their registrations.
 use areal_algo_ppo as _;
@@ -174,9 +172,9 @@ pub mod internal {
     pub use crate::configs::{ConfigArgs, loader};
     pub use crate::grade::code::{lcb_workers, verify_record};
     pub use crate::runtime;
-    pub use crate::servers::{Servers, endpoints};
     pub use crate::train::utc_timestamp;
-    pub use crate::workers::{CALLS_PER_WORKER, RewardWorkers};
+    pub use areal_core::processes::{ServerProcesses as Servers, endpoints};
+    pub use areal_core::reward_workers::{CALLS_PER_WORKER, RewardWorkers};
 }
 
 fn init_tracing(verbose: u8) {

@@ -240,7 +240,7 @@ fn serve_reward(
 ) -> anyhow::Result<()> {
     let listen = listen(addr, &args)?;
     let (config, mut verifier) = areal_core::resolve_reward(&loader(&args.config)?)?;
-    let _workers = crate::workers::in_workers(&config, &mut verifier, None)?;
+    let _workers = areal_core::reward_workers::in_workers(&config, &mut verifier, None)?;
     let threads = config.reward_service.threads;
     let name = verifier.name().to_owned();
     let runtime = runtime()?;

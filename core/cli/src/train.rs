@@ -11,7 +11,6 @@ use crate::configs::{ConfigArgs, loader, resume_loader};
 use crate::progress::Progress;
 use crate::runtime;
 use crate::signals::stop_on_signals;
-use crate::workers::in_workers;
 
 #[derive(Debug, Args)]
 pub(crate) struct TrainArgs {
@@ -41,17 +40,12 @@ pub(crate) fn run(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
         Some(dir) => resume_loader(dir, &args.config, args.allow_config_change)?,
         None => loader(&args.config)?,
     };
-    let (config, mut plugins) = areal_core::resolve(&loader)?;
+    let (config, plugins) = areal_core::resolve(&loader)?;
     let out = match (&args.resume, args.out) {
         (Some(dir), _) => dir.clone(),
         (None, Some(out)) => out,
         (None, None) => Path::new("runs").join(utc_timestamp()),
     };
-    let _workers = in_workers(
-        &config,
-        &mut plugins.verifier,
-        Some(&out.join("reward-workers")),
-    )?;
     let steps = config.train.steps;
     let observer: Arc<dyn Observer> = if args.quiet {
         Arc::new(areal_core::Quiet)

@@ -63,6 +63,15 @@ pub enum EngineError {
         /// What is wrong and what to change.
         message: String,
     },
+    /// Reward worker processes (`reward_service.workers`) cannot be started or watched.
+    #[error("{message}")]
+    Workers {
+        /// What was being done, naming the key.
+        message: String,
+        /// Why.
+        #[source]
+        source: crate::processes::ProcessError,
+    },
     /// A run folder cannot be resumed as asked (no run there, a config that differs, records
     /// shorter than its checkpoint): the message says why and what to do.
     #[error("{message}")]

@@ -53,6 +53,7 @@ pub async fn run(
         }
         (dir, false) => (None, RunLog::new(dir, &config)?, 0),
     };
+    let (verifier, _workers) = start_reward_workers(&config, verifier, out_dir).await?;
     let rewards = RewardService::from_config(verifier, &config.reward_service);
     let runner = Arc::new(
         GroupRunner::new(generator, policy.tokenizer(), rewards)
@@ -330,4 +331,32 @@ fn check_task(task: &dyn Task, config: &Config) -> Result<(), EngineError> {
         )));
     }
     Ok(())
+}
+
+/// `verifier`, or with `reward_service.workers` the workers started (logs in the run folder's
+/// `reward-workers/`) and what verifies through them; starting them waits off the runtime.
+async fn start_reward_workers(
+    config: &Config,
+    mut verifier: Arc<dyn areal_sdk::RewardVerifier>,
+    out_dir: Option<&std::path::Path>,
+) -> Result<
+    (
+        Arc<dyn areal_sdk::RewardVerifier>,
+        Option<crate::reward_workers::RewardWorkers>,
+    ),
+    EngineError,
+> {
+    if config.reward_service.workers == 0 {
+        return Ok((verifier, None));
+    }
+    let config = config.clone();
+    let dir = out_dir.map(|d| d.join("reward-workers"));
+    tokio::task::spawn_blocking(move || {
+        let workers = crate::reward_workers::in_workers(&config, &mut verifier, dir.as_deref())?;
+        Ok((verifier, workers))
+    })
+    .await
+    .map_err(|e| EngineError::Internal {
+        message: format!("starting the reward workers: {e}"),
+    })?
 }

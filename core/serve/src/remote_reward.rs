@@ -47,6 +47,10 @@ pub struct RemoteRewardOptions {
     /// restarted one takes work again). By default 0.5.
     #[serde(default = "default_probe_interval_s")]
     pub probe_interval_s: f64,
+    /// A file holding the servers' shared token (what `areal serve reward --token-file`
+    /// reads); by default `AREAL_TOKEN`.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
 }
 
 fn default_call_margin_s() -> f64 {
@@ -165,14 +169,10 @@ impl RemoteVerifier {
         ctx: &VerifyContext,
     ) -> Result<Reward, PluginError> {
         if !Self::fits(input) {
-            return Err(PluginError::failed(
+            tracing::warn!(target: "areal::remote", sample_id = input.sample_id, mib = areal_proto::reward_input_size(input) >> 20, "a sample too big for a reward server");
+            return Err(PluginError::unsupported(
                 NAME,
-                format!(
-                    "sample {} takes {} MiB on the wire, more than the {} MiB a reward server accepts",
-                    input.sample_id,
-                    areal_proto::reward_input_size(input) >> 20,
-                    MAX_MESSAGE_BYTES >> 20
-                ),
+                "samples over the 64 MiB a reward server accepts",
             ));
         }
         let (result, url) = self
@@ -264,7 +264,15 @@ pub(crate) fn build(
     _ctx: &BuildContext,
 ) -> Result<Arc<dyn RewardVerifier>, PluginError> {
     let options: RemoteRewardOptions = config.parse()?;
-    let token = token_from_env();
+    let token = match &options.token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                config.invalid("token_file", format!("cannot read {}: {e}", path.display()))
+            })?;
+            Some(text.trim().to_owned()).filter(|t| !t.is_empty())
+        }
+        None => token_from_env(),
+    };
     let verifier = RemoteVerifier::new(&options, token.as_deref())
         .map_err(|(key, message)| config.invalid(key, message))?;
     Ok(Arc::new(verifier))

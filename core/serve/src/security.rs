@@ -5,8 +5,7 @@ use std::path::Path;
 
 use tonic::{Request, Status};
 
-/// The environment variable holding the shared token of servers and clients.
-pub const TOKEN_ENV: &str = "AREAL_TOKEN";
+pub use areal_core::TOKEN_ENV;
 
 /// The shared token in [`TOKEN_ENV`], if set and not empty.
 pub fn token_from_env() -> Option<String> {

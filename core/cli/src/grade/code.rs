@@ -185,7 +185,7 @@ enum Grader {
     Workers {
         jobs: crossbeam_channel::Sender<(usize, Job, crossbeam_channel::Sender<Value>)>,
         // last: the workers stop once the threads that call them are gone
-        _workers: crate::workers::RewardWorkers,
+        _workers: areal_core::reward_workers::RewardWorkers,
     },
 }
 
@@ -201,7 +201,7 @@ impl Grader {
         let (verifier, workers) = lcb_workers(sandbox, options, sandboxes)?;
         let (jobs, queue) =
             crossbeam_channel::unbounded::<(usize, Job, crossbeam_channel::Sender<Value>)>();
-        for _ in 0..crate::workers::CALLS_PER_WORKER * sandboxes {
+        for _ in 0..areal_core::reward_workers::CALLS_PER_WORKER * sandboxes {
             let (queue, verifier, sandbox) =
                 (queue.clone(), Arc::clone(&verifier), Arc::clone(sandbox));
             std::thread::Builder::new()
@@ -249,7 +249,7 @@ pub fn lcb_workers(
     count: usize,
 ) -> anyhow::Result<(
     Arc<dyn areal_sdk::RewardVerifier>,
-    crate::workers::RewardWorkers,
+    areal_core::reward_workers::RewardWorkers,
 )> {
     let mut reward = serde_json::to_value(options)?;
     reward["kind"] = areal_reward_code::NAME.into();
@@ -265,7 +265,7 @@ pub fn lcb_workers(
         Arc::clone(sandbox),
         options.clone(),
     ));
-    crate::workers::start(&config, &local, None)?
+    areal_core::reward_workers::start(&config, &local, None)?
         .ok_or_else(|| anyhow::anyhow!("no worker was asked for"))
 }
 

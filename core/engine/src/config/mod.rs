@@ -239,13 +239,17 @@ pub enum LagPolicy {
 pub struct RewardServiceConfig {
     /// Verifier threads. By default 2.
     pub threads: usize,
-    /// Worker processes to verify in (`areal` commands that run a reward start them as
-    /// `areal serve reward` on loopback, one verifier thread each): each has an address
-    /// space of its own, so sandboxes on different cores do not slow each other down as
-    /// threads of one process do; a worker that dies is started again and its sample sent
-    /// once more. One per core is the usual choice for code rewards. 0 verifies on
-    /// `threads` threads of this process. By default 0.
+    /// Worker processes to verify in (the engine starts them as `areal serve reward` on
+    /// loopback, one verifier thread each, and verifies through them as the `remote` reward
+    /// does): each has an address space of its own, so sandboxes on different cores do not
+    /// slow each other down as threads of one process do; a worker that dies is started again
+    /// and its sample sent once more. One per core is the usual choice for code rewards. 0
+    /// verifies on `threads` threads of this process. By default 0.
     pub workers: usize,
+    /// The program that runs a reward worker, and its first arguments (`serve reward ...` is
+    /// appended): by default this program, which must then be `areal` or a binary built on
+    /// `areal_cli::main_with`. By default empty.
+    pub worker_command: Vec<String>,
     /// Per-sample deadline in milliseconds, which the verifier is told; one that has not
     /// answered a grace after it (a quarter of it, at most a second) costs that sample
     /// (verdict `verifier_timeout`). The `lcb` reward ends a program's tests at the deadline
@@ -266,6 +270,7 @@ impl Default for RewardServiceConfig {
         Self {
             threads: 2,
             workers: 0,
+            worker_command: Vec::new(),
             deadline_ms: 10_000,
             cache: false,
             cache_dir: "~/.cache/areal-rs/rewards".into(),

@@ -1,6 +1,6 @@
-//! Servers started as child processes (`areal serve ...` on loopback), for `launch local`,
-//! reward worker processes and the benches: each one's address once it listens, its log, and
-//! a stop that leaves none behind.
+//! Servers started as child processes (`areal serve ...` on loopback), for reward worker
+//! processes, `areal launch local` and the benches: each one's address once it listens, its
+//! log, and a stop that leaves none behind.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -8,7 +8,50 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+/// The environment variable holding the shared token of servers and clients.
+pub const TOKEN_ENV: &str = "AREAL_TOKEN";
+
+/// Why a server process could not be started, or did not come up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProcessError {
+    /// Its log file cannot be made.
+    #[error("cannot create {}", path.display())]
+    Log {
+        /// The log file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The program cannot be started.
+    #[error("cannot start {}", program.display())]
+    Spawn {
+        /// The program.
+        program: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread to read its output cannot be started.
+    #[error("cannot start a thread")]
+    Thread(#[source] std::io::Error),
+    /// It was started but does not listen: it exited, printed something else, or took too
+    /// long. Its log's last lines are in the message.
+    #[error("the {kind} server {index} failed to start: {why}; its log {}:\n{tail}", log.display())]
+    NotListening {
+        /// What it serves.
+        kind: &'static str,
+        /// Its index among the servers started.
+        index: usize,
+        /// What happened.
+        why: String,
+        /// Its log.
+        log: PathBuf,
+        /// The last lines of its log.
+        tail: String,
+    },
+}
 
 /// `urls` as the TOML list of an `endpoints` key.
 pub fn endpoints(urls: &[&str]) -> String {
@@ -23,8 +66,10 @@ struct Server {
     child: Child,
     /// Its standard input: closing it stops the server.
     stdin: Option<ChildStdin>,
-    /// How it was started, to start it again.
+    /// How it was started, to start it again: the program, the arguments before `serve`, the
+    /// options after `serve KIND`.
     exe: PathBuf,
+    before: Vec<std::ffi::OsString>,
     config: Vec<std::ffi::OsString>,
     /// Where it listens, once it does.
     addr: Option<String>,
@@ -35,7 +80,7 @@ type Listening = (usize, Result<String, String>);
 
 /// Servers started as child processes; dropped, they are stopped.
 #[derive(Default)]
-pub struct Servers {
+pub struct ServerProcesses {
     started: Vec<Server>,
     /// Each server's address once it listens, or why it does not.
     listening: Option<(mpsc::Sender<Listening>, mpsc::Receiver<Listening>)>,
@@ -43,10 +88,10 @@ pub struct Servers {
     token: Option<String>,
 }
 
-impl Servers {
+impl ServerProcesses {
     /// Start every server from now on with `token` (in its environment): calls without it
     /// are refused.
-    pub(crate) fn with_token(mut self, token: String) -> Self {
+    pub fn with_token(mut self, token: String) -> Self {
         self.token = Some(token);
         self
     }
@@ -59,11 +104,25 @@ impl Servers {
         kind: &'static str,
         config: &[std::ffi::OsString],
         logs: &Path,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), ProcessError> {
+        self.start_command(exe, &[], kind, config, logs)
+    }
+
+    /// [`start`](Self::start) as `exe BEFORE... serve KIND`: a program given as a command
+    /// whose first arguments come before areal's own (a wrapper, say).
+    pub fn start_command(
+        &mut self,
+        exe: &Path,
+        before: &[std::ffi::OsString],
+        kind: &'static str,
+        config: &[std::ffi::OsString],
+        logs: &Path,
+    ) -> Result<(), ProcessError> {
         let same_kind = self.started.iter().filter(|s| s.kind == kind).count();
         let log = logs.join(format!("{kind}-{same_kind}.log"));
         let index = self.started.len();
-        let server = self.spawn(index, exe, kind, config, log, "127.0.0.1:0")?;
+        let how = (exe.to_owned(), before.to_vec(), config.to_vec());
+        let server = self.spawn(index, how, kind, log, "127.0.0.1:0")?;
         self.started.push(server);
         Ok(())
     }
@@ -71,19 +130,22 @@ impl Servers {
     fn spawn(
         &mut self,
         index: usize,
-        exe: &Path,
+        (exe, before, config): (PathBuf, Vec<std::ffi::OsString>, Vec<std::ffi::OsString>),
         kind: &'static str,
-        config: &[std::ffi::OsString],
         log: PathBuf,
         listen: &str,
-    ) -> anyhow::Result<Server> {
+    ) -> Result<Server, ProcessError> {
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)
-            .with_context(|| format!("cannot create {}", log.display()))?;
-        let mut command = Command::new(exe);
+            .map_err(|source| ProcessError::Log {
+                path: log.clone(),
+                source,
+            })?;
+        let mut command = Command::new(&exe);
         command
+            .args(&before)
             .args([
                 "-v",
                 "serve",
@@ -92,18 +154,22 @@ impl Servers {
                 listen,
                 "--until-stdin-closes",
             ])
-            .args(config)
+            .args(&config)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(log_file.try_clone().context("cannot share the log file")?);
+            .stderr(log_file.try_clone().map_err(|source| ProcessError::Log {
+                path: log.clone(),
+                source,
+            })?);
         if let Some(token) = &self.token {
-            command.env(areal_serve::TOKEN_ENV, token);
+            command.env(TOKEN_ENV, token);
         }
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("cannot start {}", exe.display()))?;
+        let mut child = command.spawn().map_err(|source| ProcessError::Spawn {
+            program: exe.clone(),
+            source,
+        })?;
         let stdout = child.stdout.take().expect("stdout is piped");
         let stdin = child.stdin.take();
         let (tx, _) = self.listening.get_or_insert_with(mpsc::channel);
@@ -134,21 +200,25 @@ impl Servers {
                     let _ = writeln!(log, "{line}");
                 }
             })
-            .context("cannot start a thread")?;
+            .map_err(ProcessError::Thread)?;
         Ok(Server {
             kind,
             log,
             child,
             stdin,
-            exe: exe.to_owned(),
-            config: config.to_vec(),
+            exe,
+            before,
+            config,
             addr: None,
         })
     }
 
     /// Start again, at the address it had, every server that has exited; each one's index
     /// and how that went.
-    pub(crate) fn restart_exited(&mut self, timeout: Duration) -> Vec<(usize, anyhow::Result<()>)> {
+    pub(crate) fn restart_exited(
+        &mut self,
+        timeout: Duration,
+    ) -> Vec<(usize, Result<(), ProcessError>)> {
         let mut done = Vec::new();
         for index in 0..self.started.len() {
             let server = &mut self.started[index];
@@ -167,15 +237,15 @@ impl Servers {
                 log = %server.log.display(),
                 "a server exited; starting it again at {addr}"
             );
-            let (exe, kind, config, log) = (
+            let how = (
                 server.exe.clone(),
-                server.kind,
+                server.before.clone(),
                 server.config.clone(),
-                server.log.clone(),
             );
+            let (kind, log) = (server.kind, server.log.clone());
             let listen = addr.trim_start_matches("http://").to_owned();
             let result = self
-                .spawn(index, &exe, kind, &config, log, &listen)
+                .spawn(index, how, kind, log, &listen)
                 .and_then(|mut fresh| {
                     fresh.addr = Some(addr.clone());
                     self.started[index] = fresh;
@@ -187,26 +257,34 @@ impl Servers {
     }
 
     /// Wait until server `index` (just started again) listens.
-    fn wait_one(&mut self, index: usize, timeout: Duration) -> anyhow::Result<()> {
+    fn wait_one(&mut self, index: usize, timeout: Duration) -> Result<(), ProcessError> {
         let deadline = Instant::now() + timeout;
         let Some((_, rx)) = &self.listening else {
-            bail!("no server was started");
+            return Err(self.not_listening(index, "it was never started".into()));
         };
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
                 Ok((i, Ok(_))) if i == index => return Ok(()),
-                Ok((i, Err(why))) if i == index => {
-                    let server = &self.started[index];
-                    bail!(
-                        "it failed to start: {why}; its log {}:\n{}",
-                        server.log.display(),
-                        tail(&server.log)
-                    )
-                }
+                Ok((i, Err(why))) if i == index => return Err(self.not_listening(index, why)),
                 Ok(_) => {}
-                Err(_) => bail!("it did not listen within {:.0} s", timeout.as_secs_f64()),
+                Err(_) => {
+                    let why = format!("it did not listen within {:.0} s", timeout.as_secs_f64());
+                    return Err(self.not_listening(index, why));
+                }
             }
+        }
+    }
+
+    /// Server `index` does not listen, for `why`.
+    fn not_listening(&self, index: usize, why: String) -> ProcessError {
+        let server = &self.started[index];
+        ProcessError::NotListening {
+            kind: server.kind,
+            index,
+            why,
+            log: server.log.clone(),
+            tail: tail(&server.log),
         }
     }
 
@@ -214,7 +292,7 @@ impl Servers {
     pub fn wait_listening(
         &mut self,
         timeout: Duration,
-    ) -> anyhow::Result<Vec<(&'static str, String)>> {
+    ) -> Result<Vec<(&'static str, String)>, ProcessError> {
         let deadline = Instant::now() + timeout;
         let mut urls: Vec<Option<String>> = vec![None; self.started.len()];
         let Some((_, rx)) = &self.listening else {
@@ -242,16 +320,7 @@ impl Servers {
                     self.started[index].addr = Some(url.clone());
                     urls[index] = Some(url);
                 }
-                Err(why) => {
-                    let server = &self.started[index];
-                    bail!(
-                        "the {} server {} failed to start: {why}; its log {}:\n{}",
-                        server.kind,
-                        index,
-                        server.log.display(),
-                        tail(&server.log)
-                    );
-                }
+                Err(why) => return Err(self.not_listening(index, why)),
             }
         }
         Ok(self
@@ -286,7 +355,7 @@ impl Servers {
     }
 }
 
-impl Drop for Servers {
+impl Drop for ServerProcesses {
     fn drop(&mut self) {
         self.stop();
     }
