@@ -71,7 +71,7 @@ pub use trajectory::{
     Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,
     SamplingParams, Trajectory, TrajectoryGroup, WeightUpdate,
 };
-pub use verifier::{RewardInput, RewardVerifier, VerifyContext};
+pub use verifier::{AsyncVerifier, RewardInput, RewardVerifier, VerifyContext};
 
 /// A hash of `text` that never changes between builds, platforms or runs (64-bit FNV-1a), for
 /// what must stay put: a prompt's split, a cache key. Not for hash tables of untrusted keys.

@@ -93,4 +93,24 @@ pub trait RewardVerifier: Send + Sync + 'static {
     fn faults(&self) -> FaultStats {
         FaultStats::default()
     }
+
+    /// The async path of a verifier whose work is done elsewhere (a reward server): the
+    /// engine's reward service awaits it instead of lending it one of its threads, so that
+    /// any number of samples can be in flight whatever `reward_service.threads` says. `None`
+    /// (the default): [`verify`](Self::verify) runs on the service's threads.
+    fn as_async(&self) -> Option<&dyn AsyncVerifier> {
+        None
+    }
+}
+
+/// Verification that waits rather than computes (see [`RewardVerifier::as_async`]).
+///
+/// It bounds its own time: the engine awaits it without a deadline of its own, as a sample
+/// waiting for a free server waits in the queue of the reward service's threads. The
+/// deadline in `ctx` is the sample's budget once its verification starts.
+#[async_trait::async_trait]
+pub trait AsyncVerifier: Send + Sync {
+    /// Verify one sample, as [`RewardVerifier::verify`] does.
+    async fn verify(&self, input: &RewardInput, ctx: &VerifyContext)
+    -> Result<Reward, PluginError>;
 }

@@ -86,8 +86,8 @@ impl RewardService {
         }
     }
 
-    /// The service `config` asks for: its threads (at least two per worker process when the
-    /// verifier runs in `workers`), its deadline and, with `cache = true`, a
+    /// The service `config` asks for: its threads (for a verifier without an async path), its
+    /// deadline and, with `cache = true`, a
     /// reward cache for a verifier that has a
     /// [`cache_identity`](RewardVerifier::cache_identity), kept in `cache_dir` across runs
     /// when that is set. A cache folder that cannot be used is a warning and the cache then
@@ -117,10 +117,11 @@ impl RewardService {
             }
             (false, _) => None,
         };
-        // With worker processes, the threads only wait on them: two samples in flight per
-        // worker keep each one busy while an answer travels back.
-        let threads = config.threads.max(2 * config.workers);
-        let mut service = Self::new(verifier, threads, Duration::from_millis(config.deadline_ms));
+        let mut service = Self::new(
+            verifier,
+            config.threads,
+            Duration::from_millis(config.deadline_ms),
+        );
         service.cache = cache;
         service
     }
@@ -192,6 +193,11 @@ impl RewardService {
         deadline: Duration,
         submitted: Instant,
     ) -> Verified {
+        if let Some(verifier) = self.pool.verifier.as_async() {
+            return self
+                .verify_awaited(verifier, input, deadline, submitted)
+                .await;
+        }
         let (started_tx, started_rx) = oneshot::channel();
         let (done_tx, mut done_rx) = oneshot::channel();
         let state = Arc::new(AtomicU8::new(RUNNING));
@@ -269,6 +275,39 @@ impl RewardService {
     }
 }
 
+impl RewardService {
+    /// Verify `input` on the verifier's async path: awaited here, holding no thread, any
+    /// number in flight; it bounds its own time.
+    async fn verify_awaited(
+        &self,
+        verifier: &dyn areal_sdk::AsyncVerifier,
+        input: RewardInput,
+        deadline: Duration,
+        submitted: Instant,
+    ) -> Verified {
+        use futures_util::FutureExt;
+        let ctx = VerifyContext::with_timeout(deadline);
+        let start = Instant::now();
+        let outcome = AssertUnwindSafe(verifier.verify(&input, &ctx))
+            .catch_unwind()
+            .await;
+        let reward = match judge(self.pool.verifier.as_ref(), outcome, start.elapsed()) {
+            Ok(reward) => reward,
+            Err(f) => {
+                let mut reward = Reward::new(0.0, f.verdict).with_detail("error", f.message);
+                reward.provenance.verifier = self.pool.verifier.name().to_owned();
+                reward.provenance.wall_ms = f.wall_ms;
+                reward
+            }
+        };
+        Verified {
+            reward,
+            latency: submitted.elapsed(),
+            cached: false,
+        }
+    }
+}
+
 /// How long past a sample's deadline the service still waits for its verifier before it
 /// abandons it: a quarter of the deadline, at most a second. The verifier is told the
 /// deadline itself (`VerifyContext`), so one that stops there (the `lcb` reward ends a
@@ -295,38 +334,7 @@ fn worker(pool: &ThreadPool) {
         let ctx = VerifyContext::with_timeout(job.deadline);
         let start = Instant::now();
         let outcome = catch_unwind(AssertUnwindSafe(|| pool.verifier.verify(&job.input, &ctx)));
-        let wall_ms = start.elapsed().as_secs_f64() * 1e3;
-        let result = match outcome {
-            Ok(Ok(mut reward)) => {
-                reward.provenance.verifier = pool.verifier.name().to_owned();
-                reward.provenance.wall_ms = wall_ms;
-                match Reward::check_value(reward.value) {
-                    Ok(()) => Ok(reward),
-                    Err(why) => Err(Failure {
-                        verdict: Verdict::Error,
-                        message: format!("verifier {} returned {why}", pool.verifier.name()),
-                        wall_ms,
-                    }),
-                }
-            }
-            Ok(Err(e)) => Err(Failure {
-                verdict: Verdict::Error,
-                message: crate::error::chain(&e),
-                wall_ms,
-            }),
-            Err(panic) => {
-                let message = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "panic".into());
-                Err(Failure {
-                    verdict: Verdict::VerifierCrashed,
-                    message: format!("verifier panicked: {message}"),
-                    wall_ms,
-                })
-            }
-        };
+        let result = judge(pool.verifier.as_ref(), outcome, start.elapsed());
         let _ = job.done.send(result);
         if job
             .state
@@ -339,4 +347,45 @@ fn worker(pool: &ThreadPool) {
         }
     }
     pool.live.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// What a verification that returned `outcome` (or panicked) after `took` gives: the reward
+/// with its provenance, or the failure verdict.
+fn judge(
+    verifier: &dyn RewardVerifier,
+    outcome: std::thread::Result<Result<Reward, areal_sdk::PluginError>>,
+    took: Duration,
+) -> JobResult {
+    let wall_ms = took.as_secs_f64() * 1e3;
+    match outcome {
+        Ok(Ok(mut reward)) => {
+            reward.provenance.verifier = verifier.name().to_owned();
+            reward.provenance.wall_ms = wall_ms;
+            match Reward::check_value(reward.value) {
+                Ok(()) => Ok(reward),
+                Err(why) => Err(Failure {
+                    verdict: Verdict::Error,
+                    message: format!("verifier {} returned {why}", verifier.name()),
+                    wall_ms,
+                }),
+            }
+        }
+        Ok(Err(e)) => Err(Failure {
+            verdict: Verdict::Error,
+            message: crate::error::chain(&e),
+            wall_ms,
+        }),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "panic".into());
+            Err(Failure {
+                verdict: Verdict::VerifierCrashed,
+                message: format!("verifier panicked: {message}"),
+                wall_ms,
+            })
+        }
+    }
 }

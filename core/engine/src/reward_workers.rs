@@ -20,8 +20,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use areal_sdk::{
-    BuildContext, FaultStats, PluginConfig, PluginError, Reward, RewardInput, RewardPlugin,
-    RewardVerifier, VerifyContext,
+    AsyncVerifier, BuildContext, FaultStats, PluginConfig, PluginError, Reward, RewardInput,
+    RewardPlugin, RewardVerifier, VerifyContext,
 };
 
 use crate::config::Config;
@@ -100,6 +100,38 @@ impl RewardVerifier for WorkerVerifier {
 
     fn faults(&self) -> FaultStats {
         self.remote.faults()
+    }
+
+    fn as_async(&self) -> Option<&dyn AsyncVerifier> {
+        self.remote.as_async().map(|_| self as &dyn AsyncVerifier)
+    }
+}
+
+/// The workers are awaited; a sample too big for them is verified in process on a blocking
+/// thread of the runtime.
+#[areal_sdk::async_trait]
+impl AsyncVerifier for WorkerVerifier {
+    async fn verify(
+        &self,
+        input: &RewardInput,
+        ctx: &VerifyContext,
+    ) -> Result<Reward, PluginError> {
+        let remote = self.remote.as_async().expect("checked by as_async");
+        match remote.verify(input, ctx).await {
+            Err(e) if e.is_unsupported() => {
+                let (local, input, ctx) = (self.local.clone(), input.clone(), ctx.clone());
+                match tokio::task::spawn_blocking(move || local.verify(&input, &ctx)).await {
+                    Ok(verified) => verified,
+                    // the service's catch judges it as any verifier's panic
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(e) => Err(PluginError::failed(
+                        self.local.name(),
+                        format!("verifying in process: {e}"),
+                    )),
+                }
+            }
+            verified => verified,
+        }
     }
 }
 

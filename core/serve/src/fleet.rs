@@ -26,6 +26,8 @@ pub(crate) struct Member<C> {
     pub(crate) url: String,
     pub(crate) client: C,
     in_flight: AtomicUsize,
+    /// The most samples it is given at once; 0: no bound.
+    capacity: AtomicUsize,
     state: Mutex<MemberState>,
 }
 
@@ -64,15 +66,27 @@ pub(crate) struct Fleet<C> {
     failures: AtomicU64,
 }
 
-/// A member lent to one call; its load counts the call until dropped.
+/// A member lent to one call of `weight` samples; its load counts them until dropped.
 pub(crate) struct Lease<'a, C> {
     pub(crate) index: usize,
     pub(crate) member: &'a Member<C>,
+    pub(crate) weight: usize,
+    fleet: &'a Fleet<C>,
+}
+
+impl<C> Lease<'_, C> {
+    /// Keep the samples counted after the lease is gone: [`Fleet::release`] must give them
+    /// back (a call that outlives its caller, on a task of its own).
+    pub(crate) fn detach(self) -> (usize, usize) {
+        let held = (self.index, self.weight);
+        std::mem::forget(self);
+        held
+    }
 }
 
 impl<C> Drop for Lease<'_, C> {
     fn drop(&mut self) {
-        self.member.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.fleet.release(self.index, self.weight);
     }
 }
 
@@ -301,6 +315,7 @@ impl<C> Fleet<C> {
                     url: redacted(&url),
                     client,
                     in_flight: AtomicUsize::new(0),
+                    capacity: AtomicUsize::new(0),
                     state: Mutex::new(MemberState {
                         ready: false,
                         loading: false,
@@ -451,9 +466,32 @@ impl<C> Fleet<C> {
             .join(", ")
     }
 
-    /// The least loaded member that takes work, waiting for one while none does; an error
-    /// once none has for the grace period (for good) or every one refuses us.
+    /// Member `index` takes at most `capacity` samples at once (0: no bound).
+    pub(crate) fn set_capacity(&self, index: usize, capacity: usize) {
+        self.members[index]
+            .capacity
+            .store(capacity, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    /// `weight` samples of member `index` are done.
+    pub(crate) fn release(&self, index: usize, weight: usize) {
+        self.members[index]
+            .in_flight
+            .fetch_sub(weight, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    /// The member the routing picks for one sample, waiting for one while none takes work;
+    /// an error once none has for the grace period (for good) or every one refuses us.
     pub(crate) async fn acquire(&self) -> Result<Lease<'_, C>, String> {
+        self.acquire_up_to(1).await
+    }
+
+    /// [`acquire`](Self::acquire) for up to `want` samples: the lease's weight is what the
+    /// member picked has room for (its capacity less what it has), at least one. While every
+    /// member that takes work is full, it waits for room.
+    pub(crate) async fn acquire_up_to(&self, want: usize) -> Result<Lease<'_, C>, String> {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -463,48 +501,56 @@ impl<C> Fleet<C> {
                 if let Some(verdict) = &gone.1 {
                     return Err(verdict.clone());
                 }
-                if let Some(lease) = self.route() {
+                if let Some(lease) = self.route(want.max(1)) {
                     return Ok(lease);
                 }
-                let refused = (0..self.members.len()).all(|i| self.state(i).refused);
-                if refused {
-                    return Err(format!(
-                        "every {} server refuses us: {}",
-                        self.kind,
-                        self.report()
-                    ));
-                }
-                // a server loading weights is alive: a long load must not use up the grace
-                // period, but it gets one load's time, no more
-                let loading = (0..self.members.len()).any(|i| self.state(i).loading);
-                let period = if loading {
-                    self.grace + self.load_time
+                if (0..self.members.len()).any(|i| self.state(i).ready) {
+                    // busy, not gone: room comes back as calls end
+                    None
                 } else {
-                    self.grace
-                };
-                let since = *gone.0.get_or_insert_with(Instant::now);
-                let deadline = since + period;
-                if Instant::now() >= deadline {
-                    let verdict = format!(
-                        "no {} server has taken work for {:.0} s (the grace period{}): {}",
-                        self.kind,
-                        period.as_secs_f64(),
-                        if loading {
-                            " and one weight load's time"
-                        } else {
-                            ""
-                        },
-                        self.report()
-                    );
-                    tracing::error!(target: "areal::remote", kind = self.kind, verdict, "giving up on the servers");
-                    gone.1 = Some(verdict.clone());
-                    return Err(verdict);
+                    let refused = (0..self.members.len()).all(|i| self.state(i).refused);
+                    if refused {
+                        return Err(format!(
+                            "every {} server refuses us: {}",
+                            self.kind,
+                            self.report()
+                        ));
+                    }
+                    // a server loading weights is alive: a long load must not use up the grace
+                    // period, but it gets one load's time, no more
+                    let loading = (0..self.members.len()).any(|i| self.state(i).loading);
+                    let period = if loading {
+                        self.grace + self.load_time
+                    } else {
+                        self.grace
+                    };
+                    let since = *gone.0.get_or_insert_with(Instant::now);
+                    let deadline = since + period;
+                    if Instant::now() >= deadline {
+                        let verdict = format!(
+                            "no {} server has taken work for {:.0} s (the grace period{}): {}",
+                            self.kind,
+                            period.as_secs_f64(),
+                            if loading {
+                                " and one weight load's time"
+                            } else {
+                                ""
+                            },
+                            self.report()
+                        );
+                        tracing::error!(target: "areal::remote", kind = self.kind, verdict, "giving up on the servers");
+                        gone.1 = Some(verdict.clone());
+                        return Err(verdict);
+                    }
+                    Some(deadline)
                 }
-                deadline
             };
-            tokio::select! {
-                () = &mut changed => {}
-                () = tokio::time::sleep_until(deadline.into()) => {}
+            match deadline {
+                None => changed.await,
+                Some(deadline) => tokio::select! {
+                    () = &mut changed => {}
+                    () = tokio::time::sleep_until(deadline.into()) => {}
+                },
             }
         }
     }
@@ -558,16 +604,23 @@ impl<C> Fleet<C> {
         }
     }
 
-    /// The member the routing policy picks among those that take work, leased.
-    fn route(&self) -> Option<Lease<'_, C>> {
+    /// The member the routing policy picks among those that take work and have room, leased
+    /// for up to `want` samples.
+    fn route(&self, want: usize) -> Option<Lease<'_, C>> {
         let n = self.members.len();
+        let room = |i: usize| match self.members[i].capacity.load(Ordering::Relaxed) {
+            0 => want,
+            capacity => capacity
+                .saturating_sub(self.members[i].in_flight())
+                .min(want),
+        };
         let index = match self.routing {
             Routing::LeastLoaded => {
                 let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
                 let mut best: Option<(usize, usize)> = None;
                 for k in 0..n {
                     let i = (start + k) % n;
-                    if !self.state(i).ready {
+                    if !self.state(i).ready || room(i) == 0 {
                         continue;
                     }
                     let load = self.members[i].in_flight();
@@ -578,9 +631,15 @@ impl<C> Fleet<C> {
                 best?.0
             }
         };
+        let weight = room(index);
         let member = &self.members[index];
-        member.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(Lease { index, member })
+        member.in_flight.fetch_add(weight, Ordering::Relaxed);
+        Some(Lease {
+            index,
+            member,
+            weight,
+            fleet: self,
+        })
     }
 }
 

@@ -1,16 +1,19 @@
 //! The `remote` reward: each sample verified by one of a set of reward servers.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use areal_proto::pb::verifier_client::VerifierClient;
 use areal_proto::{MAX_MESSAGE_BYTES, pb};
 use areal_sdk::{
-    BuildContext, FaultStats, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier,
-    VerifyContext,
+    AsyncVerifier, BuildContext, FaultStats, PluginConfig, PluginError, Reward, RewardInput,
+    RewardVerifier, VerifyContext,
 };
 use serde::Deserialize;
+use tokio::sync::{mpsc, oneshot};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -59,15 +62,22 @@ fn default_call_margin_s() -> f64 {
 
 type Client = VerifierClient<InterceptedService<Channel, SendToken>>;
 
-/// Verifies on reward servers: each sample goes to the server with the fewest samples in
-/// flight; a server that fails while it has a sample costs that sample one re-issue to
-/// another server, never more, so a sample is verified at most twice and counted once.
-/// While no server answers, samples wait for one up to `grace_s`.
+/// Verifies on reward servers. Samples wait in one queue here; each call takes as many of
+/// them as the least-loaded server has room for (two per verifier thread it reports: one
+/// graded while the other's answer travels back), so that samples that arrive together
+/// travel together, and any number can be in flight. A server that fails while it has
+/// samples costs each of them one re-issue to another server, never more, so a sample is
+/// verified at most twice and counted once. While no server answers, samples wait for one
+/// up to `grace_s`.
+///
+/// The engine's reward service awaits it ([`RewardVerifier::as_async`]): it holds none of
+/// the service's threads. [`RewardVerifier::verify`] waits for the same queue.
 pub struct RemoteVerifier {
     fleet: Arc<Fleet<Client>>,
-    call_margin: Duration,
-    // last: its probes and channels stop with it
-    runtime: ClientRuntime,
+    queue: mpsc::UnboundedSender<Pending>,
+    calls: Arc<AtomicU64>,
+    // last: its probes, dispatcher and channels stop with it
+    _runtime: ClientRuntime,
 }
 
 impl std::fmt::Debug for RemoteVerifier {
@@ -75,6 +85,40 @@ impl std::fmt::Debug for RemoteVerifier {
         f.debug_struct("RemoteVerifier")
             .field("endpoints", &self.fleet.report())
             .finish_non_exhaustive()
+    }
+}
+
+/// The most samples one call carries (a reward server takes up to 4 096).
+const MAX_BATCH: usize = 256;
+/// Samples a server is given per verifier thread it reports.
+const PER_THREAD: usize = 2;
+
+/// What a sample's caller is told: the server's result and who gave it, or why there is
+/// none.
+type Answer = Result<(pb::VerifyResult, String), String>;
+
+/// A sample waiting for a server.
+struct Pending {
+    sample: pb::RewardInput,
+    /// Its budget once a server starts it.
+    budget: Duration,
+    /// The servers that failed with it so far.
+    failures: Vec<String>,
+    answer: oneshot::Sender<Answer>,
+}
+
+impl Pending {
+    /// Tell the caller it failed for `why`, after the failures so far.
+    fn fail(self, why: String) {
+        let after = if self.failures.is_empty() {
+            String::new()
+        } else {
+            format!(" after {}", self.failures.join("; "))
+        };
+        let _ = self.answer.send(Err(format!(
+            "sample {}: {why}{after}",
+            self.sample.sample_id
+        )));
     }
 }
 
@@ -119,10 +163,20 @@ impl RemoteVerifier {
                 .get()
                 .spawn(probe(fleet.clone(), index, interval, connect_timeout));
         }
+        let (queue, waiting) = mpsc::unbounded_channel();
+        let calls = Arc::new(AtomicU64::new(0));
+        let dispatcher = Dispatcher {
+            fleet: fleet.clone(),
+            requeue: queue.downgrade(),
+            margin: Duration::from_secs_f64(options.call_margin_s),
+            calls: calls.clone(),
+        };
+        runtime.get().spawn(dispatcher.run(waiting));
         Ok(Self {
             fleet,
-            call_margin: Duration::from_secs_f64(options.call_margin_s),
-            runtime,
+            queue,
+            calls,
+            _runtime: runtime,
         })
     }
 
@@ -136,26 +190,9 @@ impl RemoteVerifier {
         self.fleet.faults().endpoint_failures
     }
 
-    async fn call(
-        mut client: Client,
-        sample: pb::RewardInput,
-        timeout: Duration,
-    ) -> Result<pb::VerifyResult, CallError> {
-        let batch = pb::VerifyBatch {
-            header: Some(areal_proto::header()),
-            samples: vec![sample],
-        };
-        let answer = client.verify(request(batch, timeout)).await;
-        let mut results = answer
-            .map_err(|s| CallError::from_status(&s))?
-            .into_inner()
-            .results;
-        match (results.pop(), results.is_empty()) {
-            (Some(one), true) => Ok(one),
-            _ => Err(CallError::from_status(&tonic::Status::internal(
-                "the server answered a one-sample batch with another number of results",
-            ))),
-        }
+    /// Calls made so far (each carries one sample or more).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
     }
 
     /// Whether `input` fits in one call to a reward server ([`MAX_MESSAGE_BYTES`]).
@@ -163,11 +200,13 @@ impl RemoteVerifier {
         areal_proto::reward_input_size(input) <= MAX_MESSAGE_BYTES
     }
 
-    async fn verify_async(
+    /// Queue `input`; the receiver gets its answer. A sample too big for a call is refused as
+    /// unsupported (a caller with the reward in process verifies it there).
+    fn submit(
         &self,
         input: &RewardInput,
         ctx: &VerifyContext,
-    ) -> Result<Reward, PluginError> {
+    ) -> Result<oneshot::Receiver<Answer>, PluginError> {
         if !Self::fits(input) {
             tracing::warn!(target: "areal::remote", sample_id = input.sample_id, mib = areal_proto::reward_input_size(input) >> 20, "a sample too big for a reward server");
             return Err(PluginError::unsupported(
@@ -175,30 +214,159 @@ impl RemoteVerifier {
                 "samples over the 64 MiB a reward server accepts",
             ));
         }
-        let (result, url) = self
-            .fleet
-            .call_reissuing_once(
-                input.sample_id,
-                || std::future::ready(()),
-                |_, client| {
-                    let deadline = ctx.remaining().max(Duration::from_millis(1));
-                    let sample = areal_proto::reward_input(input, deadline);
-                    Self::call(client, sample, deadline + self.call_margin)
-                },
-            )
-            .await
-            .map_err(|why| PluginError::failed(NAME, why))?;
-        outcome(result, &url)
+        let budget = ctx.remaining().max(Duration::from_millis(1));
+        let (answer, answered) = oneshot::channel();
+        let pending = Pending {
+            sample: areal_proto::reward_input(input, budget),
+            budget,
+            failures: Vec::new(),
+            answer,
+        };
+        self.queue
+            .send(pending)
+            .map_err(|_| PluginError::failed(NAME, "the client has stopped"))?;
+        Ok(answered)
     }
 }
 
-/// Check member `index` every `interval`: a health call that answers puts it back to work.
+/// Takes the queued samples to the servers as they have room.
+struct Dispatcher {
+    fleet: Arc<Fleet<Client>>,
+    /// Where a sample whose server failed goes again (weak: the queue ends with the client).
+    requeue: mpsc::WeakUnboundedSender<Pending>,
+    margin: Duration,
+    calls: Arc<AtomicU64>,
+}
+
+impl Dispatcher {
+    async fn run(self, mut waiting: mpsc::UnboundedReceiver<Pending>) {
+        let mut pending: VecDeque<Pending> = VecDeque::new();
+        loop {
+            if pending.is_empty() {
+                match waiting.recv().await {
+                    Some(first) => pending.push_back(first),
+                    None => return,
+                }
+            }
+            while let Ok(more) = waiting.try_recv() {
+                pending.push_back(more);
+            }
+            // a caller that stopped waiting (its deadline passed) needs no answer
+            pending.retain(|p| !p.answer.is_closed());
+            if pending.is_empty() {
+                continue;
+            }
+            // the most the server picked has room for: samples that came while waiting for
+            // one go in the same call
+            match self.fleet.acquire_up_to(MAX_BATCH).await {
+                Err(why) => pending.drain(..).for_each(|p| p.fail(why.clone())),
+                Ok(lease) => {
+                    while let Ok(more) = waiting.try_recv() {
+                        pending.push_back(more);
+                    }
+                    pending.retain(|p| !p.answer.is_closed());
+                    let take = lease.weight.min(pending.len());
+                    let batch: Vec<Pending> = pending.drain(..take).collect();
+                    let client = lease.member.client.clone();
+                    let url = lease.member.url.clone();
+                    let (index, weight) = lease.detach();
+                    self.fleet.release(index, weight - take);
+                    if !batch.is_empty() {
+                        tokio::spawn(self.call(client, url, (index, take), batch));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One call of `batch` to the server `url` (`held`: its index and the samples counted on
+    /// it, released when the call ends).
+    fn call(
+        &self,
+        mut client: Client,
+        url: String,
+        (index, weight): (usize, usize),
+        batch: Vec<Pending>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let fleet = self.fleet.clone();
+        let requeue = self.requeue.clone();
+        let margin = self.margin;
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        async move {
+            let budget = batch.iter().map(|p| p.budget).max().unwrap_or_default();
+            let message = pb::VerifyBatch {
+                header: Some(areal_proto::header()),
+                samples: batch.iter().map(|p| p.sample.clone()).collect(),
+            };
+            let answer = client.verify(request(message, budget + margin)).await;
+            fleet.release(index, weight);
+            let results = answer
+                .map_err(|s| CallError::from_status(&s))
+                .and_then(|answer| {
+                    let results = answer.into_inner().results;
+                    let ids = results.iter().map(|r| r.sample_id);
+                    if results.len() != batch.len()
+                        || !ids.eq(batch.iter().map(|p| p.sample.sample_id))
+                    {
+                        return Err(CallError::Refused(format!(
+                            "answered {} samples with {} results that are not theirs",
+                            batch.len(),
+                            results.len()
+                        )));
+                    }
+                    Ok(results)
+                });
+            match results {
+                Ok(results) => {
+                    for (pending, result) in batch.into_iter().zip(results) {
+                        let _ = pending.answer.send(Ok((result, url.clone())));
+                    }
+                }
+                Err(CallError::Fault(said)) => {
+                    tracing::debug!(target: "areal::remote", endpoint = %url, samples = batch.len(), said, "call failed; sending its samples elsewhere");
+                    fleet.set_down(index, said.clone());
+                    for mut pending in batch {
+                        pending.failures.push(format!("{url}: {said}"));
+                        if pending.failures.len() > 1 {
+                            let why = format!(
+                                "no reward server answered ({})",
+                                pending.failures.join("; ")
+                            );
+                            pending.failures.clear();
+                            pending.fail(why);
+                            continue;
+                        }
+                        fleet.count_reissue();
+                        match requeue.upgrade() {
+                            Some(queue) => {
+                                if let Err(mpsc::error::SendError(pending)) = queue.send(pending) {
+                                    pending.fail("the client has stopped".into());
+                                }
+                            }
+                            None => pending.fail("the client has stopped".into()),
+                        }
+                    }
+                }
+                Err(refused) => {
+                    for pending in batch {
+                        pending.fail(format!("{url} refused: {refused}"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Check member `index` every `interval`: a health call that answers puts it back to work,
+/// with room for two samples per verifier thread it reports.
 async fn probe(fleet: Arc<Fleet<Client>>, index: usize, interval: Duration, timeout: Duration) {
     loop {
         let mut client = fleet.members()[index].client.clone();
         match client.health(request(areal_proto::ping(), timeout)).await {
-            Ok(_) => {
+            Ok(health) => {
                 if !fleet.is_ready(index) {
+                    let threads = (health.get_ref().threads as usize).max(1);
+                    fleet.set_capacity(index, PER_THREAD * threads);
                     fleet.set_ready(index, None);
                 }
             }
@@ -213,18 +381,40 @@ impl RewardVerifier for RemoteVerifier {
         NAME
     }
 
+    /// Waits on this thread for the answer the client's own runtime gets.
     fn verify(&self, input: &RewardInput, ctx: &VerifyContext) -> Result<Reward, PluginError> {
-        self.runtime.get().block_on(self.verify_async(input, ctx))
+        let answered = self.submit(input, ctx)?;
+        outcome(answered.blocking_recv())
     }
 
     fn faults(&self) -> FaultStats {
         self.fleet.faults()
     }
+
+    fn as_async(&self) -> Option<&dyn AsyncVerifier> {
+        Some(self)
+    }
+}
+
+#[areal_sdk::async_trait]
+impl AsyncVerifier for RemoteVerifier {
+    async fn verify(
+        &self,
+        input: &RewardInput,
+        ctx: &VerifyContext,
+    ) -> Result<Reward, PluginError> {
+        let answered = self.submit(input, ctx)?;
+        outcome(answered.await)
+    }
 }
 
 /// A server's answer for one sample: its reward, or its verifier's failure as an error (the
 /// failure verdicts are the engine's to give).
-fn outcome(result: pb::VerifyResult, url: &str) -> Result<Reward, PluginError> {
+fn outcome(answered: Result<Answer, oneshot::error::RecvError>) -> Result<Reward, PluginError> {
+    let (result, url) = answered
+        .map_err(|_| PluginError::failed(NAME, "the client stopped before the answer came"))?
+        .map_err(|why| PluginError::failed(NAME, why))?;
+    let url = url.as_str();
     match result.outcome {
         Some(pb::verify_result::Outcome::Reward(r)) => {
             let reward = areal_proto::from_reward(r)

@@ -302,3 +302,118 @@ fn rewards_out_of_range_are_refused_naming_the_server() {
         -1e6
     );
 }
+
+/// A verifier that holds each sample until `need` are in together (or 30 s pass), then
+/// grades it as the successor reward does: the most it held at once is how many samples the
+/// client had in flight.
+struct Gate {
+    /// Samples held, and whether `need` have been in together.
+    held: std::sync::Mutex<(usize, bool)>,
+    all_in: std::sync::Condvar,
+    need: usize,
+    peak: std::sync::atomic::AtomicUsize,
+}
+
+impl RewardVerifier for Gate {
+    fn name(&self) -> &str {
+        "gate"
+    }
+
+    fn verify(
+        &self,
+        input: &RewardInput,
+        ctx: &VerifyContext,
+    ) -> Result<areal_sdk::Reward, areal_sdk::PluginError> {
+        let mut held = self.held.lock().unwrap();
+        held.0 += 1;
+        held.1 |= held.0 >= self.need;
+        self.peak
+            .fetch_max(held.0, std::sync::atomic::Ordering::SeqCst);
+        self.all_in.notify_all();
+        let (mut held, _) = self
+            .all_in
+            .wait_timeout_while(held, Duration::from_secs(30), |(_, open)| !*open)
+            .unwrap();
+        held.0 -= 1;
+        drop(held);
+        SuccessorVerifier.verify(input, ctx)
+    }
+}
+
+/// Issue 33: a remote reward went async → a reward thread → `block_on` → async, so the
+/// default `reward_service.threads = 2` allowed two verifications in flight, and each call
+/// carried one sample. Now the reward service awaits the remote reward without a thread: 32
+/// samples are on the server at once with two threads here, and samples that wait together
+/// (here, for the server to come up) travel in one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_remote_verifications_are_in_flight_with_two_threads_and_travel_together() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let gate = Arc::new(Gate {
+        held: std::sync::Mutex::new((0, false)),
+        all_in: std::sync::Condvar::new(),
+        need: 32,
+        peak: AtomicUsize::new(0),
+    });
+    let addr = {
+        let reserved = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        reserved.local_addr().unwrap()
+    };
+    let mut late = options(vec![format!("http://{addr}")]);
+    late.grace_s = 60.0;
+    let remote = Arc::new(RemoteVerifier::new(&late, None).unwrap());
+    let config = areal_core::RewardServiceConfig {
+        threads: 2,
+        deadline_ms: 60_000,
+        ..Default::default()
+    };
+    let service = Arc::new(areal_core::RewardService::from_config(
+        remote.clone(),
+        &config,
+    ));
+    // every sample submitted (polled once) before the server is up
+    let submitted = Arc::new(AtomicUsize::new(0));
+    let samples: Vec<_> = (0..32)
+        .map(|id| {
+            let (service, submitted) = (service.clone(), submitted.clone());
+            tokio::spawn(async move {
+                let verified = service.verify(input(id, "defg"));
+                tokio::pin!(verified);
+                let first =
+                    std::future::poll_fn(|cx| std::task::Poll::Ready(verified.as_mut().poll(cx)))
+                        .await;
+                if let std::task::Poll::Ready(done) = first {
+                    return done;
+                }
+                submitted.fetch_add(1, Ordering::SeqCst);
+                verified.await
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while submitted.load(Ordering::SeqCst) < 32 {
+        assert!(std::time::Instant::now() < deadline, "never submitted");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let served = gate.clone();
+    let _server = ServerThread::start(
+        Listen::new(addr, None),
+        move |listen, on_bound| async move {
+            let config = areal_core::RewardServiceConfig {
+                threads: 32,
+                ..Default::default()
+            };
+            serve_reward(served, &config, listen, on_bound, std::future::pending()).await
+        },
+    );
+    for sample in samples {
+        let verified = sample.await.unwrap();
+        assert_eq!(verified.reward.value, 1.0, "{:?}", verified.reward);
+    }
+    assert_eq!(
+        gate.peak.load(Ordering::SeqCst),
+        32,
+        "all 32 in flight at once"
+    );
+    assert_eq!(service.live_threads(), 2);
+    assert_eq!(remote.calls(), 1, "the 32 waiting samples went in one call");
+}
