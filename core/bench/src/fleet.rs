@@ -241,8 +241,7 @@ fn push(
     let runtime = areal_cli::internal::runtime()?;
     let options: areal_serve::GeneratorFleetOptions =
         serde_json::from_value(serde_json::json!({ "endpoints": urls, "probe_interval_s": 0.05 }))?;
-    let remote = areal_serve::GeneratorFleet::new("remote", &options, None)
-        .map_err(|(key, e)| anyhow::anyhow!("{key}: {e}"))?;
+    let remote = areal_serve::GeneratorFleet::new("remote", &options, None)?;
     let seconds = runtime.block_on(async {
         remote
             .update_weights(WeightUpdate::new(0, vec![table()]))

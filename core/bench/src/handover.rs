@@ -92,8 +92,7 @@ fn time_api(
         "probe_interval_s": 0.05,
     }))?;
     let runtime = areal_cli::internal::runtime()?;
-    let client = GeneratorFleet::new(api.name(), &options, None)
-        .map_err(|(key, e)| anyhow::anyhow!("{key}: {e}"))?;
+    let client = GeneratorFleet::new(api.name(), &options, None)?;
     let scratch = tempfile::tempdir_in(logs)?;
     let mut row = Row {
         write_ms: Vec::new(),

@@ -59,7 +59,7 @@ pub(crate) struct Fleet<C> {
     load_time: Duration,
     changed: Notify,
     /// Since when no member has been ready; the verdict once that passed the grace period.
-    gone: Mutex<(Option<Instant>, Option<String>)>,
+    gone: Mutex<(Option<Instant>, Option<FleetError>)>,
     routing: Routing,
     next: AtomicUsize,
     reissued: AtomicU64,
@@ -161,8 +161,8 @@ pub(crate) const STREAM_WINDOW: u32 = 8 << 20;
 /// The window of a whole connection (every stream on it).
 pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;
 
-/// A bad option of a remote plugin: its key and what is wrong.
-pub(crate) type OptionError = (&'static str, String);
+pub(crate) use crate::errors::OptionError;
+use crate::errors::{EndpointError, FleetError, SampleError, SampleFailure};
 
 /// How a client reaches its servers: the connection time-out, and for `https://` endpoints
 /// the certificate authority that signed the servers' certificates (the same for gRPC and
@@ -182,13 +182,10 @@ impl Connect {
         let ca_pem = ca_file
             .map(|path| {
                 let pem = std::fs::read(path).map_err(|e| {
-                    (
-                        "tls_ca_file",
-                        format!("cannot read {}: {e}", path.display()),
-                    )
+                    OptionError::caused("tls_ca_file", format!("cannot read {}", path.display()), e)
                 })?;
                 if certificates(&pem).is_none_or(|c| c.is_empty()) {
-                    return Err((
+                    return Err(OptionError::new(
                         "tls_ca_file",
                         format!("{} holds no PEM certificate", path.display()),
                     ));
@@ -226,24 +223,20 @@ impl Connect {
 
     /// Refuse an endpoint this client cannot reach: not `http://` or `https://`, no host, or
     /// `https://` without an authority to trust.
-    pub(crate) fn check(&self, given: &str) -> Result<(), String> {
+    pub(crate) fn check(&self, given: &str) -> Result<(), EndpointError> {
         let url = redacted(given);
         let rest = if let Some(rest) = given.strip_prefix("https://") {
             if self.ca_pem.is_none() {
-                return Err(format!(
-                    "endpoint {url:?} is https: give tls_ca_file, the certificate authority of its server"
-                ));
+                return Err(EndpointError::NeedsAuthority { url });
             }
             rest
         } else if let Some(rest) = given.strip_prefix("http://") {
             rest
         } else {
-            return Err(format!(
-                "endpoint {url:?} must start with http:// or https://"
-            ));
+            return Err(EndpointError::Scheme { url });
         };
         if rest.trim_end_matches('/').is_empty() {
-            return Err(format!("endpoint {url:?} has no host"));
+            return Err(EndpointError::NoHost { url });
         }
         Ok(())
     }
@@ -258,15 +251,15 @@ fn certificates(pem: &[u8]) -> Option<Vec<rustls::pki_types::CertificateDer<'sta
 }
 
 /// A lazily connecting channel to `url`; must be called inside a runtime.
-pub(crate) fn channel(given: &str, connect: &Connect) -> Result<Channel, String> {
+pub(crate) fn channel(given: &str, connect: &Connect) -> Result<Channel, EndpointError> {
     connect.check(given)?;
-    let url = redacted(given);
-    let mut endpoint =
-        Channel::from_shared(given.to_owned()).map_err(|e| format!("endpoint {url:?}: {e}"))?;
+    let invalid = |source: Box<dyn std::error::Error + Send + Sync>| EndpointError::Invalid {
+        url: redacted(given),
+        source,
+    };
+    let mut endpoint = Channel::from_shared(given.to_owned()).map_err(|e| invalid(Box::new(e)))?;
     if let Some(tls) = connect.grpc_tls().filter(|_| given.starts_with("https://")) {
-        endpoint = endpoint
-            .tls_config(tls)
-            .map_err(|e| format!("endpoint {url:?}: {e}"))?;
+        endpoint = endpoint.tls_config(tls).map_err(|e| invalid(Box::new(e)))?;
     }
     Ok(endpoint
         .connect_timeout(connect.timeout)
@@ -287,8 +280,8 @@ pub(crate) fn connect_all<C>(
     token: Option<&str>,
     client: impl Fn(InterceptedService<Channel, SendToken>) -> C,
 ) -> Result<(ClientRuntime, Vec<(String, C)>), OptionError> {
-    let runtime = ClientRuntime::new(name, threads).map_err(|e| ("endpoints", e))?;
-    let send_token = SendToken::new(token).map_err(|e| ("endpoints", e))?;
+    let runtime = ClientRuntime::new(name, threads)?;
+    let send_token = SendToken::new(token).map_err(|e| OptionError::new("endpoints", e))?;
     let members = {
         let _in_runtime = runtime.get().enter();
         endpoints
@@ -298,8 +291,7 @@ pub(crate) fn connect_all<C>(
                 let guarded = InterceptedService::new(channel, send_token.clone());
                 Ok((url.clone(), client(guarded)))
             })
-            .collect::<Result<Vec<_>, String>>()
-            .map_err(|e| ("endpoints", e))?
+            .collect::<Result<Vec<_>, EndpointError>>()?
     };
     Ok((runtime, members))
 }
@@ -484,14 +476,14 @@ impl<C> Fleet<C> {
 
     /// The member the routing picks for one sample, waiting for one while none takes work;
     /// an error once none has for the grace period (for good) or every one refuses us.
-    pub(crate) async fn acquire(&self) -> Result<Lease<'_, C>, String> {
+    pub(crate) async fn acquire(&self) -> Result<Lease<'_, C>, FleetError> {
         self.acquire_up_to(1).await
     }
 
     /// [`acquire`](Self::acquire) for up to `want` samples: the lease's weight is what the
     /// member picked has room for (its capacity less what it has), at least one. While every
     /// member that takes work is full, it waits for room.
-    pub(crate) async fn acquire_up_to(&self, want: usize) -> Result<Lease<'_, C>, String> {
+    pub(crate) async fn acquire_up_to(&self, want: usize) -> Result<Lease<'_, C>, FleetError> {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -510,11 +502,10 @@ impl<C> Fleet<C> {
                 } else {
                     let refused = (0..self.members.len()).all(|i| self.state(i).refused);
                     if refused {
-                        return Err(format!(
-                            "every {} server refuses us: {}",
-                            self.kind,
-                            self.report()
-                        ));
+                        return Err(FleetError::AllRefuse {
+                            kind: self.kind,
+                            report: self.report(),
+                        });
                     }
                     // a server loading weights is alive: a long load must not use up the grace
                     // period, but it gets one load's time, no more
@@ -527,18 +518,13 @@ impl<C> Fleet<C> {
                     let since = *gone.0.get_or_insert_with(Instant::now);
                     let deadline = since + period;
                     if Instant::now() >= deadline {
-                        let verdict = format!(
-                            "no {} server has taken work for {:.0} s (the grace period{}): {}",
-                            self.kind,
-                            period.as_secs_f64(),
-                            if loading {
-                                " and one weight load's time"
-                            } else {
-                                ""
-                            },
-                            self.report()
-                        );
-                        tracing::error!(target: "areal::remote", kind = self.kind, verdict, "giving up on the servers");
+                        let verdict = FleetError::Gone {
+                            kind: self.kind,
+                            seconds: period.as_secs_f64(),
+                            with_load: loading,
+                            report: self.report(),
+                        };
+                        tracing::error!(target: "areal::remote", kind = self.kind, %verdict, "giving up on the servers");
                         gone.1 = Some(verdict.clone());
                         return Err(verdict);
                     }
@@ -564,43 +550,54 @@ impl<C> Fleet<C> {
         sample_id: u64,
         mut before: impl FnMut() -> Before,
         mut call: impl FnMut(usize, C) -> Fut,
-    ) -> Result<(T, String), String>
+    ) -> Result<(T, String), SampleError>
     where
         C: Clone,
         Before: Future<Output = ()>,
         Fut: Future<Output = Result<T, CallError>>,
     {
         let mut failures: Vec<String> = Vec::new();
-        let fail = |failures: &[String], why: String| {
-            let before = if failures.is_empty() {
-                String::new()
-            } else {
-                format!(" after {}", failures.join("; "))
-            };
-            format!("sample {sample_id}: {why}{before}")
-        };
         loop {
             before().await;
-            let lease = self.acquire().await.map_err(|why| fail(&failures, why))?;
+            let lease = match self.acquire().await {
+                Ok(lease) => lease,
+                Err(gone) => return Err(self.sample_failed(sample_id, gone.into(), failures)),
+            };
             let url = lease.member.url.clone();
             match call(lease.index, lease.member.client.clone()).await {
                 Ok(answer) => return Ok((answer, url)),
-                Err(refused @ (CallError::Refused(_) | CallError::Unsupported(_))) => {
-                    return Err(fail(&failures, format!("{url} refused: {refused}")));
+                Err(refusal @ (CallError::Refused(_) | CallError::Unsupported(_))) => {
+                    let why = SampleFailure::Refused { url, refusal };
+                    return Err(self.sample_failed(sample_id, why, failures));
                 }
                 Err(CallError::Fault(said)) => {
                     tracing::debug!(target: "areal::remote", kind = self.kind, endpoint = %url, sample_id, said, "call failed; sending the sample elsewhere");
                     self.set_down(lease.index, said.clone());
                     failures.push(format!("{url}: {said}"));
                     if failures.len() > 1 {
-                        return Err(fail(
-                            &[],
-                            format!("no {} server answered ({})", self.kind, failures.join("; ")),
-                        ));
+                        let why = SampleFailure::NoneAnswered {
+                            kind: self.kind,
+                            tried: failures,
+                        };
+                        return Err(self.sample_failed(sample_id, why, Vec::new()));
                     }
                     self.count_reissue();
                 }
             }
+        }
+    }
+
+    /// Sample `sample_id` ends without an answer, for `why`, after `failures`.
+    pub(crate) fn sample_failed(
+        &self,
+        sample_id: u64,
+        why: SampleFailure,
+        failures: Vec<String>,
+    ) -> SampleError {
+        SampleError {
+            sample_id,
+            why,
+            failures,
         }
     }
 
@@ -658,14 +655,14 @@ pub(crate) enum Routing {
 pub(crate) struct ClientRuntime(Option<tokio::runtime::Runtime>);
 
 impl ClientRuntime {
-    pub(crate) fn new(name: &str, threads: usize) -> Result<Self, String> {
+    pub(crate) fn new(name: &str, threads: usize) -> Result<Self, OptionError> {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name(name)
             .enable_all()
             .build()
             .map(|r| Self(Some(r)))
-            .map_err(|e| format!("cannot start the client's runtime: {e}"))
+            .map_err(|e| OptionError::caused("endpoints", "cannot start the client's runtime", e))
     }
 
     pub(crate) fn get(&self) -> &tokio::runtime::Runtime {
@@ -758,14 +755,14 @@ pub(crate) fn check_options(
     seconds: &[(&'static str, f64)],
 ) -> Result<(), OptionError> {
     if endpoints.is_empty() {
-        return Err((
+        return Err(OptionError::new(
             "endpoints",
-            "give at least one endpoint, e.g. [\"http://127.0.0.1:50051\"]".into(),
+            "give at least one endpoint, e.g. [\"http://127.0.0.1:50051\"]",
         ));
     }
     for (key, value) in seconds {
         if !(*value > 0.0 && *value <= 86_400.0) {
-            return Err((
+            return Err(OptionError::new(
                 key,
                 format!("must be between 0 and 86400 seconds, found {value}"),
             ));

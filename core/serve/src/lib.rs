@@ -13,6 +13,7 @@
 //! Servers listen on loopback unless given a shared token ([`Listen`]): on any other address
 //! every call must carry it (`AREAL_TOKEN`). Every client call has a timeout.
 
+mod errors;
 mod fleet;
 mod generator_server;
 mod generators;
@@ -25,6 +26,7 @@ mod security;
 mod server;
 mod weights_folder;
 
+pub use errors::OptionError;
 pub use generator_server::serve_generator;
 pub use generators::{GeneratorFleet, GeneratorFleetOptions};
 pub use inference_api::InferenceApi;

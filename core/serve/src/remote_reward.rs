@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::errors::{OptionError, SampleError, SampleFailure};
 use crate::fleet::{
     CallError, ClientRuntime, Connect, Fleet, check_options, connect_all,
     default_connect_timeout_s, default_grace_s, default_probe_interval_s, request,
@@ -95,7 +96,7 @@ const PER_THREAD: usize = 2;
 
 /// What a sample's caller is told: the server's result and who gave it, or why there is
 /// none.
-type Answer = Result<(pb::VerifyResult, String), String>;
+type Answer = Result<(pb::VerifyResult, String), SampleError>;
 
 /// A sample waiting for a server.
 struct Pending {
@@ -109,26 +110,19 @@ struct Pending {
 
 impl Pending {
     /// Tell the caller it failed for `why`, after the failures so far.
-    fn fail(self, why: String) {
-        let after = if self.failures.is_empty() {
-            String::new()
-        } else {
-            format!(" after {}", self.failures.join("; "))
-        };
-        let _ = self.answer.send(Err(format!(
-            "sample {}: {why}{after}",
-            self.sample.sample_id
-        )));
+    fn fail(self, why: impl Into<SampleFailure>) {
+        let _ = self.answer.send(Err(SampleError {
+            sample_id: self.sample.sample_id,
+            why: why.into(),
+            failures: self.failures,
+        }));
     }
 }
 
 impl RemoteVerifier {
     /// A verifier on `options.endpoints`, sending `token` with every call; the error names
     /// the option at fault.
-    pub fn new(
-        options: &RemoteRewardOptions,
-        token: Option<&str>,
-    ) -> Result<Self, (&'static str, String)> {
+    pub fn new(options: &RemoteRewardOptions, token: Option<&str>) -> Result<Self, OptionError> {
         check_options(
             &options.endpoints,
             &[
@@ -224,7 +218,7 @@ impl RemoteVerifier {
         };
         self.queue
             .send(pending)
-            .map_err(|_| PluginError::failed(NAME, "the client has stopped"))?;
+            .map_err(|_| PluginError::failed(NAME, SampleFailure::Stopped.to_string()))?;
         Ok(answered)
     }
 }
@@ -328,11 +322,10 @@ impl Dispatcher {
                     for mut pending in batch {
                         pending.failures.push(format!("{url}: {said}"));
                         if pending.failures.len() > 1 {
-                            let why = format!(
-                                "no reward server answered ({})",
-                                pending.failures.join("; ")
-                            );
-                            pending.failures.clear();
+                            let why = SampleFailure::NoneAnswered {
+                                kind: "reward",
+                                tried: std::mem::take(&mut pending.failures),
+                            };
                             pending.fail(why);
                             continue;
                         }
@@ -340,16 +333,21 @@ impl Dispatcher {
                         match requeue.upgrade() {
                             Some(queue) => {
                                 if let Err(mpsc::error::SendError(pending)) = queue.send(pending) {
-                                    pending.fail("the client has stopped".into());
+                                    pending.fail(SampleFailure::Stopped);
                                 }
                             }
-                            None => pending.fail("the client has stopped".into()),
+                            None => pending.fail(SampleFailure::Stopped),
                         }
                     }
                 }
-                Err(refused) => {
+                Err(refusal) => {
+                    let said = refusal.to_string();
                     for pending in batch {
-                        pending.fail(format!("{url} refused: {refused}"));
+                        let refusal = CallError::Refused(said.clone());
+                        pending.fail(SampleFailure::Refused {
+                            url: url.clone(),
+                            refusal,
+                        });
                     }
                 }
             }
@@ -412,8 +410,8 @@ impl AsyncVerifier for RemoteVerifier {
 /// failure verdicts are the engine's to give).
 fn outcome(answered: Result<Answer, oneshot::error::RecvError>) -> Result<Reward, PluginError> {
     let (result, url) = answered
-        .map_err(|_| PluginError::failed(NAME, "the client stopped before the answer came"))?
-        .map_err(|why| PluginError::failed(NAME, why))?;
+        .map_err(|_| PluginError::failed(NAME, SampleFailure::Stopped.to_string()))?
+        .map_err(|e| PluginError::caused_by(NAME, "no reward", e))?;
     let url = url.as_str();
     match result.outcome {
         Some(pb::verify_result::Outcome::Reward(r)) => {
@@ -464,7 +462,7 @@ pub(crate) fn build(
         None => token_from_env(),
     };
     let verifier = RemoteVerifier::new(&options, token.as_deref())
-        .map_err(|(key, message)| config.invalid(key, message))?;
+        .map_err(|e| config.invalid(e.key, e.explained()))?;
     Ok(Arc::new(verifier))
 }
 

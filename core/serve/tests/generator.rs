@@ -200,7 +200,7 @@ async fn every_server_gone_for_the_grace_period_fails_naming_them() {
         .generate(request(3, 4))
         .await
         .unwrap_err()
-        .to_string();
+        .chained();
     assert!(
         error.contains("no generator server has taken work")
             && error.contains(&url)
@@ -496,7 +496,7 @@ async fn what_a_peer_sends_is_checked_before_it_is_held_or_trained_on() {
             .generate(request(1, 4))
             .await
             .unwrap_err()
-            .to_string();
+            .chained();
         assert!(e.contains(&liar.url()) && e.contains(says), "{lie}: {e}");
     }
 }
@@ -526,7 +526,7 @@ async fn servers_that_never_finish_a_load_do_not_keep_the_run_waiting() {
         .await
         .expect("the wait ends")
         .unwrap_err()
-        .to_string();
+        .chained();
     assert!(
         e.contains("no generator server has taken work") && e.contains(&stuck.url()),
         "{e}"
@@ -587,4 +587,15 @@ async fn shutdown_and_silent_connections_are_bounded_whatever_clients_do() {
     assert!(signalled.elapsed() < Duration::from_secs(60));
     drop(tx);
     let _ = stalled.await;
+}
+
+/// An error with its causes, on one line, as `areal` prints it.
+trait Chained {
+    fn chained(&self) -> String;
+}
+
+impl<E: std::error::Error> Chained for E {
+    fn chained(&self) -> String {
+        areal_core::chain(self)
+    }
 }

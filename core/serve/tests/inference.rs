@@ -256,7 +256,7 @@ async fn a_server_with_another_tokenizer_is_refused_naming_the_difference() {
         .check_tokenizer(policy().tokenizer().as_ref())
         .await
         .unwrap_err()
-        .to_string();
+        .chained();
     assert!(
         error.contains("tokenizer differs from the trainer's")
             && error.contains(&other.url())
@@ -267,7 +267,7 @@ async fn a_server_with_another_tokenizer_is_refused_naming_the_difference() {
         .generate(request(1, 3))
         .await
         .unwrap_err()
-        .to_string();
+        .chained();
     assert!(error.contains("refuses us"), "{error}");
 }
 
@@ -503,7 +503,7 @@ async fn what_a_server_answers_is_read_within_bounds_and_accounted_for() {
             .generate(request(1, 4))
             .await
             .unwrap_err()
-            .to_string();
+            .chained();
         assert!(e.contains(&url) && e.contains(says), "{lie}: {e}");
         server.abort();
     }
@@ -690,12 +690,28 @@ async fn https_servers_answer_clients_that_trust_their_authority() {
             "weights_dir": dir.path(),
         }))
         .unwrap();
-        let (key, error) = GeneratorFleet::new(api.name(), &options, None).unwrap_err();
+        let (key, error) = explained(GeneratorFleet::new(api.name(), &options, None).unwrap_err());
         assert_eq!(key, "endpoints");
         assert!(error.contains("tls_ca_file"), "{error}");
         options.tls_ca_file = Some(fixtures.join("server.key"));
-        let (key, error) = GeneratorFleet::new(api.name(), &options, None).unwrap_err();
+        let (key, error) = explained(GeneratorFleet::new(api.name(), &options, None).unwrap_err());
         assert_eq!(key, "tls_ca_file");
         assert!(error.contains("holds no PEM certificate"), "{error}");
+    }
+}
+
+/// An option error's key and its message with its causes.
+fn explained(e: areal_serve::OptionError) -> (&'static str, String) {
+    (e.key, areal_core::chain(&e))
+}
+
+/// An error with its causes, on one line, as `areal` prints it.
+trait Chained {
+    fn chained(&self) -> String;
+}
+
+impl<E: std::error::Error> Chained for E {
+    fn chained(&self) -> String {
+        areal_core::chain(self)
     }
 }

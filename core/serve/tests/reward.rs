@@ -124,7 +124,7 @@ fn a_dead_server_is_taken_out_and_every_server_gone_fails_naming_them() {
     let error = remote
         .verify(&input(9, "defg"), &ctx())
         .unwrap_err()
-        .to_string();
+        .chained();
     assert!(
         error.contains(&dead_url)
             && error.contains(&alive_url)
@@ -144,13 +144,13 @@ fn the_token_guards_a_server_and_non_loopback_needs_one() {
     let error = without
         .verify(&input(1, "defg"), &ctx())
         .unwrap_err()
-        .to_string();
+        .chained();
     assert!(error.contains("AREAL_TOKEN"), "{error}");
     let wrong = RemoteVerifier::new(&options(vec![server.url()]), Some("guess")).unwrap();
     let error = wrong
         .verify(&input(1, "defg"), &ctx())
         .unwrap_err()
-        .to_string();
+        .chained();
     assert!(error.contains("wrong token"), "{error}");
     let with = RemoteVerifier::new(&options(vec![server.url()]), Some("s3cret")).unwrap();
     assert_eq!(with.verify(&input(1, "defg"), &ctx()).unwrap().value, 1.0);
@@ -170,15 +170,16 @@ fn the_token_guards_a_server_and_non_loopback_needs_one() {
 /// No endpoint, or a malformed one, is refused when the plugin is built.
 #[test]
 fn bad_endpoints_are_refused_up_front() {
-    let (key, error) = RemoteVerifier::new(&options(vec![]), None).unwrap_err();
+    let (key, error) = explained(RemoteVerifier::new(&options(vec![]), None).unwrap_err());
     assert_eq!(key, "endpoints");
     assert!(error.contains("at least one endpoint"), "{error}");
-    let (key, error) = RemoteVerifier::new(&options(vec!["not a url".into()]), None).unwrap_err();
+    let (key, error) =
+        explained(RemoteVerifier::new(&options(vec!["not a url".into()]), None).unwrap_err());
     assert_eq!(key, "endpoints");
     assert!(error.contains("not a url"), "{error}");
     let mut slow = options(vec!["http://127.0.0.1:1".into()]);
     slow.grace_s = -1.0;
-    let (key, error) = RemoteVerifier::new(&slow, None).unwrap_err();
+    let (key, error) = explained(RemoteVerifier::new(&slow, None).unwrap_err());
     assert_eq!(key, "grace_s");
     assert!(error.contains("-1"), "{error}");
 }
@@ -204,17 +205,17 @@ fn a_tls_server_answers_clients_that_trust_its_authority() {
     let plain = RemoteVerifier::new(&options(vec![server.url()]), None).unwrap();
     assert!(plain.verify(&input(2, "defg"), &ctx()).is_err());
 
-    let (key, error) = RemoteVerifier::new(&options(vec![url]), None).unwrap_err();
+    let (key, error) = explained(RemoteVerifier::new(&options(vec![url]), None).unwrap_err());
     assert_eq!(key, "endpoints");
     assert!(error.contains("tls_ca_file"), "{error}");
     let mut missing = trusting.clone();
     missing.tls_ca_file = Some(fixtures.join("none.pem"));
-    let (key, error) = RemoteVerifier::new(&missing, None).unwrap_err();
+    let (key, error) = explained(RemoteVerifier::new(&missing, None).unwrap_err());
     assert_eq!(key, "tls_ca_file");
     assert!(error.contains("none.pem"), "{error}");
     let error = ServerTls::from_files(&fixtures.join("ca.pem"), &fixtures.join("ca.pem"))
         .unwrap_err()
-        .to_string();
+        .chained();
     assert!(error.contains("no PEM private key"), "{error}");
 }
 
@@ -288,7 +289,7 @@ fn rewards_out_of_range_are_refused_naming_the_server() {
         let error = remote
             .verify(&input(1, "defg"), &ctx())
             .unwrap_err()
-            .to_string();
+            .chained();
         assert!(
             error.contains(&server.url())
                 && (error.contains("outside ±1e6") || error.contains("not finite")),
@@ -416,4 +417,20 @@ async fn thirty_two_remote_verifications_are_in_flight_with_two_threads_and_trav
     );
     assert_eq!(service.live_threads(), 2);
     assert_eq!(remote.calls(), 1, "the 32 waiting samples went in one call");
+}
+
+/// An option error's key and its message with its causes.
+fn explained(e: areal_serve::OptionError) -> (&'static str, String) {
+    (e.key, areal_core::chain(&e))
+}
+
+/// An error with its causes, on one line, as `areal` prints it.
+trait Chained {
+    fn chained(&self) -> String;
+}
+
+impl<E: std::error::Error> Chained for E {
+    fn chained(&self) -> String {
+        areal_core::chain(self)
+    }
 }

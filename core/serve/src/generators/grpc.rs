@@ -38,13 +38,13 @@ struct Grpc {
 }
 
 fn connect(setup: &Setup<'_>) -> Result<Box<dyn ServerApi>, OptionError> {
-    let token = SendToken::new(setup.token).map_err(|e| ("endpoints", e))?;
+    let token = SendToken::new(setup.token).map_err(|e| OptionError::new("endpoints", e))?;
     let clients = setup
         .options
         .endpoints
         .iter()
         .map(|url| {
-            let channel = channel(url, setup.connect).map_err(|e| ("endpoints", e))?;
+            let channel = channel(url, setup.connect)?;
             Ok(
                 GeneratorClient::new(InterceptedService::new(channel, token.clone()))
                     .max_decoding_message_size(MAX_MESSAGE_BYTES)

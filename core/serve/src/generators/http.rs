@@ -153,7 +153,7 @@ pub(super) fn connect<D: Dialect>(
     name: &str,
 ) -> Result<Box<dyn ServerApi>, OptionError> {
     if setup.options.weights_dir.is_none() {
-        return Err((
+        return Err(OptionError::new(
             "weights_dir",
             format!(
                 "{name} servers load weights from disk: give a folder the trainer writes and every server reads, as both see it"

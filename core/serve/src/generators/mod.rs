@@ -142,7 +142,7 @@ impl GeneratorFleet {
     ) -> Result<Self, OptionError> {
         let Some(wire) = inventory::iter::<WireApi>().find(|w| w.name == kind) else {
             let known: Vec<&str> = inventory::iter::<WireApi>().map(|w| w.name).collect();
-            return Err((
+            return Err(OptionError::new(
                 "kind",
                 format!("no server API {kind:?}; known: {}", known.join(", ")),
             ));
@@ -160,18 +160,20 @@ impl GeneratorFleet {
         let connect_timeout = Duration::from_secs_f64(options.connect_timeout_s);
         let connect = Connect::new(connect_timeout, options.tls_ca_file.as_deref())?;
         for url in &options.endpoints {
-            connect.check(url).map_err(|e| ("endpoints", e))?;
+            connect.check(url)?;
         }
         let weights_dir = options
             .weights_dir
             .as_ref()
             .map(|dir| {
-                let dir = std::path::absolute(dir)
-                    .map_err(|e| ("weights_dir", format!("{}: {e}", dir.display())))?;
+                let dir = std::path::absolute(dir).map_err(|e| {
+                    OptionError::caused("weights_dir", dir.display().to_string(), e)
+                })?;
                 std::fs::create_dir_all(&dir).map_err(|e| {
-                    (
+                    OptionError::caused(
                         "weights_dir",
-                        format!("cannot create {}: {e}", dir.display()),
+                        format!("cannot create {}", dir.display()),
+                        e,
                     )
                 })?;
                 Ok::<_, OptionError>(dir)
@@ -183,8 +185,7 @@ impl GeneratorFleet {
             // SGLang answers a health check by generating a token: give it a moment
             probe: connect_timeout.max(Duration::from_secs(2)),
         };
-        let runtime =
-            ClientRuntime::new(&format!("areal-{}", wire.name), 2).map_err(|e| ("endpoints", e))?;
+        let runtime = ClientRuntime::new(&format!("areal-{}", wire.name), 2)?;
         let api = {
             let _in_runtime = runtime.get().enter();
             (wire.connect)(&Setup {
@@ -467,7 +468,7 @@ impl Servers {
                 |index, ()| self.generate_on(index, request),
             )
             .await
-            .map_err(|why| PluginError::failed(self.kind, why))?;
+            .map_err(|e| PluginError::caused_by(self.kind, "no completion", e))?;
         self.tokens
             .fetch_add(completion.len() as u64, Ordering::Relaxed);
         Ok(completion)
@@ -607,6 +608,6 @@ pub(crate) fn build(
     let options: GeneratorFleetOptions = config.parse()?;
     let token = token_from_env();
     let fleet = GeneratorFleet::new(config.kind(), &options, token.as_deref())
-        .map_err(|(key, message)| config.invalid(key, message))?;
+        .map_err(|e| config.invalid(e.key, e.explained()))?;
     Ok(Arc::new(fleet))
 }
