@@ -5,7 +5,7 @@
 //! `remote` reward: each sample to the worker with the fewest in flight, a sample whose worker
 //! dies sent once more to another.
 //!
-//! The engine starts them for every entry point ([`run`](crate::run), `areal eval`, `areal
+//! The engine starts them for every entry point (`areal_core::run`, `areal eval`, `areal
 //! serve reward`): the program is `reward_service.worker_command`, by default this one. A
 //! worker that dies is started again at its address; the `remote` client's health checks put
 //! it back to work. Workers read a pipe from this process as their standard input and stop

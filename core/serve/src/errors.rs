@@ -4,8 +4,6 @@
 
 use std::error::Error;
 
-use crate::fleet::CallError;
-
 /// A bad option of a remote plugin: its key and what is wrong.
 #[derive(Debug, thiserror::Error)]
 #[error("{key}: {message}")]
@@ -138,4 +136,50 @@ pub(crate) enum SampleFailure {
     /// The client stopped before the answer came.
     #[error("the client has stopped")]
     Stopped,
+}
+
+/// How a failed call is taken.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CallError {
+    /// The server is dead, unreachable or too slow: take it out and send the work elsewhere.
+    #[error("{0}")]
+    Fault(String),
+    /// The server answered and refused (the plugin failed, a malformed request): sending the
+    /// same work elsewhere would fail the same way.
+    #[error("{0}")]
+    Refused(String),
+    /// The server cannot do this at all (an API without the call): neither a fault nor a
+    /// refusal of this request.
+    #[error("cannot {0}")]
+    Unsupported(&'static str),
+}
+
+impl CallError {
+    /// Classify a status: transport failures and time-outs are the server's fault; what a
+    /// server says on purpose is a refusal.
+    pub(crate) fn from_status(status: &tonic::Status) -> Self {
+        use tonic::Code;
+        let said = describe(status);
+        match status.code() {
+            Code::InvalidArgument
+            | Code::FailedPrecondition
+            | Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::Unimplemented
+            | Code::OutOfRange
+            | Code::Aborted
+            | Code::NotFound
+            | Code::AlreadyExists => Self::Refused(said),
+            _ => Self::Fault(said),
+        }
+    }
+}
+
+/// A status as a short phrase for logs and errors.
+fn describe(status: &tonic::Status) -> String {
+    match status.code() {
+        tonic::Code::Unavailable => format!("unreachable ({})", status.message()),
+        tonic::Code::DeadlineExceeded => "no answer in time".into(),
+        code => format!("{code:?}: {}", status.message()),
+    }
 }

@@ -90,57 +90,11 @@ impl<C> Drop for Lease<'_, C> {
     }
 }
 
-/// How a failed call is taken.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum CallError {
-    /// The server is dead, unreachable or too slow: take it out and send the work elsewhere.
-    #[error("{0}")]
-    Fault(String),
-    /// The server answered and refused (the plugin failed, a malformed request): sending the
-    /// same work elsewhere would fail the same way.
-    #[error("{0}")]
-    Refused(String),
-    /// The server cannot do this at all (an API without the call): neither a fault nor a
-    /// refusal of this request.
-    #[error("cannot {0}")]
-    Unsupported(&'static str),
-}
-
-impl CallError {
-    /// Classify a status: transport failures and time-outs are the server's fault; what a
-    /// server says on purpose is a refusal.
-    pub(crate) fn from_status(status: &tonic::Status) -> Self {
-        use tonic::Code;
-        let said = describe(status);
-        match status.code() {
-            Code::InvalidArgument
-            | Code::FailedPrecondition
-            | Code::Unauthenticated
-            | Code::PermissionDenied
-            | Code::Unimplemented
-            | Code::OutOfRange
-            | Code::Aborted
-            | Code::NotFound
-            | Code::AlreadyExists => Self::Refused(said),
-            _ => Self::Fault(said),
-        }
-    }
-}
-
 /// `message` as a request whose server must answer within `timeout`.
 pub(crate) fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(timeout);
     request
-}
-
-/// A status as a short phrase for logs and errors.
-pub(crate) fn describe(status: &tonic::Status) -> String {
-    match status.code() {
-        tonic::Code::Unavailable => format!("unreachable ({})", status.message()),
-        tonic::Code::DeadlineExceeded => "no answer in time".into(),
-        code => format!("{code:?}: {}", status.message()),
-    }
 }
 
 pub(crate) fn default_connect_timeout_s() -> f64 {
@@ -161,7 +115,7 @@ pub(crate) const STREAM_WINDOW: u32 = 8 << 20;
 /// The window of a whole connection (every stream on it).
 pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;
 
-pub(crate) use crate::errors::OptionError;
+pub(crate) use crate::errors::{CallError, OptionError};
 use crate::errors::{EndpointError, FleetError, SampleError, SampleFailure};
 
 /// How a client reaches its servers: the connection time-out, and for `https://` endpoints

@@ -13,7 +13,7 @@ use areal_sdk_train::Policy;
 use areal_serve::{GeneratorFleet, GeneratorFleetOptions, Listen, serve_generator};
 use areal_testkit::{BigramGenerator, conformance};
 use serde_json::json;
-use support::{ServerThread, bigram, eventually, policy, request};
+use support::{Chained, ServerThread, bigram, eventually, policy, request};
 
 mod support;
 
@@ -587,15 +587,4 @@ async fn shutdown_and_silent_connections_are_bounded_whatever_clients_do() {
     assert!(signalled.elapsed() < Duration::from_secs(60));
     drop(tx);
     let _ = stalled.await;
-}
-
-/// An error with its causes, on one line, as `areal` prints it.
-trait Chained {
-    fn chained(&self) -> String;
-}
-
-impl<E: std::error::Error> Chained for E {
-    fn chained(&self) -> String {
-        areal_core::chain(self)
-    }
 }

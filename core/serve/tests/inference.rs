@@ -13,7 +13,8 @@ use areal_serve::{
 };
 use areal_testkit::{LetterTokenizer, conformance};
 use serde_json::json;
-use support::{ServerThread, bigram, eventually, policy, request};
+use support::server::explained;
+use support::{Chained, ServerThread, bigram, eventually, policy, request};
 
 mod support;
 
@@ -697,21 +698,5 @@ async fn https_servers_answer_clients_that_trust_their_authority() {
         let (key, error) = explained(GeneratorFleet::new(api.name(), &options, None).unwrap_err());
         assert_eq!(key, "tls_ca_file");
         assert!(error.contains("holds no PEM certificate"), "{error}");
-    }
-}
-
-/// An option error's key and its message with its causes.
-fn explained(e: areal_serve::OptionError) -> (&'static str, String) {
-    (e.key, areal_core::chain(&e))
-}
-
-/// An error with its causes, on one line, as `areal` prints it.
-trait Chained {
-    fn chained(&self) -> String;
-}
-
-impl<E: std::error::Error> Chained for E {
-    fn chained(&self) -> String {
-        areal_core::chain(self)
     }
 }

@@ -13,7 +13,7 @@ use serde_json::json;
 
 #[path = "support/server.rs"]
 mod server;
-use server::ServerThread;
+use server::{Chained, ServerThread, explained};
 
 /// A reward server on its own thread and runtime; dropped, it is killed.
 struct Server;
@@ -417,20 +417,4 @@ async fn thirty_two_remote_verifications_are_in_flight_with_two_threads_and_trav
     );
     assert_eq!(service.live_threads(), 2);
     assert_eq!(remote.calls(), 1, "the 32 waiting samples went in one call");
-}
-
-/// An option error's key and its message with its causes.
-fn explained(e: areal_serve::OptionError) -> (&'static str, String) {
-    (e.key, areal_core::chain(&e))
-}
-
-/// An error with its causes, on one line, as `areal` prints it.
-trait Chained {
-    fn chained(&self) -> String;
-}
-
-impl<E: std::error::Error> Chained for E {
-    fn chained(&self) -> String {
-        areal_core::chain(self)
-    }
 }

@@ -8,8 +8,8 @@ use areal_sdk::{GenerateRequest, SamplingParams};
 use areal_sdk_train::burn::tensor::Device;
 use areal_testkit::{BigramPolicy, BigramPolicyOptions};
 
-mod server;
-pub(crate) use server::ServerThread;
+pub(crate) mod server;
+pub(crate) use server::{Chained, ServerThread};
 
 /// The bigram policy (8 letters) whose weights the servers load.
 pub(crate) fn policy() -> BigramPolicy {

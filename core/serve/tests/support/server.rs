@@ -1,4 +1,5 @@
-//! A server on a thread and runtime of its own, for the tests of every server kind.
+//! A server on a thread and runtime of its own, for the tests of every server kind, and how
+//! those tests read errors.
 
 use std::fmt::Debug;
 use std::net::SocketAddr;
@@ -67,4 +68,21 @@ impl Drop for ServerThread {
             let _ = thread.join();
         }
     }
+}
+
+/// An error with its causes, on one line, as `areal` prints it.
+pub(crate) trait Chained {
+    fn chained(&self) -> String;
+}
+
+impl<E: std::error::Error> Chained for E {
+    fn chained(&self) -> String {
+        areal_core::chain(self)
+    }
+}
+
+/// An option error's key and its message with its causes.
+#[allow(dead_code, reason = "not every test file refuses options")]
+pub(crate) fn explained(e: areal_serve::OptionError) -> (&'static str, String) {
+    (e.key, areal_core::chain(&e))
 }
