@@ -147,10 +147,14 @@ fn throughput(
     logs: &Path,
 ) -> anyhow::Result<Throughput> {
     let delay_us = (args.token_delay_ms * 1e3).round() as u64;
+    // the servers refuse samples longer than their config's rollout.max_new_tokens
     let (mut servers, urls) = start_servers(
         n,
         config,
-        &[format!("generator.token_delay_us={delay_us}")],
+        &[
+            format!("generator.token_delay_us={delay_us}"),
+            format!("rollout.max_new_tokens={}", args.max_new_tokens),
+        ],
         logs,
     )?;
     let in_flight = args.per_server * n;

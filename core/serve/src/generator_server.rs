@@ -152,7 +152,7 @@ impl GeneratorService for GeneratorServer {
         })
         .await
         .map_err(|e| Status::internal(format!("reading the weights failed: {e}")))?
-        .map_err(Status::invalid_argument)?;
+        .map_err(|e| Status::invalid_argument(crate::error_chain(&e)))?;
         self.load(update).await
     }
 

@@ -195,7 +195,12 @@ impl Served {
         let (tensors, architecture, _) = read
             .await
             .map_err(|e| refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-            .map_err(|e| bad(format!("cannot read the checkpoint: {e}")))?;
+            .map_err(|e| {
+                bad(format!(
+                    "cannot read the checkpoint: {}",
+                    crate::error_chain(&e)
+                ))
+            })?;
         areal_sdk::NamedTensor::check_finite(&tensors)
             .map_err(|e| bad(format!("cannot load {path}: {e}")))?;
         let version = self.loads.fetch_add(1, Ordering::SeqCst);

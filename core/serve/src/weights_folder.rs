@@ -9,7 +9,39 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use areal_sdk::{NamedTensor, WeightUpdate};
-use areal_sdk_train::weights_file::{read_safetensors, write_safetensors};
+use areal_sdk_train::weights_file::{WeightsFileError, read_safetensors, write_safetensors};
+
+/// Why a version's folder cannot be written, listed or read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FolderError {
+    /// A file or folder cannot be made, read, moved or listed.
+    #[error("{}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The weights file cannot be written or read.
+    #[error(transparent)]
+    Weights(#[from] WeightsFileError),
+    /// `config.json` is not JSON.
+    #[error("{}", path.display())]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The folder is not the one the sender meant.
+    #[error("{}: {what}", path.display())]
+    Mismatch { path: PathBuf, what: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FolderError + '_ {
+    move |source| FolderError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
 
 /// The weights file of a folder.
 const WEIGHTS_FILE: &str = "model.safetensors";
@@ -25,35 +57,33 @@ pub(crate) fn folder(dir: &Path, version: u64) -> PathBuf {
 
 /// Write `update` under `dir` as `v<version>`, whole or not at all (staged in a hidden folder,
 /// then renamed); the folder written. Older versions stay: see [`remove_except`].
-pub(crate) fn write(dir: &Path, update: &WeightUpdate) -> Result<PathBuf, String> {
-    let io = |what: &Path, e: &dyn std::fmt::Display| format!("{}: {e}", what.display());
-    std::fs::create_dir_all(dir).map_err(|e| io(dir, &e))?;
+pub(crate) fn write(dir: &Path, update: &WeightUpdate) -> Result<PathBuf, FolderError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
     let folder = folder(dir, update.version);
     let staged = tempfile::Builder::new()
         .prefix(".staging-")
         .tempdir_in(dir)
-        .map_err(|e| io(dir, &e))?;
+        .map_err(io(dir))?;
     let metadata = HashMap::from([(VERSION_KEY.to_owned(), update.version.to_string())]);
     write_safetensors(
         &staged.path().join(WEIGHTS_FILE),
         &update.tensors,
         &metadata,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let config = staged.path().join(CONFIG_FILE);
-    std::fs::write(&config, update.architecture.to_string()).map_err(|e| io(&config, &e))?;
+    std::fs::write(&config, update.architecture.to_string()).map_err(io(&config))?;
     if folder.exists() {
-        std::fs::remove_dir_all(&folder).map_err(|e| io(&folder, &e))?;
+        std::fs::remove_dir_all(&folder).map_err(io(&folder))?;
     }
     let staged = staged.keep();
-    std::fs::rename(&staged, &folder).map_err(|e| io(&folder, &e))?;
+    std::fs::rename(&staged, &folder).map_err(io(&folder))?;
     Ok(folder)
 }
 
 /// The versions written under `dir`, oldest first, with their folders.
-fn versions(dir: &Path) -> Result<Vec<(u64, PathBuf)>, String> {
+fn versions(dir: &Path) -> Result<Vec<(u64, PathBuf)>, FolderError> {
     let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .map_err(io(dir))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter_map(|p| {
             let name = p.file_name()?.to_str()?;
@@ -76,7 +106,7 @@ fn remove(folder: &Path) {
 }
 
 /// Remove every version under `dir` but those in `keep`; the versions removed.
-pub(crate) fn remove_except(dir: &Path, keep: &[u64]) -> Result<Vec<u64>, String> {
+pub(crate) fn remove_except(dir: &Path, keep: &[u64]) -> Result<Vec<u64>, FolderError> {
     let mut removed = Vec::new();
     for (version, folder) in versions(dir)? {
         if !keep.contains(&version) {
@@ -91,37 +121,39 @@ pub(crate) fn remove_except(dir: &Path, keep: &[u64]) -> Result<Vec<u64>, String
 /// `config.json`), and the version areal-rs wrote into it, if any.
 pub(crate) fn read_checkpoint(
     path: &Path,
-) -> Result<(Vec<NamedTensor>, serde_json::Value, Option<u64>), String> {
-    let (tensors, metadata) =
-        read_safetensors(&path.join(WEIGHTS_FILE)).map_err(|e| crate::error_chain(&e))?;
+) -> Result<(Vec<NamedTensor>, serde_json::Value, Option<u64>), FolderError> {
+    let (tensors, metadata) = read_safetensors(&path.join(WEIGHTS_FILE))?;
     let config = path.join(CONFIG_FILE);
     let text = areal_sdk::resources::read_file(&config, areal_sdk::resources::MAX_JSON_FILE_BYTES)
-        .map_err(|e| format!("{}: {e}", config.display()))?;
-    let architecture =
-        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", config.display()))?;
+        .map_err(io(&config))?;
+    let architecture = serde_json::from_slice(&text).map_err(|source| FolderError::Config {
+        path: config.clone(),
+        source,
+    })?;
     let version = metadata.get(VERSION_KEY).and_then(|v| v.parse().ok());
     Ok((tensors, architecture, version))
 }
 
 /// Read the folder at `path`, which must hold `version` with the tensors whose sha256 is
 /// `sha256`.
-pub(crate) fn read(path: &Path, version: u64, sha256: &str) -> Result<WeightUpdate, String> {
+pub(crate) fn read(path: &Path, version: u64, sha256: &str) -> Result<WeightUpdate, FolderError> {
+    let mismatch = |what: String| FolderError::Mismatch {
+        path: path.to_owned(),
+        what,
+    };
     let (tensors, architecture, held) = read_checkpoint(path)?;
     if held != Some(version) {
-        return Err(format!(
-            "{} holds version {}, not {version}",
-            path.display(),
+        return Err(mismatch(format!(
+            "holds version {}, not {version}",
             held.map_or("(none)".into(), |v| v.to_string())
-        ));
+        )));
     }
-    areal_sdk::NamedTensor::check_finite(&tensors)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    areal_sdk::NamedTensor::check_finite(&tensors).map_err(mismatch)?;
     let sum = areal_proto::weights_sha256(&tensors);
     if sum != sha256 {
-        return Err(format!(
-            "{}: sha256 {sum} differs from the sender's {sha256}",
-            path.display()
-        ));
+        return Err(mismatch(format!(
+            "sha256 {sum} differs from the sender's {sha256}"
+        )));
     }
     Ok(WeightUpdate {
         version,
@@ -174,9 +206,9 @@ mod tests {
         assert_eq!(left, ["v0000000003", "v0000000004"]);
         // the wrong version or checksum is refused, naming the folder
         let e = read(&folder, 5, &sum).unwrap_err();
-        assert!(e.contains("holds version 4, not 5"), "{e}");
+        assert!(e.to_string().contains("holds version 4, not 5"), "{e}");
         let e = read(&folder, 4, "00").unwrap_err();
-        assert!(e.contains("differs"), "{e}");
+        assert!(e.to_string().contains("differs"), "{e}");
         // what no server holds goes; a folder that is not a version stays
         std::fs::create_dir(dir.path().join("vnotes")).unwrap();
         assert_eq!(remove_except(dir.path(), &[4]).unwrap(), [3]);

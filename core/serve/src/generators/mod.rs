@@ -336,10 +336,8 @@ impl Servers {
                 .await
                 .map_err(|e| PluginError::failed(self.kind, format!("writing the weights: {e}")))?
                 .map_err(|e| {
-                    PluginError::failed(
-                        self.kind,
-                        format!("cannot write weights of version {version} to weights_dir: {e}"),
-                    )
+                    let what = format!("cannot write weights of version {version} to weights_dir");
+                    PluginError::caused_by(self.kind, what, e)
                 })?;
                 (Some(folder), update)
             }
