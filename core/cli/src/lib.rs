@@ -210,8 +210,13 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
 /// The async runtime of every command: two worker threads (the engine's own threads for
 /// rewards, training and decoding come on top).
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    runtime_with(2)
+}
+
+/// [`runtime`] with `threads` worker threads.
+pub(crate) fn runtime_with(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(threads.max(1))
         .thread_name("areal-rt")
         .enable_all()
         .build()

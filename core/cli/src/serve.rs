@@ -243,7 +243,10 @@ fn serve_reward(
     let _workers = areal_core::reward_workers::in_workers(&config, &mut verifier, None)?;
     let threads = config.reward_service.threads;
     let name = verifier.name().to_owned();
-    let runtime = runtime()?;
+    // The async side only moves calls to and from the verifier threads: a server with one
+    // verifier thread (a reward worker) needs one async thread, and a second would only add
+    // wake-ups across threads on the cores the verifiers use.
+    let runtime = crate::runtime_with(threads.min(2))?;
     let shutdown = {
         let _in_runtime = runtime.enter();
         shutdown(args.until_stdin_closes)
