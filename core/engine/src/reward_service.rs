@@ -35,6 +35,16 @@ struct Failure {
     wall_ms: f64,
 }
 
+impl Failure {
+    /// The reward this failure gives, as `verifier`'s: zero, its verdict, the message.
+    fn reward(self, verifier: &str) -> Reward {
+        let mut reward = Reward::new(0.0, self.verdict).with_detail("error", self.message);
+        reward.provenance.verifier = verifier.to_owned();
+        reward.provenance.wall_ms = self.wall_ms;
+        reward
+    }
+}
+
 /// Who finished first: the verifier or the deadline.
 const RUNNING: u8 = 0;
 const DONE: u8 = 1;
@@ -210,9 +220,13 @@ impl RewardService {
         };
         let name = self.pool.verifier.name().to_owned();
         let failure = |verdict: Verdict, message: String| {
-            let mut reward = Reward::new(0.0, verdict).with_detail("error", message);
-            reward.provenance.verifier = name.clone();
-            reward
+            let wall_ms = 0.0;
+            Failure {
+                verdict,
+                message,
+                wall_ms,
+            }
+            .reward(&name)
         };
         if self.submit.send(job).is_err() {
             return Verified {
@@ -244,11 +258,7 @@ impl RewardService {
             };
         let reward = match outcome {
             Some(Ok(Ok(reward))) => reward,
-            Some(Ok(Err(f))) => {
-                let mut reward = failure(f.verdict, f.message);
-                reward.provenance.wall_ms = f.wall_ms;
-                reward
-            }
+            Some(Ok(Err(f))) => f.reward(&name),
             Some(Err(_)) => failure(Verdict::VerifierCrashed, "reward worker died".into()),
             None => {
                 self.pool.abandoned.fetch_add(1, Ordering::SeqCst);
@@ -293,12 +303,7 @@ impl RewardService {
             .await;
         let reward = match judge(self.pool.verifier.as_ref(), outcome, start.elapsed()) {
             Ok(reward) => reward,
-            Err(f) => {
-                let mut reward = Reward::new(0.0, f.verdict).with_detail("error", f.message);
-                reward.provenance.verifier = self.pool.verifier.name().to_owned();
-                reward.provenance.wall_ms = f.wall_ms;
-                reward
-            }
+            Err(f) => f.reward(self.pool.verifier.name()),
         };
         Verified {
             reward,

@@ -139,7 +139,7 @@ pub(crate) enum SampleFailure {
 }
 
 /// How a failed call is taken.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub(crate) enum CallError {
     /// The server is dead, unreachable or too slow: take it out and send the work elsewhere.
     #[error("{0}")]

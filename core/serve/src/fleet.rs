@@ -511,48 +511,39 @@ impl<C> Fleet<C> {
         Fut: Future<Output = Result<T, CallError>>,
     {
         let mut failures: Vec<String> = Vec::new();
-        loop {
+        let why = loop {
             before().await;
             let lease = match self.acquire().await {
                 Ok(lease) => lease,
-                Err(gone) => return Err(self.sample_failed(sample_id, gone.into(), failures)),
+                Err(gone) => break SampleFailure::from(gone),
             };
             let url = lease.member.url.clone();
             match call(lease.index, lease.member.client.clone()).await {
                 Ok(answer) => return Ok((answer, url)),
                 Err(refusal @ (CallError::Refused(_) | CallError::Unsupported(_))) => {
-                    let why = SampleFailure::Refused { url, refusal };
-                    return Err(self.sample_failed(sample_id, why, failures));
+                    break SampleFailure::Refused { url, refusal };
                 }
                 Err(CallError::Fault(said)) => {
                     tracing::debug!(target: "areal::remote", kind = self.kind, endpoint = %url, sample_id, said, "call failed; sending the sample elsewhere");
                     self.set_down(lease.index, said.clone());
                     failures.push(format!("{url}: {said}"));
                     if failures.len() > 1 {
-                        let why = SampleFailure::NoneAnswered {
+                        // every failure is named in this one
+                        let tried = std::mem::take(&mut failures);
+                        break SampleFailure::NoneAnswered {
                             kind: self.kind,
-                            tried: failures,
+                            tried,
                         };
-                        return Err(self.sample_failed(sample_id, why, Vec::new()));
                     }
                     self.count_reissue();
                 }
             }
-        }
-    }
-
-    /// Sample `sample_id` ends without an answer, for `why`, after `failures`.
-    pub(crate) fn sample_failed(
-        &self,
-        sample_id: u64,
-        why: SampleFailure,
-        failures: Vec<String>,
-    ) -> SampleError {
-        SampleError {
+        };
+        Err(SampleError {
             sample_id,
             why,
             failures,
-        }
+        })
     }
 
     /// The member the routing policy picks among those that take work and have room, leased

@@ -341,12 +341,10 @@ impl Dispatcher {
                     }
                 }
                 Err(refusal) => {
-                    let said = refusal.to_string();
                     for pending in batch {
-                        let refusal = CallError::Refused(said.clone());
                         pending.fail(SampleFailure::Refused {
                             url: url.clone(),
-                            refusal,
+                            refusal: refusal.clone(),
                         });
                     }
                 }

@@ -62,6 +62,16 @@ impl Server {
         tokenizer: Arc<dyn Tokenizer>,
     ) -> ServerThread {
         let listen = Listen::new("127.0.0.1:0".parse().unwrap(), None);
+        Self::listening(api, token_delay_us, tokenizer, listen)
+    }
+
+    /// [`with_tokenizer`](Self::with_tokenizer) as `listen` says (TLS, say).
+    fn listening(
+        api: InferenceApi,
+        token_delay_us: u64,
+        tokenizer: Arc<dyn Tokenizer>,
+        listen: Listen,
+    ) -> ServerThread {
         ServerThread::start(listen, move |listen, on_bound| {
             let generator = Arc::new(bigram(token_delay_us));
             serve_inference_api(
@@ -640,18 +650,7 @@ async fn https_servers_answer_clients_that_trust_their_authority() {
             tls: Some(tls),
             ..Listen::new("127.0.0.1:0".parse().unwrap(), None)
         };
-        let server = ServerThread::start(listen, move |listen, on_bound| {
-            serve_inference_api(
-                api,
-                Arc::new(bigram(0)),
-                1 << 22,
-                Some(Arc::new(LetterTokenizer::new(8))),
-                None,
-                listen,
-                on_bound,
-                std::future::pending(),
-            )
-        });
+        let server = Server::listening(api, 0, Arc::new(LetterTokenizer::new(8)), listen);
         let url = format!("https://localhost:{}", server.addr.port());
         let dir = tempfile::tempdir().unwrap();
         let ca = fixtures.join("ca.pem");
