@@ -5,6 +5,7 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -623,33 +624,25 @@ fn the_library_runs_rewards_in_worker_processes_when_the_config_asks() {
     ]);
     let plugins = Plugins::build(&config).unwrap();
     let runtime = areal_cli::internal::runtime().unwrap();
+    // the workers are looked at from inside the run (its first step), while they must live
+    let needle = run.join("reward-workers/config.toml").display().to_string();
+    let seen = Arc::new(WorkersSeen {
+        needle: needle.clone(),
+        parents: Mutex::new(None),
+    });
     let options = RunOptions {
         out_dir: Some(run.clone()),
+        observer: seen.clone(),
         ..RunOptions::default()
     };
-    let training =
-        std::thread::spawn(move || runtime.block_on(areal_core::run(config, plugins, options)));
-    wait_for_steps(&run, 3);
-    let needle = run.join("reward-workers/config.toml").display().to_string();
-    let workers = processes_mentioning(&needle);
-    assert_eq!(workers.len(), 2, "two workers: {workers:#?}");
-    let pid = first_pid_mentioning(&needle);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let parent: u32 = stat
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let summary = runtime.block_on(areal_core::run(config, plugins, options));
+    let parents = seen.parents.lock().unwrap().clone();
     assert_eq!(
-        parent,
-        std::process::id(),
-        "the engine started them: {stat}"
+        parents,
+        Some(vec![std::process::id(); 2]),
+        "two workers, started by the engine in this process"
     );
-    let summary = training.join().unwrap().unwrap();
+    let summary = summary.unwrap();
     assert_eq!(summary.steps, 20);
     assert_eq!(summary.reward_failures, 0);
     let served = std::fs::read_to_string(run.join("reward-workers/config.toml")).unwrap();
@@ -673,4 +666,47 @@ fn the_library_runs_rewards_in_worker_processes_when_the_config_asks() {
         "{said}"
     );
     assert!(said.contains("reward_service.worker_command"), "{said}");
+}
+
+/// An observer that notes, at the run's first step, the parent of every process whose
+/// command line mentions `needle`.
+struct WorkersSeen {
+    needle: String,
+    parents: Mutex<Option<Vec<u32>>>,
+}
+
+impl areal_core::Observer for WorkersSeen {
+    fn on_step(&self, _: &areal_core::StepMetrics) {
+        let mut parents = self.parents.lock().unwrap();
+        if parents.is_none() {
+            *parents = Some(parents_of_processes_mentioning(&self.needle));
+        }
+    }
+}
+
+/// The parent of each process whose command line mentions `needle`.
+fn parents_of_processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut parents = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if !String::from_utf8_lossy(&cmdline)
+            .replace('\0', " ")
+            .contains(needle)
+        {
+            continue;
+        }
+        // `pid (comm) state ppid ...`: the command may hold spaces and parentheses
+        if let Ok(stat) = std::fs::read_to_string(entry.path().join("stat"))
+            && let Some(parent) = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse().ok())
+        {
+            parents.push(parent);
+        }
+    }
+    parents
 }
