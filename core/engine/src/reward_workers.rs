@@ -14,7 +14,7 @@
 //! reads.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -46,7 +46,8 @@ pub type Started = (Arc<dyn RewardVerifier>, RewardWorkers);
 /// Started worker processes; dropped, they are stopped.
 pub struct RewardWorkers {
     processes: Arc<Mutex<ServerProcesses>>,
-    stopping: Arc<AtomicBool>,
+    /// Dropped to stop the watcher at once (it waits on the other end between its looks).
+    stop: Option<Sender<()>>,
     watcher: Option<JoinHandle<()>>,
     // last: the served config, token and logs of a run without a folder
     _scratch: Option<tempfile::TempDir>,
@@ -60,7 +61,7 @@ impl std::fmt::Debug for RewardWorkers {
 
 impl Drop for RewardWorkers {
     fn drop(&mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
+        drop(self.stop.take());
         if let Some(watcher) = self.watcher.take() {
             let _ = watcher.join();
         }
@@ -207,9 +208,9 @@ pub fn start(
         })?;
     tracing::info!(target: "areal::workers", workers = count, folder = %dir.display(), "reward workers listening");
     let processes = Arc::new(Mutex::new(processes));
-    let stopping = Arc::new(AtomicBool::new(false));
+    let (stop, stopping) = std::sync::mpsc::channel();
     let watcher = {
-        let (processes, stopping) = (processes.clone(), stopping.clone());
+        let processes = processes.clone();
         std::thread::Builder::new()
             .name("areal-reward-workers".into())
             .spawn(move || watch(&processes, &stopping))
@@ -226,7 +227,7 @@ pub fn start(
         Arc::new(verifier),
         RewardWorkers {
             processes,
-            stopping,
+            stop: Some(stop),
             watcher: Some(watcher),
             _scratch: scratch,
         },
@@ -253,18 +254,14 @@ fn program(config: &Config) -> Result<(PathBuf, Vec<std::ffi::OsString>), Engine
     }
 }
 
-/// Start again every worker that dies, until told to stop (or out of restarts).
-fn watch(processes: &Mutex<ServerProcesses>, stopping: &AtomicBool) {
+/// Start again every worker that dies, until `stopping` is closed (or out of restarts).
+fn watch(processes: &Mutex<ServerProcesses>, stopping: &Receiver<()>) {
     let mut restarts = 0usize;
-    while !stopping.load(Ordering::SeqCst) {
-        std::thread::sleep(WATCH_EVERY);
+    while let Err(RecvTimeoutError::Timeout) = stopping.recv_timeout(WATCH_EVERY) {
         if restarts >= MAX_RESTARTS {
             continue;
         }
         let mut processes = processes.lock().unwrap_or_else(|p| p.into_inner());
-        if stopping.load(Ordering::SeqCst) {
-            break;
-        }
         for (index, result) in processes.restart_exited(START_TIMEOUT) {
             restarts += 1;
             match result {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, Module};
 
-use crate::guest::hex;
+use crate::guest::{hex, sha256_file};
 use crate::run::{SandboxError, wasmtime_version};
 
 /// Load the compiled module `key` from the cache, or produce its wasm, compile it and store
@@ -33,10 +33,9 @@ pub(crate) fn load_or_compile<A: Artifact>(
         path: path.to_path_buf(),
         source,
     };
-    if let (Ok(bytes), Ok(expected)) = (std::fs::read(&file), std::fs::read_to_string(&sum))
-        && hex(&Sha256::digest(&bytes)) == expected.trim()
+    if let (Ok(actual), Ok(expected)) = (sha256_file(&file), std::fs::read_to_string(&sum))
+        && actual == expected.trim()
     {
-        drop(bytes);
         // SAFETY: the file was written by `precompile_module` of an engine with these exact
         // settings (the key says so) and its sha256 matches the one written beside it, so it
         // is the artefact wasmtime produced, not arbitrary bytes.

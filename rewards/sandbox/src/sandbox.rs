@@ -64,6 +64,10 @@ impl Sandbox {
         config
             .epoch_interruption(false)
             .consume_fuel(settings.mode == Mode::Deterministic)
+            // a trap or an exit (`proc_exit` is an error through the guest's frames) would
+            // walk the interpreter's stack and map every frame back to its function for a
+            // backtrace nobody reads (~2 % of grading)
+            .wasm_backtrace_max_frames(None)
             .max_wasm_stack(MAX_WASM_STACK)
             .async_stack_size(ASYNC_STACK)
             .cranelift_opt_level(wasmtime::OptLevel::Speed)
