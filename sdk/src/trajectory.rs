@@ -10,8 +10,11 @@ use crate::reward::Reward;
 /// end: tokens, weight updates, admission counters and metrics.
 pub type PolicyVersion = u64;
 
-/// The version recorded for prompt tokens, which no policy sampled (no real version reaches
-/// it: a run would need 2⁶⁴ − 1 optimizer steps).
+/// The version recorded for a token no policy sampled: the prompt's, and inside an episode's
+/// completion the environment's (tool results, user turns, the chat template's glue between
+/// turns), with behaviour logprob 0. Such tokens are read by the model and never trained on:
+/// the loss mask is 0 exactly where a token carries this version. No real version reaches it
+/// (a run would need 2⁶⁴ − 1 optimizer steps).
 pub const PROMPT_VERSION: PolicyVersion = PolicyVersion::MAX;
 
 /// How to sample the next token.
@@ -86,6 +89,11 @@ pub enum FinishReason {
 }
 
 /// Output of a generator: one entry per generated token in each of the three vectors.
+///
+/// In a trajectory, the tokens after the prompt: for a single-turn sample what the generator
+/// returned; for an episode its turns, the policy's sampled tokens and between them the
+/// environment's tokens ([`push_environment`](Self::push_environment)), which carry
+/// [`PROMPT_VERSION`] and are never trained on.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Completion {
     /// Generated token ids.
@@ -128,6 +136,37 @@ impl Completion {
         self.versions.push(version);
     }
 
+    /// Append tokens the environment wrote (a tool's result, a user's turn, the chat
+    /// template's markers between turns): read by the model, sampled by no policy, never
+    /// trained on. They carry [`PROMPT_VERSION`] and behaviour logprob 0.
+    pub fn push_environment(&mut self, token_ids: &[u32]) {
+        self.token_ids.extend_from_slice(token_ids);
+        self.behaviour_logprobs
+            .extend(std::iter::repeat_n(0.0, token_ids.len()));
+        self.versions
+            .extend(std::iter::repeat_n(PROMPT_VERSION, token_ids.len()));
+    }
+
+    /// Whether token `i` was sampled by a policy (it is trained on), rather than written by
+    /// the environment.
+    pub fn is_sampled(&self, i: usize) -> bool {
+        self.versions.get(i).is_some_and(|&v| v != PROMPT_VERSION)
+    }
+
+    /// The versions of the tokens a policy sampled, in order (the environment's left out).
+    pub fn sampled_versions(&self) -> impl Iterator<Item = PolicyVersion> + '_ {
+        self.versions
+            .iter()
+            .copied()
+            .filter(|&v| v != PROMPT_VERSION)
+    }
+
+    /// How many tokens a policy sampled: all of them for a generator's answer, the policy's
+    /// turns of an episode.
+    pub fn sampled_len(&self) -> usize {
+        self.sampled_versions().count()
+    }
+
     /// Append a continuation generated after an interruption; the finish reason becomes the
     /// continuation's. Earlier tokens keep their logprobs and versions.
     pub fn extend(&mut self, continuation: Completion) {
@@ -138,9 +177,24 @@ impl Completion {
         self.finish_reason = continuation.finish_reason;
     }
 
-    /// Check that the three per-token vectors have the same length and the logprobs are finite
-    /// and not positive; describes the first problem found.
+    /// Check a generator's answer: the three per-token vectors have the same length, the
+    /// logprobs are finite and not positive, and every token was sampled (none carries
+    /// [`PROMPT_VERSION`]); describes the first problem found.
     pub fn check(&self) -> Result<(), String> {
+        self.check_trajectory()?;
+        if let Some(i) = self.versions.iter().position(|&v| v == PROMPT_VERSION) {
+            return Err(format!(
+                "token {i} has the prompt's policy version (PROMPT_VERSION), but it was generated"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Check a trajectory's completion, which may hold the environment's tokens between the
+    /// policy's: the three per-token vectors have the same length, the logprobs are finite
+    /// and not positive, and an environment token's logprob is 0; describes the first
+    /// problem found.
+    pub fn check_trajectory(&self) -> Result<(), String> {
         let n = self.token_ids.len();
         if self.behaviour_logprobs.len() != n || self.versions.len() != n {
             return Err(format!(
@@ -157,9 +211,12 @@ impl Completion {
         {
             return Err(format!("token {i} has behaviour logprob {lp}"));
         }
-        if let Some(i) = self.versions.iter().position(|&v| v == PROMPT_VERSION) {
+        if let Some(i) = (0..n).find(|&i| !self.is_sampled(i) && self.behaviour_logprobs[i] != 0.0)
+        {
             return Err(format!(
-                "token {i} has the prompt's policy version (PROMPT_VERSION), but it was generated"
+                "token {i} was written by the environment (PROMPT_VERSION) but has behaviour \
+                 logprob {}, not 0",
+                self.behaviour_logprobs[i]
             ));
         }
         Ok(())
@@ -178,9 +235,10 @@ pub struct Trajectory {
 }
 
 impl Trajectory {
-    /// Version of the policy that sampled the first token (`None` for an empty completion).
+    /// Version of the policy that sampled the first token a policy sampled (`None` when there
+    /// is none).
     pub fn head_version(&self) -> Option<PolicyVersion> {
-        self.completion.versions.first().copied()
+        self.completion.sampled_versions().next()
     }
 }
 
@@ -205,9 +263,12 @@ impl TrajectoryGroup {
         self.samples.iter().map(|s| s.reward.value).collect()
     }
 
-    /// Generated tokens over all samples.
+    /// Tokens a policy sampled, over all samples (an episode's environment tokens left out).
     pub fn completion_tokens(&self) -> usize {
-        self.samples.iter().map(|s| s.completion.len()).sum()
+        self.samples
+            .iter()
+            .map(|s| s.completion.sampled_len())
+            .sum()
     }
 }
 

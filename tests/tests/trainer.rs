@@ -1,6 +1,7 @@
 //! The trainer step: micro-batching is exact gradient accumulation, mini-batches step the
 //! optimizer several times within one version, the proximal modes differ only where they
-//! should, the reference policy stays frozen, and a critic learns its values.
+//! should, the reference policy stays frozen, a critic learns its values, and an episode's
+//! environment tokens are read but never trained on.
 
 use areal_core::trainer::{StepReport, TrainerSettings, train_step};
 use areal_sdk::{
@@ -280,4 +281,116 @@ fn a_critic_learns_its_values() {
     assert!(last < first * 0.3, "value loss {first} -> {last}");
     // the value head is not part of the weights the generators load
     assert!(policy.weights().iter().all(|w| !w.name.contains("value")));
+}
+
+/// The samples of `groups` as episodes: after each sample's first token the environment
+/// writes `[5, 6, first]`, and after its last `[5]`. A bigram policy's logprob of a token
+/// depends only on the token before it, and every policy token keeps its predecessor (the
+/// environment's turn ends with the token it follows), so the policy's tokens get the same
+/// logprobs in both layouts: only the environment tokens differ.
+fn as_episodes(groups: &[TrajectoryGroup]) -> Vec<TrajectoryGroup> {
+    let mut out = groups.to_vec();
+    for sample in out.iter_mut().flat_map(|g| &mut g.samples) {
+        let c = &sample.completion;
+        let mut turns = Completion::empty(c.finish_reason);
+        turns.push(c.token_ids[0], c.behaviour_logprobs[0], c.versions[0]);
+        turns.push_environment(&[5, 6, c.token_ids[0]]);
+        for i in 1..c.len() {
+            turns.push(c.token_ids[i], c.behaviour_logprobs[i], c.versions[i]);
+        }
+        turns.push_environment(&[5]);
+        sample.completion = turns;
+    }
+    out
+}
+
+/// One step of the trainer on episodes (environment tokens between the policy's turns) is the
+/// step on the same policy tokens without them, to the last bit of every weight: the loss
+/// mask reaches the loss through packing, advantages and every micro-batch, and the
+/// environment's tokens add no gradient, not even through the parameters of their own
+/// transitions. Off policy (stale tokens), with micro-batches and mini-batches, and a KL
+/// term to a reference policy that differs from the policy at every token (so that only the
+/// loss mask keeps the environment's tokens out of it).
+#[test]
+fn environment_tokens_are_read_but_never_trained_on() {
+    let reference = BigramPolicy::new(
+        &BigramPolicyOptions {
+            letters: 8,
+            init_std: 0.5,
+        },
+        4,
+        &Device::flex().autodiff(),
+    );
+    for (algorithm, options) in [
+        ("decoupled-ppo", vec![]),
+        ("decoupled-ppo", vec![("loss_agg", "seq-mean-token-mean")]),
+        ("gspo", vec![]),
+        ("ppo", vec![("dual_clip", "3.0")]),
+        ("grpo", vec![("kl_coef", "0.5")]),
+    ] {
+        let version = 3;
+        let stale = |j: usize, t: usize| version - ((j + t) % 3) as u64;
+        let mut cfg = PluginConfig::new("algorithm", algorithm);
+        for (k, v) in &options {
+            cfg = cfg.with(
+                k,
+                serde_json::from_str::<serde_json::Value>(v).unwrap_or((*v).into()),
+            );
+        }
+        let algorithm = AlgorithmPlugin::build_from(&cfg, &BuildContext::new(0, 1)).unwrap();
+        let run = |episodes: bool| {
+            let mut policy = policy();
+            let mut data = groups(&policy, stale);
+            if episodes {
+                data = as_episodes(&data);
+            }
+            let mut optimizer = AdamWConfig::new().init();
+            let reference = algorithm
+                .requirements()
+                .reference
+                .then_some(&reference as &dyn Policy);
+            let report = train_step(
+                &mut policy,
+                reference,
+                &mut optimizer,
+                algorithm.as_ref(),
+                &data,
+                version,
+                &settings(24, 2),
+            )
+            .unwrap();
+            (policy.weights(), report)
+        };
+        let (plain, plain_report) = run(false);
+        let (episodes, episode_report) = run(true);
+        let name = algorithm.name();
+        assert_eq!(
+            plain_report.trained_tokens, episode_report.trained_tokens,
+            "{name}: environment tokens are not trained on"
+        );
+        assert_eq!(
+            episode_report.packed_tokens,
+            plain_report.packed_tokens + 12 * 4,
+            "{name}: but they are read (packed)"
+        );
+        assert!(
+            (plain_report.loss - episode_report.loss).abs() < 1e-6,
+            "{name}: loss {} without environment tokens, {} with them",
+            plain_report.loss,
+            episode_report.loss
+        );
+        for (a, b) in plain.iter().zip(&episodes) {
+            assert!(
+                max_diff(&a.data, &b.data) < 1e-6,
+                "{name}: weights `{}` differ by {} after a step with environment tokens",
+                a.name,
+                max_diff(&a.data, &b.data)
+            );
+        }
+        assert_ne!(
+            plain,
+            policy().weights(),
+            "{name}: the step changed nothing"
+        );
+    }
 }

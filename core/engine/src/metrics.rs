@@ -34,7 +34,7 @@ pub fn staleness(groups: &[TrajectoryGroup], trainer_version: PolicyVersion) -> 
             head_sum += lag;
             head_max = head_max.max(lag);
         }
-        for &v in &sample.completion.versions {
+        for v in sample.completion.sampled_versions() {
             let lag = trainer_version.saturating_sub(v);
             tokens += 1;
             token_sum += lag;

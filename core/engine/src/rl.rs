@@ -297,7 +297,8 @@ pub(crate) fn step_metrics(
     let counters = &ctx.controller.runner().counters;
     let samples: Vec<_> = groups.iter().flat_map(|g| &g.samples).collect();
     let n = samples.len().max(1) as f64;
-    let lengths: Vec<usize> = samples.iter().map(|s| s.completion.len()).collect();
+    // the policy's tokens: an episode's environment tokens are read, not trained on
+    let lengths: Vec<usize> = samples.iter().map(|s| s.completion.sampled_len()).collect();
     let latencies = counters.drain_latencies();
     let counts = ctx.controller.counts();
     StepMetrics {

@@ -296,7 +296,7 @@ fn lag_past<'a>(
     at: PolicyVersion,
     bound: u64,
 ) -> bool {
-    completions.any(|c| c.versions.iter().any(|&v| at.saturating_sub(v) > bound))
+    completions.any(|c| c.sampled_versions().any(|v| at.saturating_sub(v) > bound))
 }
 
 /// Why `group` cannot be trained on when the generators hold `version`: a sample whose token,
@@ -305,10 +305,10 @@ fn lag_past<'a>(
 pub(crate) fn unaccountable(group: &TrajectoryGroup, version: PolicyVersion) -> Option<String> {
     for s in &group.samples {
         let c = &s.completion;
-        if let Err(why) = c.check() {
+        if let Err(why) = c.check_trajectory() {
             return Some(format!("sample {}: {why}", s.sample_id));
         }
-        if let Some(&v) = c.versions.iter().max()
+        if let Some(v) = c.sampled_versions().max()
             && v > version
         {
             return Some(format!(
@@ -358,10 +358,10 @@ impl RolloutSnapshot {
         for group in &self.running {
             for (j, sample) in group.samples.iter().enumerate() {
                 let c = &sample.completion;
-                c.check().map_err(|why| {
+                c.check_trajectory().map_err(|why| {
                     format!("group {} sample {j} in flight: {why}", group.spec.group_id)
                 })?;
-                if c.versions.iter().any(|&v| v > version) {
+                if c.sampled_versions().any(|v| v > version) {
                     return Err(format!(
                         "group {} sample {j} in flight: a token newer than version {version}",
                         group.spec.group_id

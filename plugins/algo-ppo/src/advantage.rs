@@ -2,7 +2,7 @@
 //! penalty, returns-to-go or GAE, baselines, scales and whitening.
 
 use areal_sdk::TrajectoryGroup;
-use areal_sdk_train::advantages::{centre, whiten};
+use areal_sdk_train::advantages::{at_sampled, centre, only_sampled, sampled_masks, whiten};
 use areal_sdk_train::{AdvantageInput, Advantages};
 
 use crate::options::{KlPlacement, Options};
@@ -32,21 +32,47 @@ pub(crate) fn shaped_rewards(groups: &[TrajectoryGroup], o: &Options) -> Vec<f64
                 && let Some(max) = o.overlong_max_tokens
             {
                 r += o.overlong_penalty
-                    * overlong_punishment(s.completion.len(), max, o.overlong_buffer);
+                    * overlong_punishment(s.completion.sampled_len(), max, o.overlong_buffer);
             }
             o.reward.apply(r)
         })
         .collect()
 }
 
-/// Advantages (and, with values, GAE returns) of every generated token.
+/// Advantages (and, with values, GAE returns) of every token of each completion. Computed
+/// over the tokens a policy sampled, as if an episode's environment tokens were not there
+/// (the reward on the policy's last token, GAE from one policy token to the next, whitening
+/// over the policy's tokens); the environment's tokens get 0.
 pub(crate) fn compute(input: &AdvantageInput<'_>, o: &Options) -> Advantages {
+    let masks = sampled_masks(input.groups);
+    let old = only_sampled(input.old_logprobs, &masks);
+    let reference = input.reference.map(|r| only_sampled(r, &masks));
+    let values = input.values.map(|v| only_sampled(v, &masks));
+    let mut sampled = AdvantageInput::new(input.groups, &old);
+    if let Some(r) = &reference {
+        sampled = sampled.with_reference(r);
+    }
+    if let Some(v) = &values {
+        sampled = sampled.with_values(v);
+    }
+    let Advantages {
+        advantages,
+        returns,
+    } = over_sampled(&sampled, o);
+    Advantages {
+        advantages: at_sampled(advantages, &masks, 0.0),
+        returns: returns.map(|r| at_sampled(r, &masks, 0.0)),
+    }
+}
+
+/// [`compute`] on per-token vectors that hold the sampled tokens only.
+fn over_sampled(input: &AdvantageInput<'_>, o: &Options) -> Advantages {
     let groups = input.groups;
     let shaped = shaped_rewards(groups, o);
     let lengths: Vec<usize> = groups
         .iter()
         .flat_map(|g| &g.samples)
-        .map(|s| s.completion.len())
+        .map(|s| s.completion.sampled_len())
         .collect();
 
     // Per-token rewards: the sequence reward on the last token, the KL penalty on every token.

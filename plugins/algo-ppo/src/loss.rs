@@ -30,8 +30,9 @@ fn tensor(values: Vec<f32>, device: &Device) -> Tensor<1> {
     Tensor::<1>::from_data(TensorData::new(values, [n]), device)
 }
 
-/// Each completion's tokens, as a `[sequences, tokens]` indicator matrix: per-sequence means
-/// and broadcasts are matrix products, so gradients flow through them.
+/// Each completion's trained tokens (the loss mask's, within its range), as a
+/// `[sequences, tokens]` indicator matrix: per-sequence means and broadcasts are matrix
+/// products, so gradients flow through them.
 struct Segments {
     matrix: Tensor<2>,
     inv_len: Tensor<1>,
@@ -39,17 +40,19 @@ struct Segments {
 }
 
 impl Segments {
-    fn new(completions: &[Range<usize>], n: usize, device: &Device) -> Self {
+    fn new(input: &LossInput, n: usize, device: &Device) -> Self {
+        let completions: &[Range<usize>] = &input.completions;
         let s = completions.len();
         let mut m = vec![0.0f32; s * n];
         for (i, r) in completions.iter().enumerate() {
             for t in r.clone() {
-                m[i * n + t] = 1.0;
+                if input.versions[t] != areal_sdk::PROMPT_VERSION {
+                    m[i * n + t] = 1.0;
+                }
             }
         }
-        let inv_len = completions
-            .iter()
-            .map(|r| 1.0 / r.len().max(1) as f32)
+        let inv_len = (0..s)
+            .map(|i| 1.0 / input.trained_tokens(i).max(1) as f32)
             .collect();
         Self {
             matrix: Tensor::<2>::from_data(TensorData::new(m, [s, n]), device),
@@ -58,7 +61,7 @@ impl Segments {
         }
     }
 
-    /// Every token gets the mean of its sequence's `x`; prompt tokens get 0.
+    /// Every trained token gets the mean of its sequence's `x`; the others get 0.
     fn broadcast_mean(&self, x: Tensor<1>) -> Tensor<1> {
         let n = x.dims()[0];
         let sums = self
@@ -121,7 +124,7 @@ pub(crate) fn loss(
     let behaviour = input.behaviour.0.clone().detach();
     let needs_segments = variant.sequence_ratio()
         || (o.behav_weight_level == Level::Sequence && o.proximal != Proximal::Behaviour);
-    let segments = needs_segments.then(|| Segments::new(&input.completions, n, &device));
+    let segments = needs_segments.then(|| Segments::new(input, n, &device));
 
     let mut stats = LossStats::default();
     let tokens = masked_sum(mask.clone(), &mask);
@@ -237,10 +240,10 @@ pub(crate) fn loss(
     // Aggregation: a per-token weight whose sum over the mini-batch's tokens is the mean.
     let sequences = input.minibatch_sequences.max(1) as f32;
     let mut weights = vec![0.0f32; n];
-    for r in &input.completions {
+    for (i, r) in input.completions.iter().enumerate() {
         let w = match o.loss_agg {
             LossAgg::TokenMean => 1.0 / input.minibatch_tokens.max(1) as f32,
-            LossAgg::SeqMeanTokenMean => 1.0 / (r.len().max(1) as f32 * sequences),
+            LossAgg::SeqMeanTokenMean => 1.0 / (input.trained_tokens(i).max(1) as f32 * sequences),
             LossAgg::SeqMeanTokenSum => 1.0 / sequences,
             LossAgg::SeqMeanTokenSumNorm => {
                 1.0 / (sequences * o.loss_agg_constant.unwrap_or(1).max(1) as f32)

@@ -223,6 +223,63 @@ fn every_variant_conforms() {
     }
 }
 
+/// The options that change how tokens are counted, weighted or rewarded, each on top of the
+/// default variants' checks: an episode's environment tokens change nothing under any of them
+/// (the testkit's `check_algorithm` compares the samples with and without them).
+#[test]
+fn environment_tokens_change_nothing_under_every_option() {
+    let groups = [group(0, &[1.0, 0.0, 0.5]), group(1, &[0.2, 0.9])];
+    let cases: Vec<(&str, Vec<(&str, serde_json::Value)>)> = vec![
+        (
+            "decoupled-ppo",
+            vec![
+                ("loss_agg", "seq-mean-token-mean".into()),
+                ("behav_weight_level", "sequence".into()),
+                ("behav_weight_cap", 1.05.into()),
+            ],
+        ),
+        (
+            "decoupled-ppo",
+            vec![
+                ("loss_agg", "seq-mean-token-sum".into()),
+                ("dual_clip", 3.0.into()),
+            ],
+        ),
+        (
+            "decoupled-ppo",
+            vec![
+                ("kl_coef", 0.1.into()),
+                ("kl_placement", "reward".into()),
+                ("kl_estimator", "k3".into()),
+                ("token_whitening", true.into()),
+            ],
+        ),
+        (
+            "decoupled-ppo",
+            vec![
+                ("kl_coef", 0.1.into()),
+                ("kl_placement", "loss".into()),
+                ("kl_estimator", "k2".into()),
+            ],
+        ),
+        (
+            "decoupled-ppo",
+            vec![
+                ("overlong_buffer", 2.into()),
+                ("overlong_max_tokens", 3.into()),
+                ("overlong_penalty", 1.0.into()),
+            ],
+        ),
+        (
+            "ppo-critic",
+            vec![("value_clip", 0.2.into()), ("gamma", 0.9.into())],
+        ),
+    ];
+    for (kind, options) in cases {
+        conformance::check_algorithm(algo(kind, &options).as_ref(), &groups);
+    }
+}
+
 #[test]
 fn every_variant_is_registered_with_a_description() {
     let infos = areal_sdk::registry::infos::<AlgorithmPlugin>();

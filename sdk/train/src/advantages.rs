@@ -155,6 +155,51 @@ pub fn whiten(per_token: &mut [Vec<f64>]) {
     }
 }
 
+/// Which tokens of each sample's completion a policy sampled (true) and which the environment
+/// of an episode wrote (false), in flat order.
+pub fn sampled_masks(groups: &[TrajectoryGroup]) -> Vec<Vec<bool>> {
+    groups
+        .iter()
+        .flat_map(|g| &g.samples)
+        .map(|s| {
+            let c = &s.completion;
+            (0..c.len()).map(|i| c.is_sampled(i)).collect()
+        })
+        .collect()
+}
+
+/// Each sample's per-token `values` at its sampled tokens only (`masks` from
+/// [`sampled_masks`]): what a recursion over the policy's tokens (returns-to-go, GAE) or a
+/// statistic over them (whitening) works on.
+pub fn only_sampled<T: Copy>(values: &[Vec<T>], masks: &[Vec<bool>]) -> Vec<Vec<T>> {
+    values
+        .iter()
+        .zip(masks)
+        .map(|(v, m)| {
+            v.iter()
+                .zip(m)
+                .filter(|(_, keep)| **keep)
+                .map(|(x, _)| *x)
+                .collect()
+        })
+        .collect()
+}
+
+/// The inverse of [`only_sampled`]: each sample's values back at its sampled tokens, `fill`
+/// at the environment's.
+pub fn at_sampled<T: Copy>(values: Vec<Vec<T>>, masks: &[Vec<bool>], fill: T) -> Vec<Vec<T>> {
+    values
+        .into_iter()
+        .zip(masks)
+        .map(|(v, m)| {
+            let mut v = v.into_iter();
+            m.iter()
+                .map(|&keep| if keep { v.next().unwrap_or(fill) } else { fill })
+                .collect()
+        })
+        .collect()
+}
+
 /// Give every generated token of each sample its sample's scalar advantage (γ = λ = 1 without
 /// a critic, where the return of every token is the final reward).
 pub fn broadcast(groups: &[TrajectoryGroup], per_sample: &[f64]) -> Vec<Vec<f32>> {

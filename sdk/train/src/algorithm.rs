@@ -77,8 +77,12 @@ impl Requirements {
 }
 
 /// What advantages are computed from: the groups, and per-token numbers the engine computed
-/// before the update. Every per-token vector has one entry per generated token of a sample, in
-/// flat order (groups in order, samples in order within each group).
+/// before the update. Every per-token vector has one entry per token of a sample's completion,
+/// in flat order (groups in order, samples in order within each group). An episode's
+/// completion holds the environment's tokens between the policy's turns
+/// ([`Completion::is_sampled`](areal_sdk::Completion::is_sampled) is false there, and the
+/// logprobs are 0): whatever an algorithm puts at those tokens is not trained on
+/// ([`advantages::sampled_masks`](crate::advantages::sampled_masks) helps leave them out).
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct AdvantageInput<'a> {
@@ -137,24 +141,27 @@ impl From<Vec<Vec<f32>>> for Advantages {
 }
 
 /// One micro-batch, packed, with everything a loss needs. Every tensor has one entry per token
-/// of the packed sequences (prompt tokens included, masked out by `loss_mask`).
+/// of the packed sequences (prompt tokens and an episode's environment tokens included, masked
+/// out by `loss_mask`): a loss must give those tokens no gradient and count only the tokens
+/// the mask keeps (the testkit's `check_algorithm` checks both).
 #[derive(Clone, Debug)]
 pub struct LossInput {
     /// Current logprobs (with gradient).
     pub current: CurrentLogprobs,
     /// Proximal logprobs (constant).
     pub proximal: ProximalLogprobs,
-    /// Behaviour logprobs (constant; 0 on prompt tokens).
+    /// Behaviour logprobs (constant; 0 where no policy sampled the token).
     pub behaviour: BehaviourLogprobs,
-    /// Per-token advantages (0 on prompt tokens).
+    /// Per-token advantages (0 where no policy sampled the token).
     pub advantages: Tensor<1>,
-    /// 1.0 on generated tokens, 0.0 on prompt tokens.
+    /// 1.0 on the tokens a policy sampled, 0.0 on the prompt's and the environment's.
     pub loss_mask: Tensor<1>,
-    /// Version of the policy that sampled each token (`PROMPT_VERSION` on prompt tokens).
+    /// Version of the policy that sampled each token (`PROMPT_VERSION` where none did).
     pub versions: Vec<PolicyVersion>,
-    /// Range of each sequence's generated tokens in the packed layout.
+    /// Range of each sequence's completion in the packed layout (an episode's environment
+    /// tokens inside it; [`trained_tokens`](Self::trained_tokens) counts the others).
     pub completions: Vec<Range<usize>>,
-    /// Generated tokens in the whole mini-batch (all its micro-batches): the token-mean
+    /// Tokens trained on in the whole mini-batch (all its micro-batches): the token-mean
     /// normaliser, so that summing micro-batch losses gives the mini-batch loss.
     pub minibatch_tokens: usize,
     /// Sequences in the whole mini-batch: the normaliser of per-sequence averaging.
@@ -166,6 +173,19 @@ pub struct LossInput {
     /// Values with gradient, values before the update (constant) and returns (constant), when
     /// [`Requirements::values`] is set.
     pub critic: Option<CriticInput>,
+}
+
+impl LossInput {
+    /// How many tokens of sequence `sequence`'s completion are trained on (sampled by a
+    /// policy): the length a per-sequence mean divides by.
+    pub fn trained_tokens(&self, sequence: usize) -> usize {
+        self.completions.get(sequence).map_or(0, |r| {
+            self.versions[r.clone()]
+                .iter()
+                .filter(|&&v| v != areal_sdk::PROMPT_VERSION)
+                .count()
+        })
+    }
 }
 
 /// What a value loss needs; every tensor has one entry per token, like [`LossInput`]'s.

@@ -9,7 +9,9 @@ use areal_sdk_train::{PackedBatch, Policy};
 
 use crate::error::EngineError;
 
-/// One sequence as the trainer sees it: prompt + completion, with per-token data.
+/// One sequence as the trainer sees it: prompt + completion, with per-token data. A token is
+/// trained on when a policy sampled it: not the prompt's, nor an episode's environment tokens
+/// (both carry `PROMPT_VERSION`).
 #[derive(Clone, Debug)]
 pub(super) struct Sequence {
     pub(super) tokens: Vec<u32>,
@@ -25,6 +27,22 @@ pub(super) struct Sequence {
 impl Sequence {
     pub(super) fn completion(&self) -> Range<usize> {
         self.prompt_len..self.tokens.len()
+    }
+
+    /// 1 on the tokens trained on (sampled by a policy), 0 elsewhere.
+    pub(super) fn loss_mask(&self) -> Vec<f32> {
+        self.versions
+            .iter()
+            .map(|&v| if v == PROMPT_VERSION { 0.0 } else { 1.0 })
+            .collect()
+    }
+
+    /// How many tokens are trained on.
+    pub(super) fn trained_tokens(&self) -> usize {
+        self.versions
+            .iter()
+            .filter(|&&v| v != PROMPT_VERSION)
+            .count()
     }
 }
 

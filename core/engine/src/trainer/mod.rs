@@ -201,11 +201,17 @@ pub fn train_step(
     for (sample, i) in index.iter().enumerate() {
         if let Some(i) = *i {
             let s = &mut seqs[i];
-            s.advantages = vec![0.0; s.prompt_len];
-            s.advantages.extend(&computed.advantages[sample]);
+            // 0 wherever no policy sampled the token (the prompt, an episode's environment),
+            // whatever the algorithm put there
+            let mask = s.loss_mask();
+            let trained = |values: &[f32]| -> Vec<f32> {
+                let mut out = vec![0.0; s.prompt_len];
+                out.extend(values);
+                out.iter().zip(&mask).map(|(v, m)| v * m).collect()
+            };
+            s.advantages = trained(&computed.advantages[sample]);
             if let Some(r) = returns {
-                s.returns = vec![0.0; s.prompt_len];
-                s.returns.extend(&r[sample]);
+                s.returns = trained(&r[sample]);
             }
         }
     }
@@ -213,7 +219,7 @@ pub fn train_step(
     let mut stats = LossStats::default();
     for mbs in &minibatches {
         let members = mbs.iter().flat_map(|m| &m.members);
-        let minibatch_tokens: usize = members.clone().map(|&i| seqs[i].completion().len()).sum();
+        let minibatch_tokens: usize = members.clone().map(|&i| seqs[i].trained_tokens()).sum();
         let minibatch_sequences = members.count();
         for mb in mbs {
             let n = mb.batch.num_tokens();
@@ -226,11 +232,7 @@ pub fn train_step(
             };
             let behaviour = gather(&|s, _| s.behaviour.clone());
             let adv = gather(&|s, _| s.advantages.clone());
-            let mask = gather(&|s, _| {
-                (0..s.tokens.len())
-                    .map(|t| if t < s.prompt_len { 0.0 } else { 1.0 })
-                    .collect()
-            });
+            let mask = gather(&|s, _| s.loss_mask());
             let mut versions = Vec::with_capacity(n);
             let mut completions = Vec::with_capacity(mb.members.len());
             for &i in &mb.members {
