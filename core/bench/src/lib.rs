@@ -19,6 +19,7 @@ mod reward;
 mod sandbox;
 mod smoke;
 mod stats;
+mod tools;
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
@@ -66,6 +67,10 @@ enum BenchCommand {
     /// file in the sandbox, the same Python function in a native process — at each thread
     /// count, on the built-in task's samples: latency, throughput, the ratios.
     Reward(reward::BenchRewardArgs),
+    /// What an agent's `python` tool call costs: a call in a session (one sandboxed
+    /// interpreter kept alive, its names persisting to the next call) against a fresh
+    /// `python3` process per call, for a trivial call and a ~50 ms computation: p50, p99.
+    Tools(tools::BenchToolsArgs),
 }
 
 fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -80,6 +85,7 @@ fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Math(args) => math::run(args),
         BenchCommand::Resume(args) => resume::run(args),
         BenchCommand::Reward(args) => reward::run(args),
+        BenchCommand::Tools(args) => tools::run(args),
     }
 }
 

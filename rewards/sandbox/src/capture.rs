@@ -1,4 +1,5 @@
-//! Captured stdout and stderr, with a byte cap.
+//! Captured stdout and stderr, with a byte cap, and a stdin that can be fed again (a
+//! session's next call).
 
 use std::io;
 use std::pin::Pin;
@@ -56,10 +57,14 @@ impl Capture {
             .is_empty()
     }
 
-    /// The captured bytes, and whether more was written than the cap.
+    /// The captured bytes, and whether more was written than the cap; the capture starts
+    /// again empty.
     pub(crate) fn take(&self) -> (Vec<u8>, bool) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        (std::mem::take(&mut s.bytes), s.overflowed)
+        (
+            std::mem::take(&mut s.bytes),
+            std::mem::take(&mut s.overflowed),
+        )
     }
 }
 
@@ -116,6 +121,73 @@ impl tokio::io::AsyncWrite for Capture {
         Poll::Ready(Ok(()))
     }
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The guest's stdin, fed by the host: what [`feed`](Feed::feed) put there, then end of file
+/// until it is fed again (a session's guest reads each call's input to its end).
+#[derive(Clone, Default)]
+pub(crate) struct Feed(Arc<Mutex<Bytes>>);
+
+impl Feed {
+    /// A stdin that holds `bytes`.
+    pub(crate) fn new(bytes: Vec<u8>) -> Self {
+        let feed = Self::default();
+        feed.feed(bytes);
+        feed
+    }
+
+    /// Replace what is left to read with `bytes`.
+    pub(crate) fn feed(&self, bytes: Vec<u8>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Bytes::from(bytes);
+    }
+
+    fn read(&self, size: usize) -> Bytes {
+        let mut buffer = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let size = size.min(buffer.len());
+        buffer.split_to(size)
+    }
+}
+
+impl IsTerminal for Feed {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl wasmtime_wasi::cli::StdinStream for Feed {
+    fn p2_stream(&self) -> Box<dyn wasmtime_wasi::p2::InputStream> {
+        Box::new(self.clone())
+    }
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncRead + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for Feed {
+    async fn ready(&mut self) {}
+}
+
+impl wasmtime_wasi::p2::InputStream for Feed {
+    fn read(&mut self, size: usize) -> StreamResult<Bytes> {
+        let read = Feed::read(self, size);
+        if read.is_empty() && size > 0 {
+            return Err(StreamError::Closed);
+        }
+        Ok(read)
+    }
+}
+
+impl tokio::io::AsyncRead for Feed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let read = Feed::read(&self, buf.remaining());
+        buf.put_slice(&read);
         Poll::Ready(Ok(()))
     }
 }

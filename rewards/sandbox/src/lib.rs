@@ -14,6 +14,8 @@
 //! - With [`Settings::preinit`], Python source runs once in the interpreter's reactor build
 //!   and the instance is snapshotted (wasmtime-wizer): every run then starts from an
 //!   initialised interpreter, in about a millisecond.
+//! - [`Session`] keeps one pre-initialised interpreter between calls (an agent's `python`
+//!   tool: what a call defines is there for the next), each call under limits of its own.
 //! - [`Pool`] runs many sandboxes on parallel threads.
 //! - [`ComponentHost`] runs reward plugins compiled to WebAssembly components
 //!   (`areal:reward`, `sdk/guest/wit`) in fresh instances under the same limits.
@@ -31,6 +33,7 @@ mod pool;
 mod preinit;
 mod run;
 mod sandbox;
+mod session;
 mod sleep;
 mod store;
 mod watchdog;
@@ -45,3 +48,4 @@ pub use run::{
     Settings, wasmtime_version,
 };
 pub use sandbox::Sandbox;
+pub use session::{CellReport, PYTHON_CELLS, Session};

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use wasmtime::{Engine, Linker, Module, Store};
 
-use crate::capture::Capture;
+use crate::capture::{Capture, Feed};
 use crate::guest::{Interpreter, read_guest};
 use crate::run::{Limits, Mode, Outcome, SandboxError, classify};
 use crate::store::{Guest, GuestIo, guest_state, watch_memory, watched};
@@ -34,7 +34,7 @@ pub(crate) fn preinitialize(
         interpreter,
         mode,
         GuestIo {
-            stdin: source.as_bytes().to_vec(),
+            stdin: Feed::new(source.as_bytes().to_vec()),
             stdout: Capture::new(64 << 10, false),
             stderr: stderr.clone(),
             args: &[],

@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::{Config, Engine, InstancePre, Store};
 
 use crate::blocking::block_on;
-use crate::capture::Capture;
+use crate::capture::{Capture, Feed};
 use crate::guest::{Interpreter, hex, read_guest};
 use crate::module_cache::load_or_compile;
 use crate::preinit::preinitialize;
@@ -25,12 +25,12 @@ const ASYNC_STACK: usize = 64 << 20;
 
 /// The wasmtime host of the interpreter. Build once per process; runs are independent.
 pub struct Sandbox {
-    engine: Engine,
-    pre: InstancePre<Guest>,
-    interpreter: Interpreter,
+    pub(crate) engine: Engine,
+    pub(crate) pre: InstancePre<Guest>,
+    pub(crate) interpreter: Interpreter,
     mode: Mode,
     /// The export a run calls: `_start` (python.wasm) or `areal_run` (the snapshot).
-    entry: &'static str,
+    pub(crate) entry: &'static str,
     /// What runs: the module's cache key (binary, pre-initialisation source, mode).
     module: String,
 }
@@ -178,7 +178,7 @@ impl Sandbox {
             &self.interpreter,
             self.mode,
             GuestIo {
-                stdin: run.stdin.clone(),
+                stdin: Feed::new(run.stdin.clone()),
                 stdout: stdout.clone(),
                 stderr: stderr.clone(),
                 args: &run.args,

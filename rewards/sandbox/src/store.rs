@@ -4,10 +4,9 @@
 
 use wasmtime::Store;
 use wasmtime_wasi::p1::WasiP1Ctx;
-use wasmtime_wasi::p2::pipe::MemoryInputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use crate::capture::Capture;
+use crate::capture::{Capture, Feed};
 use crate::determinism::{GuestClock, SeededRandom};
 use crate::guest::Interpreter;
 use crate::meter::MemoryCap;
@@ -28,7 +27,7 @@ pub(crate) struct Guest {
 
 /// What a fresh guest is given: its stdio, arguments, environment and random seed.
 pub(crate) struct GuestIo<'a> {
-    pub(crate) stdin: Vec<u8>,
+    pub(crate) stdin: Feed,
     pub(crate) stdout: Capture,
     pub(crate) stderr: Capture,
     pub(crate) args: &'a [String],
@@ -50,7 +49,7 @@ pub(crate) fn guest_state(
     // The stdlib's reads are small and local: do them on this thread instead of tokio's
     // blocking pool (start-up makes hundreds of them).
     wasi.allow_blocking_current_thread(true);
-    wasi.stdin(MemoryInputPipe::new(io.stdin))
+    wasi.stdin(io.stdin)
         .stdout(io.stdout)
         .stderr(io.stderr)
         .arg("python")

@@ -155,6 +155,19 @@ impl Watch {
         watch
     }
 
+    /// Watch the next call of a session's guest with these limits, from nothing: its CPU
+    /// time and sleeps so far forgotten, a fresh wall deadline (`None`: none of that kind).
+    pub(crate) fn rearm(&self, cpu_limit: Option<Duration>, wall: Option<Duration>) {
+        let mut w = self.lock();
+        w.cpu_limit = cpu_limit;
+        w.wall_deadline = wall.and_then(|w| Instant::now().checked_add(w));
+        w.place = Place::Outside;
+        w.cpu_done = Duration::ZERO;
+        w.stretch = None;
+        w.slept = Duration::ZERO;
+        w.stop = None;
+    }
+
     fn lock(&self) -> MutexGuard<'_, Watched> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }

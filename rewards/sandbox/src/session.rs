@@ -1,0 +1,224 @@
+//! A session: one pre-initialised interpreter kept alive between calls, so that what one call
+//! defines is there for the next (an agent's `python` tool within one episode), and nothing
+//! is shared with any other session.
+//!
+//! Each call feeds the guest's stdin anew and runs `areal_main()` again in the same instance,
+//! under limits of its own (CPU time, wall time, fuel), with the memory cap over the whole
+//! session. A call the watchdog or the memory cap stops, or that traps, ends the session: the
+//! interpreter may have been stopped anywhere, so its state is not trusted again. Output past
+//! the cap is cut, and the session goes on.
+
+use std::time::{Duration, Instant};
+
+use wasmtime::{Store, TypedFunc};
+
+use crate::capture::{Capture, Feed};
+use crate::run::{Limits, Mode, Outcome, SandboxError, classify};
+use crate::sandbox::Sandbox;
+use crate::store::{Guest, GuestIo, guest_state, watch_memory, watched};
+use crate::watchdog::{Restorer, Watch};
+
+/// Python source to pre-initialise a sandbox with for sessions of Python cells: each call's
+/// stdin is a cell, run in the session's one namespace; what it prints, then the value of its
+/// last line when that is an expression (as a notebook shows it), then the traceback of an
+/// exception it raised (its own frames only), come out on stdout.
+pub const PYTHON_CELLS: &str = r#"
+import ast as _ast, sys as _sys, traceback as _traceback
+
+_areal_namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+
+def areal_main():
+    source = _sys.stdin.read()
+    try:
+        tree = _ast.parse(source, "<cell>", "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], _ast.Expr):
+            last = _ast.Expression(tree.body.pop().value)
+        exec(compile(tree, "<cell>", "exec"), _areal_namespace)
+        if last is not None:
+            value = eval(compile(last, "<cell>", "eval"), _areal_namespace)
+            if value is not None:
+                print(repr(value))
+    except SystemExit:
+        pass
+    except BaseException as error:
+        tb = error.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
+            tb = tb.tb_next
+        _sys.stdout.flush()
+        _traceback.print_exception(type(error), error, tb, file=_sys.stdout)
+    _sys.stdout.flush()
+"#;
+
+/// What one call of a session gave (for [`PYTHON_CELLS`], one cell).
+#[derive(Clone, Debug)]
+pub struct CellReport {
+    /// How the call ended: `Exited(0)` when `areal_main()` returned; a limit or a trap ends
+    /// the session.
+    pub outcome: Outcome,
+    /// What the call printed (at most the cap).
+    pub stdout: Vec<u8>,
+    /// Whether it printed more than the cap (the rest is dropped).
+    pub truncated: bool,
+    /// What it wrote to stderr (at most its cap).
+    pub stderr: Vec<u8>,
+    /// Wall time of the call.
+    pub wall: Duration,
+    /// Fuel spent by the call (deterministic mode).
+    pub fuel: Option<u64>,
+    /// Peak linear memory of the session so far, in bytes.
+    pub peak_memory: usize,
+}
+
+/// A live interpreter and what it was given. See the module's docs.
+pub struct Session {
+    // first: access to the guest's memory is given back before the store drops
+    _restore: Restorer,
+    store: Store<Guest>,
+    entry: TypedFunc<(), ()>,
+    stdin: Feed,
+    stdout: Capture,
+    stderr: Capture,
+    watch: Watch,
+    mode: Mode,
+    limits: Limits,
+    ended: Option<Outcome>,
+    calls: u64,
+    started: Instant,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("calls", &self.calls)
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// A session in `sandbox` (which must be pre-initialised: [`crate::Settings::preinit`],
+    /// e.g. with [`PYTHON_CELLS`]) whose every call gets `limits` (its memory cap is the
+    /// session's); `seed` seeds the guest's random source in deterministic mode.
+    pub async fn start(
+        sandbox: &Sandbox,
+        limits: &Limits,
+        seed: u64,
+    ) -> Result<Self, SandboxError> {
+        if sandbox.entry != "areal_run" {
+            return Err(SandboxError::Wasmtime(wasmtime::Error::msg(
+                "a session needs a pre-initialised sandbox (Settings::preinit)",
+            )));
+        }
+        let stdin = Feed::default();
+        let stdout = Capture::new(limits.stdout_bytes, false);
+        let stderr = Capture::new(limits.stderr_bytes, false);
+        let mode = sandbox.mode();
+        let watch = Watch::new(None, None);
+        let guest = guest_state(
+            &sandbox.interpreter,
+            mode,
+            GuestIo {
+                stdin: stdin.clone(),
+                stdout: stdout.clone(),
+                stderr: stderr.clone(),
+                args: &[],
+                env: &[],
+                seed,
+            },
+            limits.memory_bytes,
+            watch.clone(),
+        )?;
+        let mut store = Store::new(&sandbox.engine, guest);
+        let deterministic = mode == Mode::Deterministic;
+        watched(&mut store, deterministic.then_some(limits.fuel))?;
+        let restore = watch.restorer();
+        let instance = sandbox.pre.instantiate_async(&mut store).await?;
+        watch_memory(&mut store, &instance);
+        let entry = instance.get_typed_func::<(), ()>(&mut store, sandbox.entry)?;
+        Ok(Self {
+            _restore: restore,
+            store,
+            entry,
+            stdin,
+            stdout,
+            stderr,
+            watch,
+            mode,
+            limits: limits.clone(),
+            ended: None,
+            calls: 0,
+            started: Instant::now(),
+        })
+    }
+
+    /// Run `areal_main()` again with `stdin` as its input. Errors are the host's; whatever
+    /// the guest does is the report's [`Outcome`]. A session that has ended answers every
+    /// later call with the outcome that ended it, running nothing.
+    pub async fn call(&mut self, stdin: &[u8]) -> Result<CellReport, SandboxError> {
+        let started = Instant::now();
+        if let Some(ended) = &self.ended {
+            return Ok(CellReport {
+                outcome: ended.clone(),
+                stdout: Vec::new(),
+                truncated: false,
+                stderr: Vec::new(),
+                wall: Duration::ZERO,
+                fuel: None,
+                peak_memory: self.store.data().memory.peak,
+            });
+        }
+        self.calls += 1;
+        let limits = &self.limits;
+        let deterministic = self.mode == Mode::Deterministic;
+        if deterministic {
+            self.store.set_fuel(limits.fuel)?;
+        }
+        self.stdin.feed(stdin.to_vec());
+        self.watch
+            .rearm((!deterministic).then_some(limits.cpu), Some(limits.wall));
+        let call = self.entry.call_async(&mut self.store, ());
+        let timed = tokio::time::timeout(limits.wall, call).await;
+        // the restorer gives access back only when the session drops: a stopped guest's
+        // memory stays revoked until then, and the session is over
+        let outcome = match timed {
+            Err(_elapsed) => Outcome::TimeLimit,
+            Ok(Ok(())) => Outcome::Exited(0),
+            Ok(Err(_)) if self.watch.stopped().is_some() => Outcome::TimeLimit,
+            Ok(Err(e)) => classify(&e, self.store.data().memory.exceeded),
+        };
+        if outcome != Outcome::Exited(0) {
+            self.ended = Some(outcome.clone());
+        }
+        let fuel = if deterministic {
+            self.store.get_fuel().ok().map(|left| limits.fuel - left)
+        } else {
+            None
+        };
+        let (stdout, truncated) = self.stdout.take();
+        Ok(CellReport {
+            outcome,
+            stdout,
+            truncated,
+            stderr: self.stderr.take().0,
+            wall: started.elapsed(),
+            fuel,
+            peak_memory: self.store.data().memory.peak,
+        })
+    }
+
+    /// Whether the session still takes calls (no call of it was stopped or trapped).
+    pub fn is_alive(&self) -> bool {
+        self.ended.is_none()
+    }
+
+    /// Calls made so far.
+    pub fn calls(&self) -> u64 {
+        self.calls
+    }
+
+    /// How long the session has lived.
+    pub fn age(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
