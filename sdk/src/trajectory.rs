@@ -334,3 +334,73 @@ impl WeightUpdate {
         self.tensors.iter().find(|t| t.name == name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reward::{Reward, Verdict};
+
+    /// An episode's completion: two policy tokens, the environment's three, one more policy
+    /// token.
+    fn episode() -> Completion {
+        let mut c = Completion::empty(FinishReason::Stop);
+        c.push(4, -0.5, 2);
+        c.push(5, -0.25, 3);
+        c.push_environment(&[7, 8, 9]);
+        c.push(6, -1.0, 3);
+        c
+    }
+
+    #[test]
+    fn environment_tokens_are_kept_apart_from_the_policys() {
+        let c = episode();
+        assert_eq!(c.token_ids, vec![4, 5, 7, 8, 9, 6]);
+        assert_eq!(c.len(), 6);
+        assert_eq!(c.sampled_len(), 3);
+        assert_eq!(c.sampled_versions().collect::<Vec<_>>(), vec![2, 3, 3]);
+        assert_eq!(
+            (0..6).map(|i| c.is_sampled(i)).collect::<Vec<_>>(),
+            vec![true, true, false, false, false, true]
+        );
+        assert!(!c.is_sampled(6), "past the end");
+        assert_eq!(&c.behaviour_logprobs[2..5], &[0.0, 0.0, 0.0]);
+        assert_eq!(c.check_trajectory(), Ok(()));
+        let refused = c.check().unwrap_err();
+        assert!(
+            refused.contains("token 2") && refused.contains("generated"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn an_environment_token_with_a_logprob_is_refused() {
+        let mut c = episode();
+        c.behaviour_logprobs[3] = -0.1;
+        let why = c.check_trajectory().unwrap_err();
+        assert!(
+            why.contains("token 3") && why.contains("environment"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_head_version_is_the_first_sampled_tokens() {
+        let mut c = Completion::empty(FinishReason::Stop);
+        c.push_environment(&[1]);
+        c.push(2, -0.5, 5);
+        let t = Trajectory {
+            sample_id: 0,
+            completion: c,
+            reward: Reward::new(1.0, Verdict::Accepted),
+        };
+        assert_eq!(t.head_version(), Some(5));
+        let group = TrajectoryGroup {
+            group_id: 0,
+            item_id: "x".into(),
+            prompt_ids: vec![0],
+            admitted_at: 5,
+            samples: vec![t],
+        };
+        assert_eq!(group.completion_tokens(), 1);
+    }
+}

@@ -57,6 +57,13 @@ async fn cell(session: &mut Session, source: &str) -> CellReport {
         .expect("the host runs the cell")
 }
 
+/// A session can live in a task that moves between threads (an episode on tokio).
+#[test]
+fn a_session_is_send() {
+    fn send<T: Send>() {}
+    send::<Session>();
+}
+
 #[test]
 fn a_session_keeps_its_names_between_calls_and_shows_the_last_value() {
     let sb = sandbox(Mode::Fast);
