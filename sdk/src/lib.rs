@@ -55,6 +55,7 @@ pub mod resources;
 mod reward;
 pub mod sampling;
 mod task;
+pub mod tool_calls;
 mod trajectory;
 mod verifier;
 
