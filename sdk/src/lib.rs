@@ -55,6 +55,7 @@ pub mod resources;
 mod reward;
 pub mod sampling;
 mod task;
+mod tool;
 pub mod tool_calls;
 mod trajectory;
 mod verifier;
@@ -65,9 +66,10 @@ pub use async_trait::async_trait;
 pub use config::{BuildContext, PluginConfig};
 pub use error::{BoxError, PluginError};
 pub use generator::{FaultStats, Generator, GeneratorStats};
-pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin};
+pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin, ToolPlugin};
 pub use reward::{MAX_REWARD, Provenance, Reward, Verdict};
 pub use task::{ChatMessage, Split, Task, TaskItem, Tokenizer};
+pub use tool::{Tool, ToolOutput, ToolSchema, ToolSession};
 pub use trajectory::{
     Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,
     SamplingParams, Trajectory, TrajectoryGroup, WeightUpdate,

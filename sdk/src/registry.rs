@@ -11,6 +11,7 @@ use crate::config::BuildContext;
 use crate::error::PluginError;
 use crate::generator::Generator;
 use crate::task::Task;
+use crate::tool::Tool;
 use crate::verifier::RewardVerifier;
 
 /// What every registry entry tells about itself.
@@ -175,11 +176,20 @@ crate::__registry!(
     BuildContext
 );
 
-/// Every plugin registered with the base SDK's macros (generators, rewards, tasks).
+crate::__registry!(
+    /// A registered [`Tool`]; add one with [`register_tool!`](crate::register_tool).
+    ToolPlugin,
+    "tool",
+    Arc<dyn Tool>,
+    BuildContext
+);
+
+/// Every plugin registered with the base SDK's macros (generators, rewards, tasks, tools).
 pub fn registered() -> Vec<PluginInfo> {
     let mut all = infos::<GeneratorPlugin>();
     all.extend(infos::<RewardPlugin>());
     all.extend(infos::<TaskPlugin>());
+    all.extend(infos::<ToolPlugin>());
     all
 }
 
@@ -227,6 +237,17 @@ macro_rules! register_task {
     ($name:expr, $description:expr, $build:expr $(,)?) => {
         $crate::__private::inventory::submit! {
             $crate::registry::TaskPlugin { name: $name, description: $description, build: $build }
+        }
+    };
+}
+
+/// Register a [`Tool`] constructor under a name (see
+/// [`register_generator!`](crate::register_generator) for the shape).
+#[macro_export]
+macro_rules! register_tool {
+    ($name:expr, $description:expr, $build:expr $(,)?) => {
+        $crate::__private::inventory::submit! {
+            $crate::registry::ToolPlugin { name: $name, description: $description, build: $build }
         }
     };
 }

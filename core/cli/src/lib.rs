@@ -42,6 +42,7 @@ use areal_reward_math as _;
 use areal_reward_plugin as _;
 use areal_serve as _;
 use areal_tasks as _;
+use areal_tools as _;
 
 /// Fully asynchronous RL for language models on reasoning tasks.
 #[derive(Debug, Parser)]

@@ -21,11 +21,21 @@ use crate::watchdog::{Restorer, Watch};
 /// Python source to pre-initialise a sandbox with for sessions of Python cells: each call's
 /// stdin is a cell, run in the session's one namespace; what it prints, then the value of its
 /// last line when that is an expression (as a notebook shows it), then the traceback of an
-/// exception it raised (its own frames only), come out on stdout.
+/// exception it raised (its own frames only), come out on stdout. A cell that raised ends
+/// with `Exited(2)`, one that did not with `Exited(0)` (`exit()` included).
 pub const PYTHON_CELLS: &str = r#"
 import ast as _ast, sys as _sys, traceback as _traceback
 
 _areal_namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+
+class _AreaLCellRaised(Exception):
+    pass
+
+# the cell's traceback is on stdout already: the interpreter's own report of the exception
+# that tells the host the cell raised (exit status 2) would be noise
+_sys.excepthook = lambda *_: None
+# line by line, so that what a cell printed before a limit stopped it reaches the host
+_sys.stdout.reconfigure(line_buffering=True)
 
 def areal_main():
     source = _sys.stdin.read()
@@ -47,14 +57,16 @@ def areal_main():
             tb = tb.tb_next
         _sys.stdout.flush()
         _traceback.print_exception(type(error), error, tb, file=_sys.stdout)
+        _sys.stdout.flush()
+        raise _AreaLCellRaised() from None
     _sys.stdout.flush()
 "#;
 
 /// What one call of a session gave (for [`PYTHON_CELLS`], one cell).
 #[derive(Clone, Debug)]
 pub struct CellReport {
-    /// How the call ended: `Exited(0)` when `areal_main()` returned; a limit or a trap ends
-    /// the session.
+    /// How the call ended: `Exited(0)` when `areal_main()` returned, `Exited(2)` when it
+    /// raised (for [`PYTHON_CELLS`], the cell raised); a limit or a trap ends the session.
     pub outcome: Outcome,
     /// What the call printed (at most the cap).
     pub stdout: Vec<u8>,
@@ -133,7 +145,17 @@ impl Session {
         let deterministic = mode == Mode::Deterministic;
         watched(&mut store, deterministic.then_some(limits.fuel))?;
         let restore = watch.restorer();
-        let instance = sandbox.pre.instantiate_async(&mut store).await?;
+        let instance = match sandbox.pre.instantiate_async(&mut store).await {
+            Ok(instance) => instance,
+            Err(_) if store.data().memory.exceeded => {
+                return Err(SandboxError::Wasmtime(wasmtime::Error::msg(format!(
+                    "a memory limit of {} MiB is less than the pre-initialised interpreter \
+                     starts with: raise it",
+                    limits.memory_bytes >> 20
+                ))));
+            }
+            Err(e) => return Err(e.into()),
+        };
         watch_memory(&mut store, &instance);
         let entry = instance.get_typed_func::<(), ()>(&mut store, sandbox.entry)?;
         Ok(Self {
@@ -187,7 +209,7 @@ impl Session {
             Ok(Err(_)) if self.watch.stopped().is_some() => Outcome::TimeLimit,
             Ok(Err(e)) => classify(&e, self.store.data().memory.exceeded),
         };
-        if outcome != Outcome::Exited(0) {
+        if !matches!(outcome, Outcome::Exited(_)) {
             self.ended = Some(outcome.clone());
         }
         let fuel = if deterministic {

@@ -112,7 +112,12 @@ fn an_exception_is_the_cells_traceback_and_the_session_goes_on() {
         let mut s = Session::start(&sb, &limits(), 0).await.unwrap();
         cell(&mut s, "y = 3").await;
         let error = cell(&mut s, "def f(v):\n    return 1 / v\nprint('before')\nf(0)").await;
-        assert_eq!(error.outcome, Outcome::Exited(0));
+        assert_eq!(error.outcome, Outcome::Exited(2), "a cell that raised");
+        assert!(
+            error.stderr.is_empty(),
+            "{:?}",
+            String::from_utf8_lossy(&error.stderr)
+        );
         let out = text(&error);
         assert!(out.starts_with("before\nTraceback"), "{out}");
         assert!(out.contains("ZeroDivisionError: division by zero"), "{out}");
@@ -120,6 +125,7 @@ fn an_exception_is_the_cells_traceback_and_the_session_goes_on() {
         assert!(!out.contains("areal_main"), "only the cell's frames: {out}");
         let syntax = cell(&mut s, "def broken(:\n").await;
         assert!(text(&syntax).contains("SyntaxError"), "{}", text(&syntax));
+        assert_eq!(syntax.outcome, Outcome::Exited(2));
         let exit = cell(&mut s, "import sys\nsys.exit(3)").await;
         assert_eq!(
             exit.outcome,
@@ -162,6 +168,19 @@ fn memory_past_the_cap_ends_the_session() {
 }
 
 #[test]
+fn a_memory_limit_below_the_snapshot_is_refused_clearly() {
+    let sb = sandbox(Mode::Fast);
+    block_on(async {
+        let tiny = Limits {
+            memory_bytes: 8 << 20,
+            ..limits()
+        };
+        let error = Session::start(&sb, &tiny, 0).await.unwrap_err().to_string();
+        assert!(error.contains("memory limit of 8 MiB"), "{error}");
+    });
+}
+
+#[test]
 fn a_cell_out_of_time_ends_the_session() {
     let sb = sandbox(Mode::Fast);
     block_on(async {
@@ -180,8 +199,13 @@ fn a_cell_out_of_time_ends_the_session() {
             .await;
             assert_eq!(busy.outcome, Outcome::Exited(0), "{}", text(&busy));
         }
-        let spin = cell(&mut s, "while True:\n    n += 1").await;
+        let spin = cell(&mut s, "print('spinning')\nwhile True:\n    n += 1").await;
         assert_eq!(spin.outcome, Outcome::TimeLimit);
+        assert_eq!(
+            text(&spin),
+            "spinning\n",
+            "what it printed before it was stopped"
+        );
         assert!(!s.is_alive());
         let after = cell(&mut s, "n").await;
         assert_eq!(

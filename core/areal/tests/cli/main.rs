@@ -91,6 +91,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("task", "code-arith"),
         ("task", "math"),
         ("task", "testkit-successor"),
+        ("tool", "python"),
     ];
     let expected: Vec<(String, String)> = expected
         .iter()

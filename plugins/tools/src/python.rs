@@ -1,0 +1,256 @@
+//! The `python` tool: a session of Python cells (`areal_sandbox::Session`) per episode.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use areal_sandbox::{Limits, Mode, Outcome, PYTHON_CELLS, Sandbox, Session, Settings};
+use areal_sdk::{
+    BuildContext, PluginConfig, PluginError, Tool, ToolOutput, ToolSchema, ToolSession,
+    register_tool,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use crate::PYTHON as NAME;
+
+/// The `[[tools]]` options of `python`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PythonToolOptions {
+    /// CPU time of one call, in seconds (in deterministic mode a fuel budget replaces it).
+    pub timeout_s: f64,
+    /// Linear memory of one episode's interpreter, in MiB.
+    pub memory_mb: usize,
+    /// What one call may print before the rest is cut, in bytes.
+    pub output_bytes: usize,
+    /// `fast` (CPU time) or `deterministic` (fuel, fixed clock, seeded random source: a run
+    /// repeats bit for bit).
+    pub mode: Mode,
+    /// Fuel of one call in deterministic mode.
+    pub fuel: u64,
+}
+
+impl Default for PythonToolOptions {
+    fn default() -> Self {
+        Self {
+            timeout_s: 5.0,
+            memory_mb: 256,
+            output_bytes: 4096,
+            mode: Mode::Fast,
+            fuel: 10_000_000_000,
+        }
+    }
+}
+
+impl PythonToolOptions {
+    fn check(&self, config: &PluginConfig) -> Result<(), PluginError> {
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= 600.0) {
+            return Err(config.invalid(
+                "timeout_s",
+                format!("between 0 and 600 seconds, found {}", self.timeout_s),
+            ));
+        }
+        // the interpreter's snapshot starts with ~70 MiB of linear memory
+        if !(128..=4096).contains(&self.memory_mb) {
+            return Err(config.invalid(
+                "memory_mb",
+                format!("between 128 and 4096, found {}", self.memory_mb),
+            ));
+        }
+        if !(64..=(16 << 20)).contains(&self.output_bytes) {
+            return Err(config.invalid(
+                "output_bytes",
+                format!("between 64 and 16 MiB, found {}", self.output_bytes),
+            ));
+        }
+        Ok(())
+    }
+
+    fn limits(&self) -> Limits {
+        let cpu = Duration::from_secs_f64(self.timeout_s);
+        Limits {
+            cpu,
+            // the backstop for a call that sleeps or waits: never what stops a busy one
+            wall: cpu * 4 + Duration::from_secs(1),
+            memory_bytes: self.memory_mb << 20,
+            stdout_bytes: self.output_bytes,
+            stderr_bytes: 4096,
+            fuel: self.fuel,
+        }
+    }
+}
+
+/// The `python` tool. See the crate's docs.
+pub struct PythonTool {
+    options: PythonToolOptions,
+    sandbox: Arc<Sandbox>,
+}
+
+impl std::fmt::Debug for PythonTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PythonTool")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One sandbox per mode for the process: building one snapshots the interpreter (cached on
+/// disk after the first time).
+fn sandbox(mode: Mode) -> Result<Arc<Sandbox>, String> {
+    static FAST: OnceLock<Result<Arc<Sandbox>, String>> = OnceLock::new();
+    static DETERMINISTIC: OnceLock<Result<Arc<Sandbox>, String>> = OnceLock::new();
+    let cell = match mode {
+        Mode::Fast => &FAST,
+        Mode::Deterministic => &DETERMINISTIC,
+    };
+    cell.get_or_init(|| {
+        Sandbox::new(&Settings {
+            mode,
+            preinit: Some(PYTHON_CELLS.into()),
+            ..Settings::default()
+        })
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
+    })
+    .clone()
+}
+
+impl PythonTool {
+    /// The tool with `options`, on this process's sandbox of their mode. Build it outside an
+    /// async context the first time (building the sandbox blocks).
+    pub fn new(options: PythonToolOptions) -> Result<Self, PluginError> {
+        let sandbox = sandbox(options.mode).map_err(|e| PluginError::failed(NAME, e))?;
+        Ok(Self { options, sandbox })
+    }
+}
+
+#[areal_sdk::async_trait]
+impl Tool for PythonTool {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn schema(&self) -> ToolSchema {
+        ToolSchema {
+            name: NAME.into(),
+            description: format!(
+                "Run Python 3.11 code. Names you define stay for your next calls. You see what \
+                 the code prints and the value of its last line; at most {} bytes, {} s of CPU \
+                 per call, {} MB of memory; no files, no network.",
+                self.options.output_bytes, self.options.timeout_s, self.options.memory_mb
+            ),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "code": {"type": "string", "description": "The Python code to run."}
+                },
+                "required": ["code"]
+            }),
+        }
+    }
+
+    async fn open(&self, seed: u64) -> Result<Box<dyn ToolSession>, PluginError> {
+        Ok(Box::new(PythonSession {
+            sandbox: self.sandbox.clone(),
+            limits: self.options.limits(),
+            options: self.options.clone(),
+            seed,
+            session: None,
+            restarts: 0,
+        }))
+    }
+}
+
+/// One episode's interpreter, started at its first call and again after one that ended it.
+struct PythonSession {
+    sandbox: Arc<Sandbox>,
+    limits: Limits,
+    options: PythonToolOptions,
+    seed: u64,
+    session: Option<Session>,
+    restarts: u64,
+}
+
+#[areal_sdk::async_trait]
+impl ToolSession for PythonSession {
+    async fn call(&mut self, arguments: &Map<String, Value>) -> Result<ToolOutput, PluginError> {
+        let code = match arguments.get("code") {
+            Some(Value::String(code)) => code,
+            Some(_) => {
+                return Ok(ToolOutput::error(
+                    "python: \"code\" must be a string of Python source",
+                ));
+            }
+            None => {
+                return Ok(ToolOutput::error(
+                    "python: give the code to run as {\"code\": \"...\"}",
+                ));
+            }
+        };
+        if let Some(unknown) = arguments.keys().find(|k| *k != "code") {
+            return Ok(ToolOutput::error(format!(
+                "python: unknown argument \"{unknown}\" (it takes only \"code\")"
+            )));
+        }
+        let session = match &mut self.session {
+            Some(session) if session.is_alive() => session,
+            _ => {
+                // each restart is a new interpreter, with a random stream of its own
+                let seed = self.seed ^ self.restarts.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                self.restarts += 1;
+                let fresh = Session::start(&self.sandbox, &self.limits, seed)
+                    .await
+                    .map_err(|e| PluginError::failed(NAME, format!("starting a session: {e}")))?;
+                self.session.insert(fresh)
+            }
+        };
+        let report = session
+            .call(code.as_bytes())
+            .await
+            .map_err(|e| PluginError::failed(NAME, format!("running a call: {e}")))?;
+        let mut text = String::from_utf8_lossy(&report.stdout).into_owned();
+        if report.truncated {
+            text.push_str(&format!(
+                "\n[output cut at {} bytes]",
+                self.options.output_bytes
+            ));
+        }
+        let ended = |why: String| {
+            let mut t = text.clone();
+            if !t.is_empty() && !t.ends_with('\n') {
+                t.push('\n');
+            }
+            t.push_str(&format!(
+                "[{why}; the interpreter was restarted: names defined before are gone]"
+            ));
+            ToolOutput::error(t)
+        };
+        Ok(match report.outcome {
+            Outcome::Exited(0) => ToolOutput::ok(text),
+            // the cell raised: its traceback is the answer
+            Outcome::Exited(_) => ToolOutput::error(text),
+            Outcome::TimeLimit => ended(format!(
+                "stopped: the call ran past its limit of {} s",
+                self.options.timeout_s
+            )),
+            Outcome::MemoryLimit => ended(format!(
+                "stopped: the call needed more than {} MB of memory",
+                self.options.memory_mb
+            )),
+            Outcome::OutputLimit => ended("stopped: too much output".into()),
+            Outcome::Trapped(why) => ended(format!("the interpreter crashed ({why})")),
+        })
+    }
+}
+
+fn build(config: &PluginConfig, _: &BuildContext) -> Result<Arc<dyn Tool>, PluginError> {
+    let options: PythonToolOptions = config.parse()?;
+    options.check(config)?;
+    Ok(Arc::new(PythonTool::new(options)?))
+}
+
+register_tool!(
+    NAME,
+    "Python in the wasm sandbox, one session per episode (names kept between its calls)",
+    build
+);

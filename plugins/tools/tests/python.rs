@@ -1,0 +1,168 @@
+//! The `python` tool through its registration, as an episode uses it.
+//!
+//! Needs the WASI interpreter (`make python-wasi`); `make test` builds it first.
+
+use std::sync::Arc;
+
+use areal_sdk::{BuildContext, PluginConfig, Tool, ToolOutput, ToolPlugin, ToolSession};
+use serde_json::{Map, Value, json};
+
+use areal_tools as _;
+
+fn tool(options: Value) -> Arc<dyn Tool> {
+    let mut config = PluginConfig::new("tools.python", "python");
+    for (k, v) in options.as_object().expect("options").clone() {
+        config = config.with(&k, v);
+    }
+    ToolPlugin::build_from(&config, &BuildContext::new(0, 1)).expect("the python tool")
+}
+
+fn code(source: &str) -> Map<String, Value> {
+    json!({ "code": source })
+        .as_object()
+        .cloned()
+        .expect("object")
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+async fn call(session: &mut Box<dyn ToolSession>, source: &str) -> ToolOutput {
+    session
+        .call(&code(source))
+        .await
+        .expect("the host runs the call")
+}
+
+#[test]
+fn the_schema_tells_the_model_what_it_takes() {
+    let t = tool(json!({}));
+    let schema = t.schema();
+    assert_eq!(schema.name, "python");
+    assert_eq!(schema.parameters["required"], json!(["code"]));
+    let function = schema.to_function();
+    assert_eq!(function["type"], "function");
+    assert_eq!(function["function"]["name"], "python");
+    assert!(
+        schema.description.contains("4096 bytes"),
+        "{}",
+        schema.description
+    );
+}
+
+#[test]
+fn bad_options_name_their_key() {
+    let bad = |options: Value| {
+        let mut config = PluginConfig::new("tools.python", "python");
+        for (k, v) in options.as_object().unwrap().clone() {
+            config = config.with(&k, v);
+        }
+        match ToolPlugin::build_from(&config, &BuildContext::new(0, 1)) {
+            Ok(_) => panic!("{options} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let typo = bad(json!({ "timeout": 1.0 }));
+    assert!(typo.contains("timeout"), "{typo}");
+    let negative = bad(json!({ "timeout_s": -1.0 }));
+    assert!(negative.contains("tools.python.timeout_s"), "{negative}");
+    let tiny = bad(json!({ "memory_mb": 1 }));
+    assert!(tiny.contains("tools.python.memory_mb"), "{tiny}");
+}
+
+#[test]
+fn an_episode_keeps_its_names_and_another_does_not_see_them() {
+    let t = tool(json!({}));
+    block_on(async {
+        let mut one = t.open(1).await.unwrap();
+        let mut two = t.open(2).await.unwrap();
+        let first = call(&mut one, "import math\nr = math.isqrt(10**12)\nr").await;
+        assert_eq!(first, ToolOutput::ok("1000000\n"));
+        assert_eq!(call(&mut one, "r + 1").await, ToolOutput::ok("1000001\n"));
+        let other = call(&mut two, "r").await;
+        assert!(other.error && other.text.contains("NameError"), "{other:?}");
+    });
+}
+
+#[test]
+fn a_bad_call_is_an_answer_the_model_reads() {
+    let t = tool(json!({}));
+    block_on(async {
+        let mut s = t.open(0).await.unwrap();
+        let missing = s.call(&Map::new()).await.unwrap();
+        assert!(
+            missing.error && missing.text.contains("{\"code\": \"...\"}"),
+            "{missing:?}"
+        );
+        let number = s
+            .call(json!({"code": 5}).as_object().unwrap())
+            .await
+            .unwrap();
+        assert!(
+            number.error && number.text.contains("must be a string"),
+            "{number:?}"
+        );
+        let extra = s
+            .call(json!({"code": "1", "timeout": 9}).as_object().unwrap())
+            .await
+            .unwrap();
+        assert!(
+            extra.error && extra.text.contains("unknown argument \"timeout\""),
+            "{extra:?}"
+        );
+        let raised = call(&mut s, "x = 2\n[][x]").await;
+        assert!(raised.error, "{raised:?}");
+        assert!(
+            raised.text.contains("IndexError: list index out of range"),
+            "{raised:?}"
+        );
+        assert_eq!(
+            call(&mut s, "x").await,
+            ToolOutput::ok("2\n"),
+            "the session went on"
+        );
+    });
+}
+
+#[test]
+fn floods_loops_and_hoards_cost_one_call() {
+    let t = tool(json!({ "timeout_s": 0.3, "memory_mb": 128, "output_bytes": 256 }));
+    block_on(async {
+        let mut s = t.open(0).await.unwrap();
+        call(&mut s, "kept = 1").await;
+        let flood = call(&mut s, "print('y' * 1_000_000)").await;
+        assert!(!flood.error, "{flood:?}");
+        assert!(
+            flood.text.ends_with("\n[output cut at 256 bytes]"),
+            "{:?}",
+            &flood.text[200..]
+        );
+        assert_eq!(call(&mut s, "kept").await, ToolOutput::ok("1\n"));
+
+        let spin = call(&mut s, "print('start')\nwhile True:\n    pass").await;
+        assert!(spin.error, "{spin:?}");
+        assert!(spin.text.starts_with("start\n[stopped: the call ran past its limit of 0.3 s; the interpreter was restarted"), "{spin:?}");
+        let gone = call(&mut s, "kept").await;
+        assert!(
+            gone.error && gone.text.contains("NameError"),
+            "a new interpreter: {gone:?}"
+        );
+
+        call(&mut s, "kept = 2").await;
+        let hoard = call(&mut s, "blocks = [bytearray(1 << 20) for _ in range(500)]").await;
+        assert!(
+            hoard.error && hoard.text.contains("more than 128 MB"),
+            "{hoard:?}"
+        );
+        assert_eq!(
+            call(&mut s, "3 * 3").await,
+            ToolOutput::ok("9\n"),
+            "and the next call runs"
+        );
+    });
+}
