@@ -161,7 +161,8 @@ impl Tool for PythonTool {
     }
 }
 
-/// One episode's interpreter, started at its first call and again after one that ended it.
+/// One episode's interpreter, started at its first call and again at the call after one that
+/// ended it.
 struct PythonSession {
     sandbox: Arc<Sandbox>,
     limits: Limits,
@@ -221,7 +222,7 @@ impl ToolSession for PythonSession {
                 t.push('\n');
             }
             t.push_str(&format!(
-                "[{why}; the interpreter was restarted: names defined before are gone]"
+                "[{why}; the next call starts a new interpreter: names defined before are gone]"
             ));
             ToolOutput::error(t)
         };

@@ -146,7 +146,7 @@ fn floods_loops_and_hoards_cost_one_call() {
 
         let spin = call(&mut s, "print('start')\nwhile True:\n    pass").await;
         assert!(spin.error, "{spin:?}");
-        assert!(spin.text.starts_with("start\n[stopped: the call ran past its limit of 0.3 s; the interpreter was restarted"), "{spin:?}");
+        assert!(spin.text.starts_with("start\n[stopped: the call ran past its limit of 0.3 s; the next call starts a new interpreter"), "{spin:?}");
         let gone = call(&mut s, "kept").await;
         assert!(
             gone.error && gone.text.contains("NameError"),
