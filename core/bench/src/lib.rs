@@ -89,6 +89,17 @@ fn run(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
+/// Print a bench's `report` (markdown) and write it to `markdown` when given.
+#[allow(clippy::print_stdout, reason = "results on stdout")]
+fn publish(report: &str, markdown: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use anyhow::Context;
+    println!("{report}");
+    if let Some(path) = markdown {
+        std::fs::write(path, report).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// `areal bench` as a command of the `areal` command line.
 pub fn extension() -> areal_cli::Extension {
     use clap::{FromArgMatches, Subcommand as _};

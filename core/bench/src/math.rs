@@ -266,10 +266,5 @@ pub(super) fn run(args: BenchMathArgs) -> anyhow::Result<()> {
         report.push_str(&row);
         report.push('\n');
     }
-    println!("{report}");
-    if let Some(path) = &args.markdown {
-        std::fs::write(path, &report)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    Ok(())
+    crate::publish(&report, args.markdown.as_deref())
 }

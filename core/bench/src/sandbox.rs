@@ -146,12 +146,7 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             &options,
             args.rounds,
         )?;
-        println!("{report}");
-        if let Some(path) = &args.markdown {
-            std::fs::write(path, &report)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-        }
-        return Ok(());
+        return crate::publish(&report, args.markdown.as_deref());
     }
     eprintln!(
         "{} problems ({functional} functional, {} stdin), {n_tests} tests; {} timed rounds",
@@ -274,12 +269,7 @@ pub(super) fn run(args: BenchSandboxArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!("{report}");
-    if let Some(path) = &args.markdown {
-        std::fs::write(path, &report)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
-    Ok(())
+    crate::publish(&report, args.markdown.as_deref())
 }
 
 /// The heavy set's table: each program runs natively and then in the sandbox, one after the

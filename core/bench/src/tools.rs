@@ -174,9 +174,5 @@ pub(super) fn run(args: BenchToolsArgs) -> anyhow::Result<()> {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     report.push_str(&format!("\n{cores} cores\n"));
-    println!("{report}");
-    if let Some(path) = &args.markdown {
-        std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    crate::publish(&report, args.markdown.as_deref())
 }

@@ -12,7 +12,7 @@ use crate::guest::{Interpreter, hex, read_guest};
 use crate::module_cache::load_or_compile;
 use crate::preinit::preinitialize;
 use crate::run::{
-    MAX_CONCURRENT_RUNS, Mode, Outcome, Run, RunReport, SandboxError, Settings, classify,
+    Limits, MAX_CONCURRENT_RUNS, Mode, Outcome, Run, RunReport, SandboxError, Settings, classify,
 };
 use crate::sleep::guest_linker;
 use crate::store::{Guest, GuestIo, guest_state, watch_memory, watched};
@@ -25,9 +25,9 @@ const ASYNC_STACK: usize = 64 << 20;
 
 /// The wasmtime host of the interpreter. Build once per process; runs are independent.
 pub struct Sandbox {
-    pub(crate) engine: Engine,
-    pub(crate) pre: InstancePre<Guest>,
-    pub(crate) interpreter: Interpreter,
+    engine: Engine,
+    pre: InstancePre<Guest>,
+    interpreter: Interpreter,
     mode: Mode,
     /// The export a run calls: `_start` (python.wasm) or `areal_run` (the snapshot).
     pub(crate) entry: &'static str,
@@ -157,6 +157,39 @@ impl Sandbox {
         &self.module
     }
 
+    /// A store for one guest of this sandbox: its WASI context from `io`, the memory cap of
+    /// `limits`, their fuel in deterministic mode, and `watch` on its time.
+    pub(crate) fn store(
+        &self,
+        io: GuestIo<'_>,
+        limits: &Limits,
+        watch: &Watch,
+    ) -> Result<Store<Guest>, SandboxError> {
+        let guest = guest_state(
+            &self.interpreter,
+            self.mode,
+            io,
+            limits.memory_bytes,
+            watch.clone(),
+        )?;
+        let mut store = Store::new(&self.engine, guest);
+        watched(
+            &mut store,
+            (self.mode == Mode::Deterministic).then_some(limits.fuel),
+        )?;
+        Ok(store)
+    }
+
+    /// An instance of the sandbox's module in `store`, its memory shown to the watchdog.
+    pub(crate) async fn instantiate(
+        &self,
+        store: &mut Store<Guest>,
+    ) -> wasmtime::Result<wasmtime::Instance> {
+        let instance = self.pre.instantiate_async(&mut *store).await?;
+        watch_memory(store, &instance);
+        Ok(instance)
+    }
+
     /// Run one guest to completion on the current thread, on a tokio runtime of the thread's
     /// own. Not for use inside an async context: `.await` [`Sandbox::run`] there.
     pub fn run_blocking(&self, run: &Run) -> Result<RunReport, SandboxError> {
@@ -174,29 +207,21 @@ impl Sandbox {
             (self.mode == Mode::Fast).then_some(limits.cpu),
             Some(limits.wall),
         );
-        let guest = guest_state(
-            &self.interpreter,
-            self.mode,
-            GuestIo {
-                stdin: Feed::new(run.stdin.clone()),
-                stdout: stdout.clone(),
-                stderr: stderr.clone(),
-                args: &run.args,
-                env: &run.env,
-                seed: run.seed,
-            },
-            limits.memory_bytes,
-            watch.clone(),
-        )?;
-        let mut store = Store::new(&self.engine, guest);
+        let io = GuestIo {
+            stdin: Feed::new(run.stdin.clone()),
+            stdout: stdout.clone(),
+            stderr: stderr.clone(),
+            args: &run.args,
+            env: &run.env,
+            seed: run.seed,
+        };
+        let mut store = self.store(io, limits, &watch)?;
         let deterministic = self.mode == Mode::Deterministic;
-        watched(&mut store, deterministic.then_some(limits.fuel))?;
         // Dropped before the store: the memory is accessible again before it is pooled.
         let _restore = watch.restorer();
 
         let call = async {
-            let instance = self.pre.instantiate_async(&mut store).await?;
-            watch_memory(&mut store, &instance);
+            let instance = self.instantiate(&mut store).await?;
             let startup = started.elapsed();
             let start = instance.get_typed_func::<(), ()>(&mut store, self.entry)?;
             let result = start.call_async(&mut store, ()).await;

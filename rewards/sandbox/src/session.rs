@@ -15,7 +15,7 @@ use wasmtime::{Store, TypedFunc};
 use crate::capture::{Capture, Feed};
 use crate::run::{Limits, Mode, Outcome, SandboxError, classify};
 use crate::sandbox::Sandbox;
-use crate::store::{Guest, GuestIo, guest_state, watch_memory, watched};
+use crate::store::{Guest, GuestIo};
 use crate::watchdog::{Restorer, Watch};
 
 /// Python source to pre-initialise a sandbox with for sessions of Python cells: each call's
@@ -125,27 +125,18 @@ impl Session {
         let stdin = Feed::default();
         let stdout = Capture::new(limits.stdout_bytes, false);
         let stderr = Capture::new(limits.stderr_bytes, false);
-        let mode = sandbox.mode();
         let watch = Watch::new(None, None);
-        let guest = guest_state(
-            &sandbox.interpreter,
-            mode,
-            GuestIo {
-                stdin: stdin.clone(),
-                stdout: stdout.clone(),
-                stderr: stderr.clone(),
-                args: &[],
-                env: &[],
-                seed,
-            },
-            limits.memory_bytes,
-            watch.clone(),
-        )?;
-        let mut store = Store::new(&sandbox.engine, guest);
-        let deterministic = mode == Mode::Deterministic;
-        watched(&mut store, deterministic.then_some(limits.fuel))?;
+        let io = GuestIo {
+            stdin: stdin.clone(),
+            stdout: stdout.clone(),
+            stderr: stderr.clone(),
+            args: &[],
+            env: &[],
+            seed,
+        };
+        let mut store = sandbox.store(io, limits, &watch)?;
         let restore = watch.restorer();
-        let instance = match sandbox.pre.instantiate_async(&mut store).await {
+        let instance = match sandbox.instantiate(&mut store).await {
             Ok(instance) => instance,
             Err(_) if store.data().memory.exceeded => {
                 return Err(SandboxError::Wasmtime(wasmtime::Error::msg(format!(
@@ -156,7 +147,6 @@ impl Session {
             }
             Err(e) => return Err(e.into()),
         };
-        watch_memory(&mut store, &instance);
         let entry = instance.get_typed_func::<(), ()>(&mut store, sandbox.entry)?;
         Ok(Self {
             _restore: restore,
@@ -166,7 +156,7 @@ impl Session {
             stdout,
             stderr,
             watch,
-            mode,
+            mode: sandbox.mode(),
             limits: limits.clone(),
             ended: None,
             calls: 0,

@@ -89,6 +89,18 @@ impl Stretch {
 }
 
 impl Watched {
+    /// Watch from nothing with these limits: no CPU time or sleep counted, a wall deadline
+    /// from now, not stopped (the memory it knows of is kept).
+    fn arm(&mut self, cpu_limit: Option<Duration>, wall: Option<Duration>) {
+        self.cpu_limit = cpu_limit;
+        self.wall_deadline = wall.and_then(|w| Instant::now().checked_add(w));
+        self.place = Place::Outside;
+        self.cpu_done = Duration::ZERO;
+        self.stretch = None;
+        self.slept = Duration::ZERO;
+        self.stop = None;
+    }
+
     fn used(&self) -> Duration {
         let running = self
             .stretch
@@ -139,9 +151,9 @@ impl Watched {
 impl Watch {
     /// A run under the watchdog with these limits (`None`: none of that kind).
     pub(crate) fn new(cpu_limit: Option<Duration>, wall: Option<Duration>) -> Self {
-        let watch = Watch(Arc::new(Mutex::new(Watched {
-            cpu_limit,
-            wall_deadline: wall.and_then(|w| Instant::now().checked_add(w)),
+        let mut watched = Watched {
+            cpu_limit: None,
+            wall_deadline: None,
             place: Place::Outside,
             cpu_done: Duration::ZERO,
             stretch: None,
@@ -150,7 +162,9 @@ impl Watch {
             len: 0,
             stop: None,
             revoked: None,
-        })));
+        };
+        watched.arm(cpu_limit, wall);
+        let watch = Watch(Arc::new(Mutex::new(watched)));
         watchdog().register(&watch.0);
         watch
     }
@@ -158,14 +172,7 @@ impl Watch {
     /// Watch the next call of a session's guest with these limits, from nothing: its CPU
     /// time and sleeps so far forgotten, a fresh wall deadline (`None`: none of that kind).
     pub(crate) fn rearm(&self, cpu_limit: Option<Duration>, wall: Option<Duration>) {
-        let mut w = self.lock();
-        w.cpu_limit = cpu_limit;
-        w.wall_deadline = wall.and_then(|w| Instant::now().checked_add(w));
-        w.place = Place::Outside;
-        w.cpu_done = Duration::ZERO;
-        w.stretch = None;
-        w.slept = Duration::ZERO;
-        w.stop = None;
+        self.lock().arm(cpu_limit, wall);
     }
 
     fn lock(&self) -> MutexGuard<'_, Watched> {
