@@ -43,9 +43,9 @@ pub(crate) fn request(sample_id: u64, max_new_tokens: usize) -> GenerateRequest 
     }
 }
 
-/// Wait (up to 10 s) until `check` holds.
+/// Wait (up to 60 s: a guard against never, not a measure of speed) until `check` holds.
 pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while !check().await {
         assert!(Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
