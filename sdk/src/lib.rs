@@ -2,9 +2,10 @@
 //!
 //! areal-rs trains language models with fully asynchronous reinforcement learning. Its moving
 //! parts are plugins: a [`Generator`] produces completions with per-token behaviour logprobs
-//! and policy versions, a [`RewardVerifier`] turns a completion into a [`Reward`], and a
-//! [`Task`] supplies prompts. This crate holds those contracts and the plain data they
-//! exchange; it has no tensor library, async runtime or sandbox in its API, so a reward plugin
+//! and policy versions, a [`RewardVerifier`] turns a completion into a [`Reward`], a [`Task`]
+//! supplies prompts, and an [`Episode`] says what the policy does with one prompt (one answer
+//! by default; turns with [`Tool`] calls in between for an agent). This crate holds those
+//! contracts and the plain data they exchange; it has no tensor library, async runtime or sandbox in its API, so a reward plugin
 //! compiles in seconds. The training contract (the `Algorithm` and `Policy` traits, the one
 //! place tensors appear) lives in `areal-sdk-train`.
 //!
@@ -48,6 +49,7 @@
 //! The config then selects it with `reward = { kind = "contains" }`.
 
 mod config;
+mod episode;
 mod error;
 mod generator;
 pub mod registry;
@@ -64,9 +66,12 @@ mod verifier;
 /// on the `impl`, without a dependency of your own.
 pub use async_trait::async_trait;
 pub use config::{BuildContext, PluginConfig};
+pub use episode::{Episode, EpisodeContext, SINGLE_TURN, SingleTurn, Turn};
 pub use error::{BoxError, PluginError};
 pub use generator::{FaultStats, Generator, GeneratorStats};
-pub use registry::{GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin, ToolPlugin};
+pub use registry::{
+    EpisodePlugin, GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin, ToolPlugin,
+};
 pub use reward::{MAX_REWARD, Provenance, Reward, Verdict};
 pub use task::{ChatMessage, Split, Task, TaskItem, Tokenizer};
 pub use tool::{Tool, ToolOutput, ToolSchema, ToolSession};

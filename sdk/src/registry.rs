@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use crate::config::BuildContext;
+use crate::episode::{Episode, SINGLE_TURN, SingleTurn};
 use crate::error::PluginError;
 use crate::generator::Generator;
 use crate::task::Task;
@@ -184,12 +185,28 @@ crate::__registry!(
     BuildContext
 );
 
-/// Every plugin registered with the base SDK's macros (generators, rewards, tasks, tools).
+crate::__registry!(
+    /// A registered [`Episode`]; add one with [`register_episode!`](crate::register_episode).
+    EpisodePlugin,
+    "episode",
+    Arc<dyn Episode>,
+    BuildContext
+);
+
+crate::register_episode!(
+    SINGLE_TURN,
+    "one generation after the prompt, its text verified (the default)",
+    |_, _| Ok(Arc::new(SingleTurn))
+);
+
+/// Every plugin registered with the base SDK's macros (generators, rewards, tasks, tools,
+/// episodes).
 pub fn registered() -> Vec<PluginInfo> {
     let mut all = infos::<GeneratorPlugin>();
     all.extend(infos::<RewardPlugin>());
     all.extend(infos::<TaskPlugin>());
     all.extend(infos::<ToolPlugin>());
+    all.extend(infos::<EpisodePlugin>());
     all
 }
 
@@ -248,6 +265,17 @@ macro_rules! register_tool {
     ($name:expr, $description:expr, $build:expr $(,)?) => {
         $crate::__private::inventory::submit! {
             $crate::registry::ToolPlugin { name: $name, description: $description, build: $build }
+        }
+    };
+}
+
+/// Register an [`Episode`] constructor under a name (see
+/// [`register_generator!`](crate::register_generator) for the shape).
+#[macro_export]
+macro_rules! register_episode {
+    ($name:expr, $description:expr, $build:expr $(,)?) => {
+        $crate::__private::inventory::submit! {
+            $crate::registry::EpisodePlugin { name: $name, description: $description, build: $build }
         }
     };
 }

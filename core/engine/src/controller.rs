@@ -11,22 +11,25 @@
 
 use std::sync::{Arc, Mutex};
 
-use areal_sdk::{Completion, PluginError, Reward, Split, Task, TrajectoryGroup, WeightUpdate};
+use areal_sdk::{PluginError, Split, Task, TrajectoryGroup, WeightUpdate};
 use areal_sdk_train::Algorithm;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::config::Config;
 use crate::error::EngineError;
-use crate::group_runner::{GroupRunner, Progress};
+use crate::group_runner::GroupRunner;
+use crate::lockstep::Lockstep;
 use crate::observer::{Observer, StopRequest};
 use crate::rollout::{RolloutSnapshot, RolloutState, RunningGroup, SampleLedger};
-use crate::shared::Shared;
+use crate::shared::{Recorder, Shared};
 use crate::staleness::AdmissionCounts;
 
 /// The controller of one run. Dropping it stops its admission loop.
 pub(crate) struct Controller {
     inner: Arc<Shared>,
     admission_loop: Mutex<Option<JoinHandle<()>>>,
+    /// Deterministic mode's rounds, with the episodes waiting between batches.
+    lockstep: tokio::sync::Mutex<Lockstep>,
 }
 
 impl Controller {
@@ -45,6 +48,7 @@ impl Controller {
                 config, runner, task, algorithm, observer, state,
             )),
             admission_loop: Mutex::new(None),
+            lockstep: tokio::sync::Mutex::new(Lockstep::default()),
         }
     }
 
@@ -86,6 +90,8 @@ impl Controller {
         if let Some(task) = task {
             let _ = task.await;
         }
+        // the episodes waiting for a round
+        *self.lockstep.lock().await = Lockstep::default();
     }
 
     /// The next batch of `rollout.batch_size` groups, oldest first; `None` when `interrupt`
@@ -96,7 +102,12 @@ impl Controller {
     ) -> Result<Option<Vec<TrajectoryGroup>>, EngineError> {
         let inner = &self.inner;
         if inner.config.deterministic {
-            return crate::lockstep::next_batch(inner, interrupt).await;
+            return self
+                .lockstep
+                .lock()
+                .await
+                .next_batch(inner, interrupt)
+                .await;
         }
         let mut stop = inner.stop.subscribe();
         let batch = inner.config.rollout.batch_size;
@@ -244,22 +255,6 @@ async fn run_group(
         .run_group_from(group.spec, Arc::new(item), group.samples, progress)
         .await?;
     Ok(inner.keep(trained))
-}
-
-/// Records a group's progress in the rollout state.
-struct Recorder {
-    inner: Arc<Shared>,
-    group_id: u64,
-}
-
-impl Progress for Recorder {
-    fn generated(&self, j: usize, part: &Completion, done: bool) {
-        self.inner.state().generated(self.group_id, j, part, done);
-    }
-
-    fn rewarded(&self, j: usize, reward: &Reward) {
-        self.inner.state().rewarded(self.group_id, j, reward);
-    }
 }
 
 /// Aborts a task when dropped (when the task awaiting it is aborted at the end of a run).

@@ -3,14 +3,15 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use areal_sdk::{FinishReason, SamplingParams, Split, Task, TaskItem, Verdict, WeightUpdate};
+use areal_sdk::{SamplingParams, Split, Task, TaskItem, Verdict, WeightUpdate};
 use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::config::Config;
+use crate::episode::{EpisodeRun, Rounds, Sampler};
 use crate::error::EngineError;
-use crate::group_runner::{Ask, GroupRunner};
+use crate::group_runner::{GroupRunner, NoProgress, SampleProgress};
 use crate::plugins::Plugins;
 use crate::reward_service::RewardService;
 use crate::worker::weight_update;
@@ -114,11 +115,7 @@ pub async fn evaluate(
         max => total.min(max),
     };
     let samples = spec.samples.max(1);
-    let graded = if spec.batched {
-        generate_batched(task, runner, spec, items, samples).await?
-    } else {
-        generate_concurrently(task, runner, spec, items, samples).await?
-    };
+    let graded = grade_episodes(task, runner, spec, items, samples).await?;
     summarise(task, spec, graded)
 }
 
@@ -133,34 +130,75 @@ fn eval_sample_id(index: usize, j: usize, samples: usize) -> u64 {
     u64::MAX / 2 + (index * samples + j) as u64
 }
 
-/// Every completion of `items` items, `samples` each, graded: at most `spec.concurrency` at a
-/// time, each on a task of its own.
-async fn generate_concurrently(
+/// Every completion of `items` items, `samples` each, graded: an episode each, at most
+/// `spec.concurrency` at a time as they finish, or (`spec.batched`) all together in rounds,
+/// each round's turns handed to the generator in one batch, in item order.
+async fn grade_episodes(
     task: &Arc<dyn Task>,
     runner: &Arc<GroupRunner>,
     spec: &EvalSpec,
     items: usize,
     samples: usize,
 ) -> Result<Vec<Vec<Graded>>, EngineError> {
-    let permits = Arc::new(Semaphore::new(spec.concurrency.max(1)));
+    let rounds = Arc::new(Rounds::default());
+    let sampler = if spec.batched {
+        Sampler::Rounds {
+            rounds: rounds.clone(),
+            chunk: spec.max_new_tokens,
+        }
+    } else {
+        Sampler::Live
+    };
+    let permits = Arc::new(Semaphore::new(if spec.batched {
+        Semaphore::MAX_PERMITS
+    } else {
+        spec.concurrency.max(1)
+    }));
     let mut jobs = JoinSet::new();
     for index in 0..items {
         let item = read_item(task, spec.split, index)?;
-        let item = Arc::new(item);
+        let prompt = runner
+            .prompt_ids(&item)
+            .map_err(|e| EngineError::plugin("evaluating", e))?;
+        let (item, prompt) = (Arc::new(item), Arc::new(prompt));
         for j in 0..samples {
-            let (runner, permits, item) = (runner.clone(), permits.clone(), item.clone());
+            let (runner, permits, item, prompt) = (
+                runner.clone(),
+                permits.clone(),
+                item.clone(),
+                prompt.clone(),
+            );
             let (sampling, max_new_tokens) = (spec.sampling.clone(), spec.max_new_tokens);
+            let sampler = sampler.clone();
+            let sample_id = eval_sample_id(index, j, samples);
+            let busy = spec.batched.then(|| rounds.enter(sample_id));
             jobs.spawn(async move {
+                let _busy = busy;
                 let _permit = permits.acquire().await.expect("semaphore is never closed");
-                let sample_id = eval_sample_id(index, j, samples);
-                let prompt = runner.prompt_ids(&item)?;
-                let completion = runner
-                    .generate(sample_id, &prompt, max_new_tokens, &sampling)
-                    .await?;
-                let verified = runner.reward(sample_id, &item, &completion).await?;
+                let (completion, reward) = EpisodeRun::run(
+                    &runner,
+                    &sampler,
+                    &item,
+                    &prompt,
+                    sample_id,
+                    max_new_tokens,
+                    &sampling,
+                    SampleProgress::default(),
+                    &NoProgress,
+                    j,
+                )
+                .await?;
                 let text = runner.tokenizer().decode(&completion.token_ids)?;
-                Ok::<_, areal_sdk::PluginError>((index, j, text, verified.reward))
+                Ok::<_, areal_sdk::PluginError>((index, j, text, reward))
             });
+        }
+    }
+    if spec.batched {
+        loop {
+            rounds.settled().await;
+            if rounds.run_round(runner).await == 0 {
+                break;
+            }
         }
     }
     let mut graded = vec![vec![None; samples]; items];
@@ -182,71 +220,6 @@ async fn generate_concurrently(
                 .collect()
         })
         .collect())
-}
-
-/// Every completion of `items` items, `samples` each, graded: all handed to the generator
-/// in one batch, in item order.
-async fn generate_batched(
-    task: &Arc<dyn Task>,
-    runner: &Arc<GroupRunner>,
-    spec: &EvalSpec,
-    items: usize,
-    samples: usize,
-) -> Result<Vec<Vec<Graded>>, EngineError> {
-    let evaluating = |e| EngineError::plugin("evaluating", e);
-    let mut asks = Vec::with_capacity(items * samples);
-    let mut held = Vec::with_capacity(items);
-    for index in 0..items {
-        let item = read_item(task, spec.split, index)?;
-        let prompt = runner.prompt_ids(&item).map_err(evaluating)?;
-        for j in 0..samples {
-            asks.push(Ask {
-                sample_id: eval_sample_id(index, j, samples),
-                input: prompt.clone(),
-                max_new_tokens: spec.max_new_tokens,
-                sampling: spec.sampling.clone(),
-            });
-        }
-        held.push(item);
-    }
-    let parts = runner.parts(&asks).await;
-    let mut completions = Vec::with_capacity(asks.len());
-    for (ask, part) in asks.iter().zip(parts) {
-        let part = part.map_err(evaluating)?;
-        // interrupted (the generator was paused): the rest as any sample gets it
-        let completion = if part.finish_reason == FinishReason::Interrupted {
-            let (prompt, max) = (&ask.input, ask.max_new_tokens);
-            runner
-                .generate_from(ask.sample_id, prompt, part, max, &ask.sampling, |_, _| {})
-                .await
-                .map_err(evaluating)?
-        } else {
-            part
-        };
-        completions.push(completion);
-    }
-    let grades = completions
-        .iter()
-        .zip(&asks)
-        .enumerate()
-        .map(|(n, (c, ask))| {
-            let item = &held[n / samples];
-            async move {
-                let verified = runner.reward(ask.sample_id, item, c).await?;
-                let text = runner.tokenizer().decode(&c.token_ids)?;
-                Ok::<_, areal_sdk::PluginError>(Graded {
-                    completion: text,
-                    reward: verified.reward.value,
-                    verdict: verified.reward.verdict,
-                })
-            }
-        });
-    let graded = futures_util::future::join_all(grades)
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(evaluating)?;
-    Ok(graded.chunks(samples).map(<[Graded]>::to_vec).collect())
 }
 
 /// The outcome of graded completions, `graded[item][j]`.
@@ -308,6 +281,7 @@ impl Evaluator {
         let runner = Arc::new(
             GroupRunner::new(plugins.generator, plugins.policy.tokenizer(), rewards)
                 .with_data_source(plugins.task.name())
+                .with_episode(plugins.episode, plugins.tools)
                 .with_prompt(config.prompt.clone())
                 .map_err(|e| EngineError::plugin("preparing prompts", e))?,
         );

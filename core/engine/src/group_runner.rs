@@ -1,17 +1,17 @@
-//! The group runner: generate a sample (resubmitting after interruptions), reward it, and
-//! assemble a group of samples for one prompt.
+//! The group runner: the generator, tokenizer, episode, tools and reward service a run's
+//! samples use, and what a group of samples is made of. Running the episodes is
+//! the episode module's part.
 
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use areal_sdk::{
-    Completion, FinishReason, GenerateRequest, Generator, PluginError, PolicyVersion, Reward,
-    RewardInput, SamplingParams, TaskItem, Tokenizer, Trajectory, TrajectoryGroup,
+    Completion, Episode, FinishReason, GenerateRequest, Generator, PluginError, PolicyVersion,
+    Reward, RewardInput, SamplingParams, SingleTurn, TaskItem, Tokenizer, Tool, Trajectory,
+    TrajectoryGroup,
 };
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinSet;
 
 use crate::config::PromptConfig;
 use crate::reward_service::{RewardService, Verified};
@@ -31,9 +31,32 @@ pub struct GroupCounters {
     pub rewards: AtomicU64,
     /// Of which the reward cache answered.
     pub reward_cache_hits: AtomicU64,
+    /// Episodes run to their end (or failure).
+    pub episodes: AtomicU64,
+    /// Turns the episodes generated.
+    pub turns: AtomicU64,
+    /// Episodes that called a tool at least once.
+    pub episodes_calling_tools: AtomicU64,
+    /// Tool calls.
+    pub tool_calls: AtomicU64,
+    /// Tool calls that came back as errors (malformed, unknown tool, a limit, a traceback).
+    pub tool_errors: AtomicU64,
 }
 
 impl GroupCounters {
+    /// Count an episode that ended.
+    pub(crate) fn record_episode(&self, stats: &EpisodeStats) {
+        self.episodes.fetch_add(1, Ordering::Relaxed);
+        self.turns.fetch_add(stats.turns, Ordering::Relaxed);
+        self.tool_calls
+            .fetch_add(stats.tool_calls, Ordering::Relaxed);
+        self.tool_errors
+            .fetch_add(stats.tool_errors, Ordering::Relaxed);
+        if stats.tool_calls > 0 {
+            self.episodes_calling_tools.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Take the latencies recorded since the last call.
     pub fn drain_latencies(&self) -> Vec<f64> {
         std::mem::take(
@@ -45,11 +68,13 @@ impl GroupCounters {
     }
 }
 
-/// Runs groups: generator, tokenizer and reward service together.
+/// Runs groups: generator, tokenizer, episode, tools and reward service together.
 pub struct GroupRunner {
     generator: Arc<dyn Generator>,
     tokenizer: Arc<dyn Tokenizer>,
     rewards: RewardService,
+    episode: Arc<dyn Episode>,
+    tools: Vec<Arc<dyn Tool>>,
     stop_token_ids: Vec<u32>,
     /// The task's name, the `data_source` of every reward input's metadata.
     data_source: String,
@@ -71,6 +96,8 @@ impl GroupRunner {
             generator,
             tokenizer,
             rewards,
+            episode: Arc::new(SingleTurn),
+            tools: Vec::new(),
             stop_token_ids,
             data_source: String::new(),
             counters: GroupCounters::default(),
@@ -92,6 +119,23 @@ impl GroupRunner {
         Ok(self)
     }
 
+    /// Samples run as `episode`, with `tools` (by default one turn, no tools).
+    pub fn with_episode(mut self, episode: Arc<dyn Episode>, tools: Vec<Arc<dyn Tool>>) -> Self {
+        self.episode = episode;
+        self.tools = tools;
+        self
+    }
+
+    /// The episode every sample runs.
+    pub fn episode(&self) -> &Arc<dyn Episode> {
+        &self.episode
+    }
+
+    /// The tools episodes may call.
+    pub fn tools(&self) -> &[Arc<dyn Tool>] {
+        &self.tools
+    }
+
     /// With the task's name, given to rewards as `metadata.data_source`.
     pub fn with_data_source(mut self, name: &str) -> Self {
         self.data_source = name.to_owned();
@@ -111,74 +155,6 @@ impl GroupRunner {
     /// The reward service.
     pub fn rewards(&self) -> &RewardService {
         &self.rewards
-    }
-
-    /// Generate one completion of up to `max_new_tokens` for `prompt_ids`.
-    ///
-    /// When the generator is interrupted by a weight update the sample is resubmitted as
-    /// prompt + partial output with the remaining budget, so every token keeps the logprob and
-    /// version of the policy that sampled it.
-    pub async fn generate(
-        &self,
-        sample_id: u64,
-        prompt_ids: &[u32],
-        max_new_tokens: usize,
-        sampling: &SamplingParams,
-    ) -> Result<Completion, PluginError> {
-        let empty = Completion::empty(FinishReason::Length);
-        self.generate_from(
-            sample_id,
-            prompt_ids,
-            empty,
-            max_new_tokens,
-            sampling,
-            |_, _| {},
-        )
-        .await
-    }
-
-    /// [`generate`](Self::generate) continuing `completion` (what the sample had when it was
-    /// last interrupted: a resumed run's partial sample). `on_part` sees every part the
-    /// generator returns, with whether the completion is final after it.
-    pub(crate) async fn generate_from(
-        &self,
-        sample_id: u64,
-        prompt_ids: &[u32],
-        mut completion: Completion,
-        max_new_tokens: usize,
-        sampling: &SamplingParams,
-        mut on_part: impl FnMut(&Completion, bool) + Send,
-    ) -> Result<Completion, PluginError> {
-        let mut input = prompt_ids.to_vec();
-        input.extend(&completion.token_ids);
-        loop {
-            if completion.len() >= max_new_tokens {
-                completion.finish_reason = FinishReason::Length;
-                return Ok(completion);
-            }
-            let part = self
-                .part(
-                    sample_id,
-                    &input,
-                    max_new_tokens - completion.len(),
-                    sampling,
-                )
-                .await?;
-            let interrupted = part.finish_reason == FinishReason::Interrupted;
-            let empty = part.is_empty();
-            input.extend(&part.token_ids);
-            let done = !interrupted || completion.len() + part.len() >= max_new_tokens;
-            on_part(&part, done);
-            completion.extend(part);
-            if !interrupted {
-                return Ok(completion);
-            }
-            self.counters.interruptions.fetch_add(1, Ordering::Relaxed);
-            if empty {
-                // A generator that returns at once while paused must not make us spin.
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        }
     }
 
     /// One call to the generator: up to `max_new_tokens` tokens after `input`, checked.
@@ -261,14 +237,15 @@ impl GroupRunner {
         Ok(part)
     }
 
-    /// Reward one completion.
+    /// Reward `text`, what the verifier grades of `completion` (its decoded text for a
+    /// single turn).
     pub async fn reward(
         &self,
         sample_id: u64,
         item: &TaskItem,
+        text: &str,
         completion: &Completion,
     ) -> Result<Verified, PluginError> {
-        let text = self.tokenizer.decode(&completion.token_ids)?;
         let verified = self
             .rewards
             .verify(RewardInput {
@@ -282,7 +259,7 @@ impl GroupRunner {
                 sample_id,
                 item_id: item.id.clone(),
                 prompt: item.prompt.clone(),
-                completion: text,
+                completion: text.to_owned(),
                 completion_ids: completion.token_ids.clone(),
                 finish_reason: completion.finish_reason,
                 reference: item.reference.clone(),
@@ -305,78 +282,6 @@ impl GroupRunner {
                 .fetch_add(1, Ordering::Relaxed);
         }
         Ok(verified)
-    }
-
-    /// Generate and reward `group_size` samples for `item`. Samples whose verifier failed are
-    /// left out of the group; generation errors fail the whole group, and so does a verifier
-    /// that failed on every sample (a group with nothing to train on is a failure, counted by
-    /// `rollout.max_consecutive_failures`, not a quiet rejection).
-    pub async fn run_group(
-        self: &Arc<Self>,
-        spec: GroupSpec,
-        item: TaskItem,
-    ) -> Result<TrajectoryGroup, PluginError> {
-        let start = vec![SampleProgress::default(); spec.group_size];
-        self.run_group_from(spec, Arc::new(item), start, Arc::new(NoProgress))
-            .await
-    }
-
-    /// [`run_group`](Self::run_group) from where each sample was (`start`: a resumed run's
-    /// partial samples, or nothing yet), telling `progress` of every step.
-    pub(crate) async fn run_group_from(
-        self: &Arc<Self>,
-        spec: GroupSpec,
-        item: Arc<TaskItem>,
-        start: Vec<SampleProgress>,
-        progress: Arc<dyn Progress>,
-    ) -> Result<TrajectoryGroup, PluginError> {
-        let prompt_ids = Arc::new(self.prompt_ids(&item)?);
-        let mut samples = JoinSet::new();
-        for (j, start) in start.into_iter().enumerate() {
-            let this = self.clone();
-            let (item, prompt_ids, sampling, progress) = (
-                item.clone(),
-                prompt_ids.clone(),
-                spec.sampling.clone(),
-                progress.clone(),
-            );
-            let sample_id = spec.sample_id(j);
-            samples.spawn(async move {
-                let completion = if start.done {
-                    start.completion
-                } else {
-                    this.generate_from(
-                        sample_id,
-                        &prompt_ids,
-                        start.completion,
-                        spec.max_new_tokens,
-                        &sampling,
-                        |part, done| progress.generated(j, part, done),
-                    )
-                    .await?
-                };
-                let reward = match start.reward {
-                    Some(reward) => reward,
-                    None => {
-                        let reward = this.reward(sample_id, &item, &completion).await?.reward;
-                        progress.rewarded(j, &reward);
-                        reward
-                    }
-                };
-                Ok::<_, PluginError>(Trajectory {
-                    sample_id,
-                    completion,
-                    reward,
-                })
-            });
-        }
-        let mut done = Vec::with_capacity(spec.group_size);
-        while let Some(joined) = samples.join_next().await {
-            let result = joined
-                .map_err(|e| PluginError::failed("rollout", format!("sample task failed: {e}")))?;
-            done.push(result?);
-        }
-        assemble(&spec, &item, prompt_ids.to_vec(), done)
     }
 
     /// The prompt of `item` as token ids (never empty), in the format of `[prompt]`.
@@ -447,14 +352,38 @@ pub(crate) struct Ask {
     pub(crate) sampling: SamplingParams,
 }
 
-/// Where one sample of a group is: the tokens it has, whether they are final, its reward.
+/// Where a turn of an episode ended, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct TurnEnd {
+    /// The completion's length at the end of the turn.
+    pub(crate) end: usize,
+    /// Why the turn ended.
+    pub(crate) finish_reason: FinishReason,
+}
+
+/// What an episode did, counted per step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct EpisodeStats {
+    /// Turns generated (replayed ones included).
+    pub(crate) turns: u64,
+    /// Tool calls made.
+    pub(crate) tool_calls: u64,
+    /// Of which came back as errors.
+    pub(crate) tool_errors: u64,
+}
+
+/// Where one sample of a group is: its episode's tokens so far, where its turns ended, and
+/// once it has ended, its reward.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct SampleProgress {
-    /// What was generated so far (all of it once `done`).
+    /// What the episode has so far, sampled and environment tokens (all of it once `done`).
     pub(crate) completion: Completion,
-    /// The completion is final (stopped or at its budget).
+    /// Where each of its turns ended.
+    #[serde(default)]
+    pub(crate) turns: Vec<TurnEnd>,
+    /// The episode ended: the completion is final and `reward` is its reward.
     pub(crate) done: bool,
-    /// Its reward, once verified.
+    /// Its reward, once the episode ended.
     pub(crate) reward: Option<Reward>,
 }
 
@@ -462,6 +391,7 @@ impl Default for SampleProgress {
     fn default() -> Self {
         Self {
             completion: Completion::empty(FinishReason::Length),
+            turns: Vec::new(),
             done: false,
             reward: None,
         }
@@ -469,19 +399,22 @@ impl Default for SampleProgress {
 }
 
 /// Told of each step of a group's samples (the controller records them, so that a checkpoint
-/// holds the partial samples).
+/// holds the partial episodes).
 pub(crate) trait Progress: Send + Sync {
-    /// Sample `j` got `part`; `done`: its completion is final.
-    fn generated(&self, j: usize, part: &Completion, done: bool);
-    /// Sample `j` was rewarded.
-    fn rewarded(&self, j: usize, reward: &Reward);
+    /// Sample `j` got `part` (sampled or environment tokens).
+    fn extended(&self, j: usize, part: &Completion);
+    /// A turn of sample `j` ended.
+    fn turn_ended(&self, j: usize, end: TurnEnd);
+    /// Sample `j`'s episode ended with `reward`.
+    fn finished(&self, j: usize, reward: &Reward);
 }
 
-struct NoProgress;
+pub(crate) struct NoProgress;
 
 impl Progress for NoProgress {
-    fn generated(&self, _: usize, _: &Completion, _: bool) {}
-    fn rewarded(&self, _: usize, _: &Reward) {}
+    fn extended(&self, _: usize, _: &Completion) {}
+    fn turn_ended(&self, _: usize, _: TurnEnd) {}
+    fn finished(&self, _: usize, _: &Reward) {}
 }
 
 /// What a group rollout is asked to do.

@@ -28,6 +28,7 @@ mod checkpoint;
 pub mod config;
 mod context;
 mod controller;
+mod episode;
 mod error;
 pub mod eval;
 mod failpoint;

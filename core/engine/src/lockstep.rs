@@ -1,180 +1,209 @@
 //! Deterministic mode's schedule: generation in rounds, over the controller's rollout state.
 //!
-//! A round admits every group the staleness rule allows, gives each unfinished sample one
-//! chunk of at most `rollout.chunk_tokens` tokens with the weights the generator holds,
-//! rewards the samples that finished, and files the groups that are complete, oldest first.
-//! Rounds run until `rollout.batch_size` groups are buffered; the trainer then trains on them
-//! and publishes new weights, which the next round uses. A sample longer than a chunk spans
-//! rounds, and so versions, exactly as an interrupted sample does by default.
+//! A round admits every group the staleness rule allows and starts an episode task for each of
+//! their samples; it then waits until every episode at work waits for a turn or has ended
+//! (what an episode does between turns, its tools and its reward, happens here), files the
+//! groups that are complete, oldest first, and hands the turns waiting to the generator
+//! together, at most `rollout.chunk_tokens` tokens each, with the weights it holds
+//! ([`Rounds`]). Rounds run until `rollout.batch_size` groups are buffered; the trainer then
+//! trains on them and publishes new weights, which the next round uses. A turn longer than a
+//! chunk spans rounds, and so versions, exactly as an interrupted turn does by default.
 //!
 //! Nothing here depends on timing: which tokens a version samples follows from the rounds
-//! alone, and each round's chunks reach the generator together, in one order
+//! alone, and each round's chunks reach the generator together, in sample order
 //! ([`Generator::generate_batch`](areal_sdk::Generator::generate_batch)), so a generator that
 //! batches them does so the same way every time and its rounding is the same too. Between
-//! batches nothing generates, so the rollout state is whole when a checkpoint copies it.
+//! batches every episode waits for a turn or has ended and its tokens so far are recorded, so
+//! the rollout state is whole when a checkpoint copies it; a resumed episode replays its
+//! record ([`crate::episode`]) to the same place.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use areal_sdk::{
-    Completion, FinishReason, PluginError, Reward, Split, TaskItem, Trajectory, TrajectoryGroup,
-};
-use futures_util::future::join_all;
+use areal_sdk::{PluginError, Reward, Split, TaskItem, Trajectory, TrajectoryGroup};
+use tokio::task::JoinHandle;
 
+use crate::episode::{EpisodeRun, Rounds, Sampler};
 use crate::error::EngineError;
-use crate::group_runner::{Ask, GroupRunner, assemble};
+use crate::group_runner::assemble;
 use crate::observer::StopRequest;
 use crate::rollout::RunningGroup;
-use crate::shared::Shared;
+use crate::shared::{Recorder, Shared};
 
-/// Run rounds until a batch is buffered; `None` when `interrupt` is requested first.
-pub(crate) async fn next_batch(
-    inner: &Arc<Shared>,
-    interrupt: &StopRequest,
-) -> Result<Option<Vec<TrajectoryGroup>>, EngineError> {
-    let batch = inner.config.rollout.batch_size;
-    loop {
-        if let Some(groups) = inner.state().take(batch) {
-            return Ok(Some(groups));
-        }
-        if interrupt.is_requested() {
-            return Ok(None);
-        }
-        while inner.admit().is_some() {}
-        let running: Vec<RunningGroup> = inner.state().running().cloned().collect();
-        if running.is_empty() {
-            return Err(EngineError::internal(
-                "deterministic rounds: no group may start and no batch is ready",
-            ));
-        }
-        round(inner, running).await;
-        if let Some(stopped) = inner.stopped() {
-            return Err(stopped);
+/// The rounds of a run in deterministic mode: the episodes in flight, between batches too.
+#[derive(Default)]
+pub(crate) struct Lockstep {
+    rounds: Arc<Rounds>,
+    /// Each started group's item, prompt and episode tasks.
+    started: BTreeMap<u64, Started>,
+    /// Groups whose episode failed, with the first error.
+    failed: Arc<Mutex<BTreeMap<u64, PluginError>>>,
+}
+
+struct Started {
+    item: Arc<TaskItem>,
+    prompt: Arc<Vec<u32>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
         }
     }
 }
 
-/// One round over the groups in flight.
-async fn round(inner: &Arc<Shared>, running: Vec<RunningGroup>) {
-    let runner = &inner.runner;
-    let chunk = inner.config.rollout.chunk_tokens;
-    // Each group's item and prompt, by group id; a group whose item cannot be had fails.
-    let mut groups = BTreeMap::new();
-    for group in running {
-        let item =
+impl Lockstep {
+    /// Run rounds until a batch is buffered; `None` when `interrupt` is requested first.
+    pub(crate) async fn next_batch(
+        &mut self,
+        inner: &Arc<Shared>,
+        interrupt: &StopRequest,
+    ) -> Result<Option<Vec<TrajectoryGroup>>, EngineError> {
+        let batch = inner.config.rollout.batch_size;
+        loop {
+            if let Some(groups) = inner.state().take(batch) {
+                return Ok(Some(groups));
+            }
+            if interrupt.is_requested() {
+                return Ok(None);
+            }
+            while inner.admit().is_some() {}
+            let running: Vec<RunningGroup> = inner.state().running().cloned().collect();
+            if running.is_empty() {
+                return Err(EngineError::internal(
+                    "deterministic rounds: no group may start and no batch is ready",
+                ));
+            }
+            for group in running {
+                if !self.started.contains_key(&group.spec.group_id) {
+                    self.start(inner, group);
+                }
+            }
+            self.rounds.settled().await;
+            self.file(inner);
+            if let Some(stopped) = inner.stopped() {
+                return Err(stopped);
+            }
+            let turns = self.rounds.run_round(&inner.runner).await;
+            if turns == 0 && !self.started.is_empty() {
+                return Err(EngineError::internal(
+                    "deterministic rounds: groups in flight, but no episode is at work or \
+                     waiting for a turn",
+                ));
+            }
+        }
+    }
+
+    /// Start an episode task for every sample of `group` (from where each is).
+    fn start(&mut self, inner: &Arc<Shared>, group: RunningGroup) {
+        let group_id = group.spec.group_id;
+        let prepared =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepared(inner, &group)));
-        let item = item.unwrap_or_else(|_| {
+        let (item, prompt) = match prepared.unwrap_or_else(|_| {
             Err(PluginError::failed(
                 "rollout",
                 format!("the task panicked on train item {}", group.item_index),
             ))
-        });
-        match item {
-            Ok((item, prompt)) => {
-                groups.insert(group.spec.group_id, (group, item, prompt));
+        }) {
+            Ok((item, prompt)) => (Arc::new(item), Arc::new(prompt)),
+            Err(e) => {
+                inner.settle(group_id, Err(e));
+                return;
             }
-            Err(e) => inner.settle(group.spec.group_id, Err(e)),
-        }
-    }
-    // One chunk for every unfinished sample, handed to the generator together.
-    let mut asks = Vec::new();
-    let mut whose = Vec::new();
-    for (group, _, prompt) in groups.values() {
-        let spec = &group.spec;
-        for (j, sample) in group.samples.iter().enumerate() {
-            if sample.done {
-                continue;
-            }
-            let mut input = prompt.clone();
-            input.extend(&sample.completion.token_ids);
-            let left = spec.max_new_tokens - sample.completion.len();
-            let ask = Ask {
-                sample_id: spec.sample_id(j),
-                input,
-                max_new_tokens: chunk.min(left),
-                sampling: spec.sampling.clone(),
-            };
-            whose.push((spec.group_id, j, left));
-            asks.push(ask);
-        }
-    }
-    let parts = generate(runner, &asks).await;
-    let mut failed = BTreeMap::new();
-    for (((group_id, j, left), ask), part) in whose.into_iter().zip(&asks).zip(parts) {
-        match part {
-            Ok(part) => {
-                // final when stopped, at the budget, or short of what was asked (the context
-                // is full)
-                let done = match part.finish_reason {
-                    FinishReason::Stop => true,
-                    FinishReason::Interrupted => part.len() >= left,
-                    FinishReason::Length => part.len() < ask.max_new_tokens || part.len() >= left,
+        };
+        let chunk = inner.config.rollout.chunk_tokens;
+        let sampler = Sampler::Rounds {
+            rounds: self.rounds.clone(),
+            chunk,
+        };
+        let mut tasks = Vec::with_capacity(group.samples.len());
+        for (j, start) in group.samples.into_iter().enumerate() {
+            let sample_id = group.spec.sample_id(j);
+            let busy = self.rounds.enter(sample_id);
+            let (inner, item, prompt, sampler) =
+                (inner.clone(), item.clone(), prompt.clone(), sampler.clone());
+            let (spec, failed) = (group.spec.clone(), self.failed.clone());
+            tasks.push(tokio::spawn(async move {
+                let _busy = busy;
+                let progress = Recorder {
+                    inner: inner.clone(),
+                    group_id,
                 };
-                inner.state().generated(group_id, j, &part, done);
-            }
-            Err(e) => {
-                failed.entry(group_id).or_insert(e);
-            }
-        }
-    }
-    for (group_id, e) in failed {
-        inner.settle(group_id, Err(e));
-    }
-    // Rewards for the samples that finished.
-    let now: Vec<RunningGroup> = inner.state().running().cloned().collect();
-    let mut verifications = Vec::new();
-    for group in &now {
-        let Some((_, item, _)) = groups.get(&group.spec.group_id) else {
-            continue;
-        };
-        for (j, sample) in group.samples.iter().enumerate() {
-            if sample.done && sample.reward.is_none() {
-                let id = group.spec.sample_id(j);
-                verifications.push(async move {
-                    let verified = runner.reward(id, item, &sample.completion).await;
-                    (group.spec.group_id, j, verified.map(|v| v.reward))
+                let runner = inner.runner.clone();
+                // a task of its own, so that a panicking episode fails its group, not the run
+                let run = tokio::spawn(async move {
+                    EpisodeRun::run(
+                        &runner,
+                        &sampler,
+                        &item,
+                        &prompt,
+                        sample_id,
+                        spec.max_new_tokens,
+                        &spec.sampling,
+                        start,
+                        &progress,
+                        j,
+                    )
+                    .await
+                    .map(drop)
                 });
-            }
+                let _abort = AbortOnDrop(run.abort_handle());
+                let result = run.await.unwrap_or_else(|e| {
+                    Err(PluginError::failed(
+                        "rollout",
+                        format!("the episode's task failed: {e}"),
+                    ))
+                });
+                if let Err(e) = result {
+                    failed
+                        .lock()
+                        .expect("failures lock poisoned")
+                        .entry(group_id)
+                        .or_insert(e);
+                }
+            }));
         }
+        self.started.insert(
+            group_id,
+            Started {
+                item,
+                prompt,
+                tasks,
+            },
+        );
     }
-    let mut failed = BTreeMap::new();
-    for (group_id, j, reward) in join_all(verifications).await {
-        match reward {
-            Ok(reward) => inner.state().rewarded(group_id, j, &reward),
-            Err(e) => {
-                failed.entry(group_id).or_insert(e);
-            }
+
+    /// Settle the groups that failed, and file those complete, oldest first.
+    fn file(&mut self, inner: &Arc<Shared>) {
+        let failed = std::mem::take(&mut *self.failed.lock().expect("failures lock poisoned"));
+        for (group_id, e) in failed {
+            self.started.remove(&group_id);
+            inner.settle(group_id, Err(e));
         }
-    }
-    for (group_id, e) in failed {
-        inner.settle(group_id, Err(e));
-    }
-    // File the groups that are complete, oldest first.
-    let now: Vec<RunningGroup> = inner.state().running().cloned().collect();
-    for group in now {
-        let Some((_, item, prompt)) = groups.get(&group.spec.group_id) else {
-            continue;
-        };
-        let Some(samples) = complete(&group) else {
-            continue;
-        };
-        let result = assemble(&group.spec, item, prompt.clone(), samples).map(|g| inner.keep(g));
-        inner.settle(group.spec.group_id, result);
+        let now: Vec<RunningGroup> = inner.state().running().cloned().collect();
+        for group in now {
+            let group_id = group.spec.group_id;
+            let Some(samples) = complete(&group) else {
+                continue;
+            };
+            let Some(started) = self.started.remove(&group_id) else {
+                continue;
+            };
+            let result = assemble(&group.spec, &started.item, started.prompt.to_vec(), samples)
+                .map(|g| inner.keep(g));
+            inner.settle(group_id, result);
+        }
     }
 }
 
-/// The round's chunks from the generator, on a task of their own, so that a panicking
-/// generator fails the round's groups (as it fails a group by default), not the run.
-async fn generate(runner: &Arc<GroupRunner>, asks: &[Ask]) -> Vec<Result<Completion, PluginError>> {
-    let (runner, owned) = (runner.clone(), asks.to_vec());
-    match tokio::spawn(async move { runner.parts(&owned).await }).await {
-        Ok(parts) => parts,
-        Err(e) => {
-            let why = format!("the generator's task failed: {e}");
-            asks.iter()
-                .map(|_| Err(PluginError::failed("rollout", why.clone())))
-                .collect()
-        }
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -185,7 +214,7 @@ fn prepared(inner: &Shared, group: &RunningGroup) -> Result<(TaskItem, Vec<u32>)
     Ok((item, prompt))
 }
 
-/// The samples of `group` if every one is generated and rewarded.
+/// The samples of `group` if every episode has ended.
 fn complete(group: &RunningGroup) -> Option<Vec<Trajectory>> {
     group
         .samples

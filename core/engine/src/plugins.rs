@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use areal_sdk::{
-    BuildContext, Generator, GeneratorPlugin, PluginError, RewardPlugin, RewardVerifier, Task,
-    TaskPlugin, Tokenizer, mix_seed,
+    BuildContext, Episode, EpisodePlugin, Generator, GeneratorPlugin, PluginError, RewardPlugin,
+    RewardVerifier, Task, TaskPlugin, Tokenizer, Tool, ToolPlugin, mix_seed,
 };
 use areal_sdk_train::burn::tensor::Device;
 use areal_sdk_train::{Algorithm, AlgorithmPlugin, Policy, PolicyContext, PolicyPlugin};
@@ -64,6 +64,24 @@ fn build_reward(config: &Config) -> Result<Arc<dyn RewardVerifier>, PluginError>
     RewardPlugin::build_from(&section, &ctx).map_err(|e| in_section("reward", e))
 }
 
+/// The `[[tools]]` plugins, each name once.
+fn build_tools(config: &Config) -> Result<Vec<Arc<dyn Tool>>, PluginError> {
+    let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+    for (i, section) in config.tool_sections()?.into_iter().enumerate() {
+        let ctx = BuildContext::new(mix_seed(config.seed, 8 + i as u64), 1);
+        let key = format!("tools[{i}]");
+        let tool = ToolPlugin::build_from(&section, &ctx).map_err(|e| in_section(&key, e))?;
+        if tools.iter().any(|t| t.name() == tool.name()) {
+            return Err(PluginError::config(
+                format!("{key}.kind"),
+                format!("tool {:?} is given twice; each tool once", tool.name()),
+            ));
+        }
+        tools.push(tool);
+    }
+    Ok(tools)
+}
+
 /// A config checked and something built from it, every problem reported together.
 fn resolve_with<T>(
     loader: &ConfigLoader,
@@ -98,6 +116,10 @@ pub struct Plugins {
     pub verifier: Arc<dyn areal_sdk::RewardVerifier>,
     /// Loss and advantages.
     pub algorithm: Arc<dyn Algorithm>,
+    /// What the policy does with one prompt.
+    pub episode: Arc<dyn Episode>,
+    /// The tools episodes may call.
+    pub tools: Vec<Arc<dyn Tool>>,
 }
 
 impl Plugins {
@@ -134,6 +156,11 @@ impl Plugins {
             let built = AlgorithmPlugin::build_from(&section, &ctx);
             keep(&mut errors, built.map_err(|e| in_section("algorithm", e)))
         });
+        let episode = keep(&mut errors, config.plugin("episode")).and_then(|section| {
+            let built = EpisodePlugin::build_from(&section, &ctx(7, 1));
+            keep(&mut errors, built.map_err(|e| in_section("episode", e)))
+        });
+        let tools = keep(&mut errors, build_tools(config));
         // What the algorithm needs from the policy: a value head is part of the model from
         // the start; a reference copy is taken when RL starts, but checked now.
         let policy = match (policy, &algorithm) {
@@ -165,16 +192,24 @@ impl Plugins {
             }
             (policy, _) => policy,
         };
-        match (policy, generator, task, verifier, algorithm) {
-            (Some(policy), Some(generator), Some(task), Some(verifier), Some(algorithm)) => {
-                Ok(Self {
-                    policy,
-                    generator,
-                    task,
-                    verifier,
-                    algorithm,
-                })
-            }
+        match (policy, generator, task, verifier, algorithm, episode, tools) {
+            (
+                Some(policy),
+                Some(generator),
+                Some(task),
+                Some(verifier),
+                Some(algorithm),
+                Some(episode),
+                Some(tools),
+            ) => Ok(Self {
+                policy,
+                generator,
+                task,
+                verifier,
+                algorithm,
+                episode,
+                tools,
+            }),
             _ => Err(errors),
         }
     }

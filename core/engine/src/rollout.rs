@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::buffer::ReplayBuffer;
 use crate::config::{Config, LagPolicy};
-use crate::group_runner::{GroupSpec, SampleProgress};
+use crate::group_runner::{GroupSpec, SampleProgress, TurnEnd};
 use crate::order::DataOrder;
 use crate::staleness::{AdmissionCounts, StalenessManager};
 
@@ -160,19 +160,26 @@ impl RolloutState {
         self.running.values()
     }
 
-    /// Sample `j` of group `group_id` got `part`; `done`: its completion is final. (Nothing
+    /// Sample `j` of group `group_id` got `part` (sampled or environment tokens). (Nothing
     /// happens for a group no longer in flight: a task that outlived its group.)
-    pub(crate) fn generated(&mut self, group_id: u64, j: usize, part: &Completion, done: bool) {
+    pub(crate) fn extended(&mut self, group_id: u64, j: usize, part: &Completion) {
         if let Some(sample) = self.sample(group_id, j) {
             sample.completion.extend(part.clone());
-            sample.done = done;
         }
         crate::failpoint::hit("rollout");
     }
 
-    /// Sample `j` of group `group_id` was rewarded.
-    pub(crate) fn rewarded(&mut self, group_id: u64, j: usize, reward: &Reward) {
+    /// A turn of sample `j` of group `group_id` ended.
+    pub(crate) fn turn_ended(&mut self, group_id: u64, j: usize, end: TurnEnd) {
         if let Some(sample) = self.sample(group_id, j) {
+            sample.turns.push(end);
+        }
+    }
+
+    /// The episode of sample `j` of group `group_id` ended with `reward`.
+    pub(crate) fn finished(&mut self, group_id: u64, j: usize, reward: &Reward) {
+        if let Some(sample) = self.sample(group_id, j) {
+            sample.done = true;
             sample.reward = Some(reward.clone());
         }
     }
@@ -454,8 +461,19 @@ mod tests {
         assert_eq!(groups.len(), 3, "max_concurrent");
         let mut part = Completion::empty(FinishReason::Interrupted);
         part.push(4, -0.25, 0);
-        state.generated(1, 2, &part, false);
-        state.rewarded(1, 0, &Reward::new(0.5, Verdict::WrongAnswer));
+        state.extended(1, 2, &part);
+        let mut env = Completion::empty(FinishReason::Stop);
+        env.push_environment(&[7, 8]);
+        state.turn_ended(
+            1,
+            1,
+            TurnEnd {
+                end: 0,
+                finish_reason: FinishReason::Stop,
+            },
+        );
+        state.extended(1, 1, &env);
+        state.finished(1, 0, &Reward::new(0.5, Verdict::WrongAnswer));
         assert_eq!(state.settle(0, accepted(&groups[0], 2)), 0);
         assert_eq!(state.settle(2, Outcome::Failed), 1);
         let snapshot = state.snapshot();
@@ -553,7 +571,7 @@ mod tests {
         state.settle(1, with_versions(&groups[1], &[3]));
         let mut part = Completion::empty(FinishReason::Interrupted);
         part.push(4, -0.25, 2);
-        state.generated(0, 0, &part, false);
+        state.extended(0, 0, &part);
         assert!(
             state.take(1).is_none(),
             "group 0 (a token of version 2) would lag by 2 after this step: wait for it"

@@ -40,6 +40,8 @@ pub async fn run(
         task,
         verifier,
         algorithm,
+        episode,
+        tools,
     } = plugins;
     check_task(task.as_ref(), &config)?;
     let task_fingerprint = crate::fingerprint::task_fingerprint(task.as_ref(), &config);
@@ -58,6 +60,7 @@ pub async fn run(
     let runner = Arc::new(
         GroupRunner::new(generator, policy.tokenizer(), rewards)
             .with_data_source(task.name())
+            .with_episode(episode, tools)
             .with_prompt(config.prompt.clone())
             .map_err(|e| EngineError::plugin("preparing prompts", e))?,
     );

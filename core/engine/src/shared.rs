@@ -3,13 +3,13 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use areal_sdk::{PluginError, Task, TrajectoryGroup};
+use areal_sdk::{Completion, PluginError, Reward, Task, TrajectoryGroup};
 use areal_sdk_train::Algorithm;
 use tokio::sync::{Notify, watch};
 
 use crate::config::Config;
 use crate::error::EngineError;
-use crate::group_runner::GroupRunner;
+use crate::group_runner::{GroupRunner, Progress, TurnEnd};
 use crate::observer::Observer;
 use crate::rollout::{Outcome, RolloutState, RunningGroup};
 
@@ -125,5 +125,25 @@ impl Shared {
             tracing::debug!(target: "areal::rollout", group_id = group.group_id, "group filtered by the algorithm");
         }
         kept.then_some(group)
+    }
+}
+
+/// Records a group's progress in the rollout state.
+pub(crate) struct Recorder {
+    pub(crate) inner: Arc<Shared>,
+    pub(crate) group_id: u64,
+}
+
+impl Progress for Recorder {
+    fn extended(&self, j: usize, part: &Completion) {
+        self.inner.state().extended(self.group_id, j, part);
+    }
+
+    fn turn_ended(&self, j: usize, end: TurnEnd) {
+        self.inner.state().turn_ended(self.group_id, j, end);
+    }
+
+    fn finished(&self, j: usize, reward: &Reward) {
+        self.inner.state().finished(self.group_id, j, reward);
     }
 }

@@ -135,11 +135,14 @@ async fn a_server_that_joins_late_is_brought_to_the_current_weights() {
     })
     .await;
     // the server holds the weights a moment before its probe has heard back and marks it ready
-    eventually("the fleet counts the late server ready at version 7", async || {
-        generator
-            .report()
-            .contains(&format!("{late_url} (ready, holding version 7)"))
-    })
+    eventually(
+        "the fleet counts the late server ready at version 7",
+        async || {
+            generator
+                .report()
+                .contains(&format!("{late_url} (ready, holding version 7)"))
+        },
+    )
     .await;
     assert_eq!(
         generator.endpoint_failures(),

@@ -71,6 +71,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("algorithm", "reinforce++"),
         ("algorithm", "rloo"),
         ("algorithm", "sapo"),
+        ("episode", "single-turn"),
         ("generator", "burn"),
         ("generator", "remote"),
         ("generator", "sglang"),

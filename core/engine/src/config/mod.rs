@@ -29,7 +29,14 @@ pub fn cache_path(dir: &str) -> std::path::PathBuf {
 }
 
 /// The plugin sections of the config, in the order they are built.
-pub const PLUGIN_SECTIONS: [&str; 5] = ["policy", "generator", "task", "reward", "algorithm"];
+pub const PLUGIN_SECTIONS: [&str; 6] = [
+    "policy",
+    "generator",
+    "task",
+    "reward",
+    "algorithm",
+    "episode",
+];
 
 /// The whole run configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -58,6 +65,14 @@ pub struct Config {
     /// The policy-gradient algorithm (`kind` = an algorithm plugin). By default
     /// `decoupled-ppo`.
     pub algorithm: Value,
+    /// What the policy does with one prompt (`kind` = an episode plugin): one answer
+    /// (`single-turn`, the default) or turns with tools in between (docs/agents.md).
+    #[serde(default = "default_episode")]
+    pub episode: Value,
+    /// The tools episodes may call, each a `[[tools]]` table (`kind` = a tool plugin, with
+    /// its options). By default none.
+    #[serde(default)]
+    pub tools: Vec<Value>,
     /// Sample generation and admission control (the `[rollout]` section).
     #[serde(default)]
     pub rollout: RolloutConfig,
@@ -118,6 +133,10 @@ fn plugin(kind: &str) -> Value {
     serde_json::json!({ "kind": kind })
 }
 
+fn default_episode() -> Value {
+    plugin(areal_sdk::SINGLE_TURN)
+}
+
 /// Characters of the built-in task (`chain-sum`), for the default model's tokenizer.
 const CHAIN_SUM_ALPHABET: &str = "0123456789=,>abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN";
 
@@ -144,6 +163,8 @@ impl Default for Config {
             task: plugin("chain-sum"),
             reward: plugin("chain-sum"),
             algorithm: plugin("decoupled-ppo"),
+            episode: default_episode(),
+            tools: Vec::new(),
             rollout: RolloutConfig::default(),
             reward_service: RewardServiceConfig::default(),
             prompt: PromptConfig::default(),
@@ -458,6 +479,7 @@ impl Config {
             "task" => &self.task,
             "reward" => &self.reward,
             "algorithm" => &self.algorithm,
+            "episode" => &self.episode,
             other => {
                 return Err(areal_sdk::PluginError::config(
                     other,
@@ -469,6 +491,15 @@ impl Config {
             }
         };
         PluginConfig::from_value(name, value.clone())
+    }
+
+    /// Each `[[tools]]` table as a plugin config (`tools[0]`, `tools[1]`, ...).
+    pub fn tool_sections(&self) -> Result<Vec<PluginConfig>, areal_sdk::PluginError> {
+        self.tools
+            .iter()
+            .enumerate()
+            .map(|(i, value)| PluginConfig::from_value(&format!("tools[{i}]"), value.clone()))
+            .collect()
     }
 
     /// The config as TOML, as written to a run folder.

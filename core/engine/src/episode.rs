@@ -1,0 +1,670 @@
+//! Episodes in the engine: the context an [`Episode`] drives, how its turns reach the
+//! generator, and how a recorded episode is replayed on a resumed run.
+//!
+//! Every sample is an episode; the single-turn path is the one-turn episode. The context keeps
+//! the sample's one token sequence: the prompt, the turns the policy sampled (each token with
+//! its behaviour logprob and version) and the environment's tokens between them. A turn's
+//! input is exactly the tokens before it; nothing is decoded and tokenized again.
+//!
+//! **Turns reach the generator** in one of two ways ([`Sampler`]): at once (the default: a
+//! weight update interrupts a turn, which goes on under the new weights), or in rounds
+//! (deterministic mode, batched evaluation): every episode at work runs until it waits for a
+//! turn or ends, and then the waiting turns go to the generator together, in sample order,
+//! at most `chunk` tokens each. What an episode does between turns (tools, rewards) happens
+//! inside a round, so nothing depends on timing.
+//!
+//! **Replay.** A checkpoint holds each sample's tokens so far and where its turns ended, not
+//! the episode's own state (a tool's variables). A resumed episode runs again from the start:
+//! each turn it asks for is answered from the record, each environment text it appends is
+//! checked against the record (an episode whose tools answer differently is refused, naming
+//! the token), and generation goes on live where the record ends, in the middle of a turn if
+//! that is where it was.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use areal_sdk::{
+    Completion, EpisodeContext, FinishReason, PluginError, Reward, SamplingParams, TaskItem,
+    Tokenizer, ToolOutput, ToolSchema, ToolSession, Trajectory, TrajectoryGroup, Turn, mix_seed,
+};
+use serde_json::{Map, Value};
+use tokio::sync::{Notify, oneshot};
+use tokio::task::JoinSet;
+
+use crate::group_runner::{
+    Ask, EpisodeStats, GroupRunner, GroupSpec, NoProgress, Progress, SampleProgress, TurnEnd,
+    assemble,
+};
+
+/// How an episode's turns reach the generator.
+#[derive(Clone)]
+pub(crate) enum Sampler {
+    /// Each call as soon as it is made, for the whole budget left.
+    Live,
+    /// Each call in the next round of `rounds`, at most `chunk` tokens.
+    Rounds {
+        /// The rounds.
+        rounds: Arc<Rounds>,
+        /// Tokens per call at most.
+        chunk: usize,
+    },
+}
+
+impl Sampler {
+    async fn part(&self, runner: &GroupRunner, ask: Ask) -> Result<Completion, PluginError> {
+        match self {
+            Sampler::Live => {
+                runner
+                    .part(ask.sample_id, &ask.input, ask.max_new_tokens, &ask.sampling)
+                    .await
+            }
+            Sampler::Rounds { rounds, .. } => rounds.park(ask).await,
+        }
+    }
+
+    fn chunk(&self) -> Option<usize> {
+        match self {
+            Sampler::Live => None,
+            Sampler::Rounds { chunk, .. } => Some((*chunk).max(1)),
+        }
+    }
+}
+
+/// One turn: generator calls after `input` until the turn is final (stopped, at `budget`
+/// tokens of `completion`, or short of a call's ask), appending each part to `input` and
+/// `completion` and showing it to `on_part`. An interrupted part (a weight update) is
+/// continued under the new weights.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one turn's whole state, each part distinct"
+)]
+pub(crate) async fn sample_turn(
+    runner: &GroupRunner,
+    sampler: &Sampler,
+    sample_id: u64,
+    input: &mut Vec<u32>,
+    completion: &mut Completion,
+    budget: usize,
+    sampling: &SamplingParams,
+    mut on_part: impl FnMut(&Completion) + Send,
+) -> Result<(), PluginError> {
+    loop {
+        let left = budget.saturating_sub(completion.len());
+        if left == 0 {
+            completion.finish_reason = FinishReason::Length;
+            return Ok(());
+        }
+        let max_new_tokens = sampler.chunk().map_or(left, |chunk| chunk.min(left));
+        let ask = Ask {
+            sample_id,
+            input: input.clone(),
+            max_new_tokens,
+            sampling: sampling.clone(),
+        };
+        let part = sampler.part(runner, ask).await?;
+        let (reason, n) = (part.finish_reason, part.len());
+        // final when stopped, at the budget, or short of what was asked (the context is full)
+        let last = match reason {
+            FinishReason::Stop => true,
+            FinishReason::Interrupted => n >= left,
+            FinishReason::Length => n < max_new_tokens || n >= left,
+        };
+        input.extend(&part.token_ids);
+        on_part(&part);
+        completion.extend(part);
+        if reason == FinishReason::Interrupted {
+            runner
+                .counters
+                .interruptions
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        if last {
+            if reason == FinishReason::Interrupted {
+                completion.finish_reason = FinishReason::Length;
+            }
+            return Ok(());
+        }
+        if reason == FinishReason::Interrupted && n == 0 {
+            // A generator that returns at once while paused must not make us spin.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// Running samples: one turn alone, or a group of episodes.
+impl GroupRunner {
+    /// Generate one completion of up to `max_new_tokens` for `prompt_ids` (one turn, no
+    /// episode).
+    ///
+    /// When the generator is interrupted by a weight update the sample is resubmitted as
+    /// prompt + partial output with the remaining budget, so every token keeps the logprob and
+    /// version of the policy that sampled it.
+    pub async fn generate(
+        &self,
+        sample_id: u64,
+        prompt_ids: &[u32],
+        max_new_tokens: usize,
+        sampling: &SamplingParams,
+    ) -> Result<Completion, PluginError> {
+        let mut completion = Completion::empty(FinishReason::Length);
+        let mut input = prompt_ids.to_vec();
+        sample_turn(
+            self,
+            &Sampler::Live,
+            sample_id,
+            &mut input,
+            &mut completion,
+            max_new_tokens,
+            sampling,
+            |_| {},
+        )
+        .await?;
+        Ok(completion)
+    }
+
+    /// Run and reward `group_size` episodes for `item`. Samples whose verifier failed are
+    /// left out of the group; generation errors fail the whole group, and so does a verifier
+    /// that failed on every sample (a group with nothing to train on is a failure, counted by
+    /// `rollout.max_consecutive_failures`, not a quiet rejection).
+    pub async fn run_group(
+        self: &Arc<Self>,
+        spec: GroupSpec,
+        item: TaskItem,
+    ) -> Result<TrajectoryGroup, PluginError> {
+        let start = vec![SampleProgress::default(); spec.group_size];
+        self.run_group_from(spec, Arc::new(item), start, Arc::new(NoProgress))
+            .await
+    }
+
+    /// [`run_group`](Self::run_group) from where each sample was (`start`: a resumed run's
+    /// partial samples, or nothing yet), telling `progress` of every step.
+    pub(crate) async fn run_group_from(
+        self: &Arc<Self>,
+        spec: GroupSpec,
+        item: Arc<TaskItem>,
+        start: Vec<SampleProgress>,
+        progress: Arc<dyn Progress>,
+    ) -> Result<TrajectoryGroup, PluginError> {
+        let prompt_ids = Arc::new(self.prompt_ids(&item)?);
+        let mut samples = JoinSet::new();
+        for (j, start) in start.into_iter().enumerate() {
+            let this = self.clone();
+            let (item, prompt_ids, sampling, progress) = (
+                item.clone(),
+                prompt_ids.clone(),
+                spec.sampling.clone(),
+                progress.clone(),
+            );
+            let sample_id = spec.sample_id(j);
+            samples.spawn(async move {
+                let (completion, reward) = EpisodeRun::run(
+                    &this,
+                    &Sampler::Live,
+                    &item,
+                    &prompt_ids,
+                    sample_id,
+                    spec.max_new_tokens,
+                    &sampling,
+                    start,
+                    progress.as_ref(),
+                    j,
+                )
+                .await?;
+                Ok::<_, PluginError>(Trajectory {
+                    sample_id,
+                    completion,
+                    reward,
+                })
+            });
+        }
+        let mut done = Vec::with_capacity(spec.group_size);
+        while let Some(joined) = samples.join_next().await {
+            let result = joined
+                .map_err(|e| PluginError::failed("rollout", format!("sample task failed: {e}")))?;
+            done.push(result?);
+        }
+        assemble(&spec, &item, prompt_ids.to_vec(), done)
+    }
+}
+
+/// A sample's tokens and turns as a checkpoint recorded them.
+struct Record {
+    completion: Completion,
+    turns: Vec<TurnEnd>,
+}
+
+/// Where one episode runs: the [`EpisodeContext`] the engine gives an [`Episode`](areal_sdk::Episode).
+pub(crate) struct EpisodeRun<'a> {
+    runner: &'a GroupRunner,
+    sampler: &'a Sampler,
+    item: &'a TaskItem,
+    prompt: &'a [u32],
+    sample_id: u64,
+    budget: usize,
+    sampling: &'a SamplingParams,
+    progress: &'a dyn Progress,
+    j: usize,
+    /// Prompt and completion: the next turn's input.
+    input: Vec<u32>,
+    completion: Completion,
+    turns: Vec<TurnEnd>,
+    record: Option<Record>,
+    sessions: BTreeMap<String, Box<dyn ToolSession>>,
+    stats: EpisodeStats,
+    turn_rewards: Vec<(usize, f64)>,
+}
+
+/// An episode's context's description of a replay that went another way.
+fn diverged(at: usize, what: &str) -> PluginError {
+    PluginError::failed(
+        "episode",
+        format!(
+            "the resumed episode went another way than the recorded one at token {at}: {what} \
+             (an episode must do the same for the same turns: are its tools deterministic?)"
+        ),
+    )
+}
+
+impl<'a> EpisodeRun<'a> {
+    /// Run `runner`'s episode for sample `j` (id `sample_id`) of `item` from `start`, with
+    /// turns from `sampler`, telling `progress` of every new token, turn end and the end:
+    /// the whole completion and its reward. A sample `start` has finished is not run again.
+    #[allow(clippy::too_many_arguments, reason = "one sample's whole setting")]
+    pub(crate) async fn run(
+        runner: &'a GroupRunner,
+        sampler: &'a Sampler,
+        item: &'a TaskItem,
+        prompt: &'a [u32],
+        sample_id: u64,
+        budget: usize,
+        sampling: &'a SamplingParams,
+        start: SampleProgress,
+        progress: &'a dyn Progress,
+        j: usize,
+    ) -> Result<(Completion, Reward), PluginError> {
+        if let (true, Some(reward)) = (start.done, start.reward.clone()) {
+            return Ok((start.completion, reward));
+        }
+        let record = (!start.completion.is_empty()).then(|| {
+            let mut turns = start.turns;
+            if start.done && turns.last().is_none_or(|t| t.end < start.completion.len()) {
+                // (what a single-turn sample recorded before turns were)
+                turns.push(TurnEnd {
+                    end: start.completion.len(),
+                    finish_reason: start.completion.finish_reason,
+                });
+            }
+            Record {
+                completion: start.completion,
+                turns,
+            }
+        });
+        let mut run = EpisodeRun {
+            runner,
+            sampler,
+            item,
+            prompt,
+            sample_id,
+            budget,
+            sampling,
+            progress,
+            j,
+            input: prompt.to_vec(),
+            completion: Completion::empty(FinishReason::Length),
+            turns: Vec::new(),
+            record,
+            sessions: BTreeMap::new(),
+            stats: EpisodeStats::default(),
+            turn_rewards: Vec::new(),
+        };
+        let reward = runner.episode().run(&mut run).await;
+        runner.counters.record_episode(&run.stats);
+        let reward = reward?;
+        if let Some(record) = &run.record
+            && run.completion.len() < record.completion.len()
+        {
+            return Err(diverged(
+                run.completion.len(),
+                "the episode ended before the recorded tokens did",
+            ));
+        }
+        progress.finished(j, &reward);
+        Ok((run.completion, reward))
+    }
+
+    /// The recorded turn that starts where the completion is: its end (`None`: the record
+    /// ends inside it) after checking that the policy sampled every token of it.
+    fn recorded_turn(&self) -> Result<Option<(usize, Option<TurnEnd>)>, PluginError> {
+        let Some(record) = &self.record else {
+            return Ok(None);
+        };
+        let at = self.completion.len();
+        if at >= record.completion.len() {
+            return Ok(None);
+        }
+        let end = record.turns.iter().find(|t| t.end > at).copied();
+        let stop = end.map_or(record.completion.len(), |t| t.end);
+        if let Some(i) = (at..stop).find(|&i| !record.completion.is_sampled(i)) {
+            return Err(diverged(
+                i,
+                "the episode asked for a turn where the environment had written",
+            ));
+        }
+        Ok(Some((stop, end)))
+    }
+
+    /// Append tokens `at..stop` of the record.
+    fn take_recorded(&mut self, stop: usize) {
+        let record = self.record.as_ref().expect("a record to take from");
+        let at = self.completion.len();
+        let c = &record.completion;
+        for i in at..stop {
+            self.completion
+                .push(c.token_ids[i], c.behaviour_logprobs[i], c.versions[i]);
+        }
+        self.input.extend(&c.token_ids[at..stop]);
+    }
+}
+
+#[areal_sdk::async_trait]
+impl EpisodeContext for EpisodeRun<'_> {
+    fn item(&self) -> &TaskItem {
+        self.item
+    }
+
+    fn prompt_ids(&self) -> &[u32] {
+        self.prompt
+    }
+
+    fn completion(&self) -> &Completion {
+        &self.completion
+    }
+
+    fn tokens_left(&self) -> usize {
+        self.budget.saturating_sub(self.completion.len())
+    }
+
+    fn tokenizer(&self) -> &dyn Tokenizer {
+        self.runner.tokenizer().as_ref()
+    }
+
+    async fn generate(&mut self) -> Result<Turn, PluginError> {
+        let start = self.completion.len();
+        self.stats.turns += 1;
+        let recorded = self.recorded_turn()?;
+        if let Some((stop, end)) = recorded {
+            self.take_recorded(stop);
+            if let Some(end) = end {
+                self.completion.finish_reason = end.finish_reason;
+                self.turns.push(end);
+                return self.turn(start);
+            }
+        }
+        if self.tokens_left() == 0 {
+            self.completion.finish_reason = FinishReason::Length;
+            return self.turn(start);
+        }
+        let (progress, j) = (self.progress, self.j);
+        sample_turn(
+            self.runner,
+            self.sampler,
+            self.sample_id,
+            &mut self.input,
+            &mut self.completion,
+            self.budget,
+            self.sampling,
+            |part| progress.extended(j, part),
+        )
+        .await?;
+        let end = TurnEnd {
+            end: self.completion.len(),
+            finish_reason: self.completion.finish_reason,
+        };
+        self.turns.push(end);
+        self.progress.turn_ended(self.j, end);
+        self.turn(start)
+    }
+
+    fn append(&mut self, text: &str) -> Result<usize, PluginError> {
+        let ids = self.runner.tokenizer().encode(text)?;
+        self.append_ids(&ids)
+    }
+
+    fn append_ids(&mut self, token_ids: &[u32]) -> Result<usize, PluginError> {
+        let ids = &token_ids[..token_ids.len().min(self.tokens_left())];
+        let at = self.completion.len();
+        let recorded = match &self.record {
+            Some(record) => {
+                let c = &record.completion;
+                let n = c.len().saturating_sub(at).min(ids.len());
+                if let Some(k) =
+                    (0..n).find(|&k| c.is_sampled(at + k) || c.token_ids[at + k] != ids[k])
+                {
+                    let what = if c.is_sampled(at + k) {
+                        "the episode appended text where the policy had sampled".to_owned()
+                    } else {
+                        format!(
+                            "the environment wrote token {} where the record has {}",
+                            ids[k],
+                            c.token_ids[at + k]
+                        )
+                    };
+                    return Err(diverged(at + k, &what));
+                }
+                n
+            }
+            None => 0,
+        };
+        self.completion.push_environment(ids);
+        self.input.extend(ids);
+        if recorded < ids.len() {
+            let mut new = Completion::empty(self.completion.finish_reason);
+            new.push_environment(&ids[recorded..]);
+            self.progress.extended(self.j, &new);
+        }
+        Ok(ids.len())
+    }
+
+    fn tools(&self) -> Vec<ToolSchema> {
+        self.runner.tools().iter().map(|t| t.schema()).collect()
+    }
+
+    async fn call_tool(&mut self, name: &str, arguments: &Map<String, Value>) -> ToolOutput {
+        self.stats.tool_calls += 1;
+        let output = self.call(name, arguments).await;
+        if output.error {
+            self.stats.tool_errors += 1;
+        }
+        output
+    }
+
+    async fn verify(&mut self, completion: &str) -> Result<Reward, PluginError> {
+        let verified = self
+            .runner
+            .reward(self.sample_id, self.item, completion, &self.completion)
+            .await?;
+        Ok(verified.reward)
+    }
+
+    fn reward_turn(&mut self, reward: f64) {
+        self.turn_rewards.push((self.completion.len(), reward));
+    }
+}
+
+impl EpisodeRun<'_> {
+    /// The turn from `start` to the end of the completion.
+    fn turn(&self, start: usize) -> Result<Turn, PluginError> {
+        let token_ids = self.completion.token_ids[start..].to_vec();
+        let text = self.runner.tokenizer().decode(&token_ids)?;
+        Ok(Turn {
+            token_ids,
+            text,
+            finish_reason: self.completion.finish_reason,
+        })
+    }
+
+    async fn call(&mut self, name: &str, arguments: &Map<String, Value>) -> ToolOutput {
+        let tools = self.runner.tools();
+        let Some(tool) = tools.iter().find(|t| t.name() == name) else {
+            let known: Vec<&str> = tools.iter().map(|t| t.name()).collect();
+            return ToolOutput::error(if known.is_empty() {
+                format!("there is no tool {name:?}: no tools are available")
+            } else {
+                format!(
+                    "there is no tool {name:?}; the tools are: {}",
+                    known.join(", ")
+                )
+            });
+        };
+        if !self.sessions.contains_key(name) {
+            let seed = mix_seed(self.sampling.seed, self.sample_id);
+            match tool.open(seed).await {
+                Ok(session) => {
+                    self.sessions.insert(name.to_owned(), session);
+                }
+                Err(e) => {
+                    tracing::warn!(target: "areal::episode", tool = name, error = %crate::error::chain(&e), "a tool could not start");
+                    return ToolOutput::error(format!("the tool {name} could not start: {e}"));
+                }
+            }
+        }
+        let session = self.sessions.get_mut(name).expect("opened above");
+        match session.call(arguments).await {
+            Ok(output) => output,
+            Err(e) => {
+                // the host's own failure: the session is gone; a later call opens another
+                self.sessions.remove(name);
+                tracing::warn!(target: "areal::episode", tool = name, error = %crate::error::chain(&e), "a tool failed");
+                ToolOutput::error(format!("the tool {name} failed: {e}"))
+            }
+        }
+    }
+}
+
+/// Rounds of turns (see the module's documentation): samples at work, and the turns waiting.
+#[derive(Default)]
+pub(crate) struct Rounds {
+    state: Mutex<RoundsState>,
+    idle: Notify,
+}
+
+#[derive(Default)]
+struct RoundsState {
+    /// Samples at work (neither waiting for a turn nor ended).
+    busy: BTreeSet<u64>,
+    /// Turns waiting, by sample id.
+    parked: BTreeMap<u64, Parked>,
+}
+
+/// A turn waiting for its round.
+pub(crate) struct Parked {
+    /// What it asks of the generator.
+    pub(crate) ask: Ask,
+    reply: oneshot::Sender<Result<Completion, PluginError>>,
+}
+
+/// A sample at work in [`Rounds`]; dropped when its task ends (or is aborted).
+pub(crate) struct Busy {
+    rounds: Arc<Rounds>,
+    sample_id: u64,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        {
+            let mut state = self.rounds.lock();
+            state.busy.remove(&self.sample_id);
+            state.parked.remove(&self.sample_id);
+        }
+        self.rounds.idle.notify_waiters();
+    }
+}
+
+impl Rounds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RoundsState> {
+        self.state.lock().expect("rounds lock poisoned")
+    }
+
+    /// Sample `sample_id` is at work until it waits for a turn or the guard is dropped: make
+    /// it before the sample's task starts, and move it in.
+    pub(crate) fn enter(self: &Arc<Self>, sample_id: u64) -> Busy {
+        self.lock().busy.insert(sample_id);
+        Busy {
+            rounds: self.clone(),
+            sample_id,
+        }
+    }
+
+    /// Wait until no sample is at work: every one waits for a turn or has ended.
+    pub(crate) async fn settled(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.lock().busy.is_empty() {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// The turns waiting, in sample order; each must be [`deliver`](Self::deliver)ed.
+    pub(crate) fn take_parked(&self) -> Vec<Parked> {
+        std::mem::take(&mut self.lock().parked)
+            .into_values()
+            .collect()
+    }
+
+    /// Answer a waiting turn: its sample is at work again.
+    pub(crate) fn deliver(&self, parked: Parked, answer: Result<Completion, PluginError>) {
+        let id = parked.ask.sample_id;
+        self.lock().busy.insert(id);
+        if parked.reply.send(answer).is_err() {
+            // its task is gone
+            self.lock().busy.remove(&id);
+            self.idle.notify_waiters();
+        }
+    }
+
+    async fn park(&self, ask: Ask) -> Result<Completion, PluginError> {
+        let (reply, answer) = oneshot::channel();
+        {
+            let mut state = self.lock();
+            state.busy.remove(&ask.sample_id);
+            state.parked.insert(ask.sample_id, Parked { ask, reply });
+        }
+        self.idle.notify_waiters();
+        answer.await.unwrap_or_else(|_| {
+            Err(PluginError::failed(
+                "rollout",
+                "the round this turn waited for was abandoned",
+            ))
+        })
+    }
+
+    /// One round: the turns waiting, generated together in one batch (on a task of their own,
+    /// so that a panicking generator fails these turns and not the caller), each answered.
+    /// Returns how many there were.
+    pub(crate) async fn run_round(&self, runner: &Arc<GroupRunner>) -> usize {
+        let parked = self.take_parked();
+        let asks: Vec<Ask> = parked.iter().map(|p| p.ask.clone()).collect();
+        let n = asks.len();
+        if n == 0 {
+            return 0;
+        }
+        let owned = runner.clone();
+        let parts = match tokio::spawn(async move { owned.parts(&asks).await }).await {
+            Ok(parts) => parts,
+            Err(e) => {
+                let why = format!("the generator's task failed: {e}");
+                (0..n)
+                    .map(|_| Err(PluginError::failed("rollout", why.clone())))
+                    .collect()
+            }
+        };
+        for (parked, part) in parked.into_iter().zip(parts) {
+            self.deliver(parked, part);
+        }
+        n
+    }
+}

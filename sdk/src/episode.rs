@@ -1,0 +1,139 @@
+//! Episodes: what the policy does for one task item, from one answer to a conversation of
+//! turns with tools in between.
+//!
+//! An [`Episode`] drives an [`EpisodeContext`] the engine owns. The context holds the one token
+//! sequence the episode trains on: the prompt, then each turn the policy samples
+//! ([`EpisodeContext::generate`], tokens kept with their behaviour logprobs and versions), and
+//! what the environment says in between ([`EpisodeContext::append`]: tool results, a user's
+//! reply, a chat template's turn markers), tokenized alone and never trained on. Each turn's
+//! prompt is exactly the tokens before it: nothing is decoded and tokenized again, so what is
+//! trained is what was sampled.
+//!
+//! The single-turn path is the one-turn episode ([`SingleTurn`]): generate once, verify the
+//! text.
+//!
+//! ```
+//! use areal_sdk::{Episode, EpisodeContext, PluginError, Reward};
+//!
+//! /// Answer, hear "check it", answer again; the second answer is graded.
+//! struct TwoTries;
+//!
+//! #[areal_sdk::async_trait]
+//! impl Episode for TwoTries {
+//!     fn name(&self) -> &str {
+//!         "two-tries"
+//!     }
+//!
+//!     async fn run(&self, ctx: &mut dyn EpisodeContext) -> Result<Reward, PluginError> {
+//!         ctx.generate().await?;
+//!         ctx.append("\ncheck it: ")?;
+//!         let second = ctx.generate().await?;
+//!         ctx.verify(&second.text).await
+//!     }
+//! }
+//! ```
+
+use serde_json::{Map, Value};
+
+use crate::error::PluginError;
+use crate::reward::Reward;
+use crate::task::{TaskItem, Tokenizer};
+use crate::tool::{ToolOutput, ToolSchema};
+use crate::trajectory::{Completion, FinishReason};
+
+/// One turn the policy generated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Turn {
+    /// Its tokens, as sampled (stop token included when it stopped on one).
+    pub token_ids: Vec<u32>,
+    /// Its text (stop tokens dropped).
+    pub text: String,
+    /// Why it ended: `stop`, or `length` when the episode's token budget ran out (then
+    /// [`EpisodeContext::tokens_left`] is 0 and generating again gives an empty turn).
+    pub finish_reason: FinishReason,
+}
+
+/// What an episode sees of the engine: the item, its conversation as tokens, the policy, the
+/// tools and the verifier.
+#[async_trait::async_trait]
+pub trait EpisodeContext: Send {
+    /// The task item the episode is for.
+    fn item(&self) -> &TaskItem;
+
+    /// The prompt's tokens (rendered by the engine as `[prompt]` says).
+    fn prompt_ids(&self) -> &[u32];
+
+    /// Everything after the prompt so far: sampled tokens and environment tokens (those of
+    /// version [`PROMPT_VERSION`](crate::PROMPT_VERSION)).
+    fn completion(&self) -> &Completion;
+
+    /// Tokens the episode may still add (sampled or appended) before its budget,
+    /// `rollout.max_new_tokens`, is spent.
+    fn tokens_left(&self) -> usize;
+
+    /// The model's tokenizer.
+    fn tokenizer(&self) -> &dyn Tokenizer;
+
+    /// The policy's next turn after everything so far, up to the budget left. A weight update
+    /// in the middle interrupts it and it goes on under the new weights, each token keeping
+    /// the version that sampled it.
+    async fn generate(&mut self) -> Result<Turn, PluginError>;
+
+    /// Append `text`, tokenized alone, as environment tokens (read by the policy, never
+    /// trained on). What does not fit in the budget is cut; returns the tokens appended.
+    fn append(&mut self, text: &str) -> Result<usize, PluginError>;
+
+    /// Append token ids as environment tokens (a template's special tokens, which text would
+    /// not encode to); cut to the budget like [`append`](Self::append).
+    fn append_ids(&mut self, token_ids: &[u32]) -> Result<usize, PluginError>;
+
+    /// The tools this run gives episodes (`[[tools]]`), as the model is told of them.
+    fn tools(&self) -> Vec<ToolSchema>;
+
+    /// Call tool `name` with `arguments`, in this episode's session of it (opened at the
+    /// first call; state persists across the episode's calls and never leaks to another
+    /// episode). An unknown tool, a call that fails, or a tool that breaks comes back as
+    /// [`ToolOutput::error`] for the model to read: a bad call costs a turn, not the run.
+    async fn call_tool(&mut self, name: &str, arguments: &Map<String, Value>) -> ToolOutput;
+
+    /// The task's reward for `completion` (the text the verifier grades: the whole
+    /// conversation's text, or only the final answer, as the episode decides).
+    async fn verify(&mut self, completion: &str) -> Result<Reward, PluginError>;
+
+    /// Record a reward for the turn just generated (for algorithms that use turn rewards);
+    /// the episode's own reward is what [`Episode::run`] returns.
+    fn reward_turn(&mut self, reward: f64);
+}
+
+/// A workflow for one task item: several generations and environment steps, one reward.
+#[async_trait::async_trait]
+pub trait Episode: Send + Sync + 'static {
+    /// Registered name.
+    fn name(&self) -> &str;
+
+    /// Run the episode in `ctx` and return its reward. The engine may run it again from the
+    /// start on a resumed run, answering each [`generate`](EpisodeContext::generate) with the
+    /// turn recorded before and checking that what is appended is what was appended then: an
+    /// episode must do the same for the same turns (tools that are deterministic, randomness
+    /// seeded from the item).
+    async fn run(&self, ctx: &mut dyn EpisodeContext) -> Result<Reward, PluginError>;
+}
+
+/// The name of the one-turn episode (`[episode] kind = "single-turn"`, the default).
+pub const SINGLE_TURN: &str = "single-turn";
+
+/// The one-turn episode: one generation after the prompt, its text verified.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SingleTurn;
+
+#[async_trait::async_trait]
+impl Episode for SingleTurn {
+    fn name(&self) -> &str {
+        SINGLE_TURN
+    }
+
+    async fn run(&self, ctx: &mut dyn EpisodeContext) -> Result<Reward, PluginError> {
+        let turn = ctx.generate().await?;
+        ctx.verify(&turn.text).await
+    }
+}
