@@ -15,6 +15,7 @@ use areal_reward_math as _;
 use areal_tasks as _;
 use areal_testkit as _;
 
+mod episodes;
 mod interruption;
 mod math;
 mod pipeline;

@@ -93,7 +93,7 @@ impl areal_sdk::Task for PanickyTask {
     }
 }
 
-const VOCAB: usize = 9;
+pub(crate) const VOCAB: usize = 9;
 
 /// Random logits with the stop token made impossible, so samples run to their budget.
 fn table(seed: u64) -> Vec<f32> {
@@ -109,7 +109,7 @@ fn table(seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn update(version: u64, values: &[f32]) -> WeightUpdate {
+pub(crate) fn update(version: u64, values: &[f32]) -> WeightUpdate {
     WeightUpdate::new(
         version,
         vec![NamedTensor {
@@ -121,7 +121,7 @@ fn update(version: u64, values: &[f32]) -> WeightUpdate {
 }
 
 /// Logprobs of `tokens` (prompt first) under the bigram `values`, computed by the burn model.
-fn logprobs(values: &[f32], tokens: &[u32]) -> Vec<f32> {
+pub(crate) fn logprobs(values: &[f32], tokens: &[u32]) -> Vec<f32> {
     let device = Device::flex();
     let model = BigramModel {
         table: Param::from_tensor(Tensor::<2>::from_data(

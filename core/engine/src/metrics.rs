@@ -121,6 +121,21 @@ pub struct StepMetrics {
     pub reward_failures: u64,
     /// Samples whose generation was interrupted by a weight update since the previous step.
     pub interrupted_samples: u64,
+    /// Episodes that ended since the previous step (trained or not).
+    #[serde(default)]
+    pub episodes: u64,
+    /// Turns per episode, over those episodes (1 for single-turn runs).
+    #[serde(default)]
+    pub turns_per_episode: f64,
+    /// The share of those episodes that called a tool at least once.
+    #[serde(default)]
+    pub tool_call_fraction: f64,
+    /// Tool calls those episodes made.
+    #[serde(default)]
+    pub tool_calls: u64,
+    /// Of which came back as errors (a malformed call, an unknown tool, a limit, a traceback).
+    #[serde(default)]
+    pub tool_errors: u64,
     /// Loss summed over mini-batches.
     pub loss: f64,
     /// Gradient norm before clipping (last mini-batch).

@@ -301,6 +301,8 @@ pub(crate) fn step_metrics(
     let lengths: Vec<usize> = samples.iter().map(|s| s.completion.sampled_len()).collect();
     let latencies = counters.drain_latencies();
     let counts = ctx.controller.counts();
+    let episodes = counters.episodes.swap(0, Ordering::Relaxed);
+    let per_episode = |count: u64| count as f64 / episodes.max(1) as f64;
     StepMetrics {
         policy_version: version + 1,
         wall_s: ctx.wall_s(),
@@ -334,6 +336,11 @@ pub(crate) fn step_metrics(
         rejected_total: counts.rejected,
         reward_failures: counters.reward_failures.swap(0, Ordering::Relaxed),
         interrupted_samples: counters.interruptions.swap(0, Ordering::Relaxed),
+        episodes,
+        turns_per_episode: per_episode(counters.turns.swap(0, Ordering::Relaxed)),
+        tool_call_fraction: per_episode(counters.episodes_calling_tools.swap(0, Ordering::Relaxed)),
+        tool_calls: counters.tool_calls.swap(0, Ordering::Relaxed),
+        tool_errors: counters.tool_errors.swap(0, Ordering::Relaxed),
         loss: report.loss,
         grad_norm: report.grad_norm,
         microbatches: report.microbatches,

@@ -10,6 +10,8 @@
 //! | task | `testkit-successor` | prompts are letters; continue with the following letters |
 //! | reward | `testkit-successor` | fraction of letters that follow their predecessor |
 //! | reward | `testkit-faulty` | the same, but panics, fails or hangs on chosen samples |
+//! | episode | `testkit-relay` | several turns, each handed to `testkit-shift` in between |
+//! | tool | `testkit-shift` | moves letters on by the number of calls of its session |
 //!
 //! The bigram policy and generator, [`CONFIG`] and the generator, policy and algorithm checks
 //! need burn and tokio: they come with the `full` feature (on by default). A reward or task
@@ -42,6 +44,7 @@ mod bigram;
 #[cfg(feature = "full")]
 mod config;
 pub mod conformance;
+mod relay;
 mod successor;
 mod tokenizer;
 
@@ -51,6 +54,7 @@ pub use bigram::{
 };
 #[cfg(feature = "full")]
 pub use config::CONFIG;
+pub use relay::{Relay, RelayOptions, Shift, ShiftOptions};
 pub use successor::{
     FaultyOptions, FaultyVerifier, SuccessorTask, SuccessorTaskOptions, SuccessorVerifier,
     successor_reward,
@@ -83,4 +87,14 @@ areal_sdk::register_reward!(
     successor::FAULTY_NAME,
     "testkit: successor reward that panics, fails or hangs on chosen samples",
     successor::build_faulty
+);
+areal_sdk::register_episode!(
+    relay::RELAY,
+    "testkit: several turns, each handed to testkit-shift, whose answer comes before the next",
+    relay::build_relay
+);
+areal_sdk::register_tool!(
+    relay::SHIFT,
+    "testkit: moves letters on by the number of calls its session has had",
+    relay::build_shift
 );

@@ -72,6 +72,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("algorithm", "rloo"),
         ("algorithm", "sapo"),
         ("episode", "single-turn"),
+        ("episode", "testkit-relay"),
         ("generator", "burn"),
         ("generator", "remote"),
         ("generator", "sglang"),
@@ -93,6 +94,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("task", "math"),
         ("task", "testkit-successor"),
         ("tool", "python"),
+        ("tool", "testkit-shift"),
     ];
     let expected: Vec<(String, String)> = expected
         .iter()

@@ -198,6 +198,53 @@ fn a_deterministic_run_killed_anywhere_ends_with_the_same_samples_and_weights() 
     }
 }
 
+/// The same for episodes of several turns with a stateful tool between them
+/// (`testkit-relay`, `testkit-shift`), killed in the middle of episodes (between turns,
+/// inside a turn and after a tool's answer was recorded): a resumed episode replays its
+/// record, its tool's state is rebuilt, and the run ends with the same samples and weights.
+#[test]
+fn a_deterministic_run_of_episodes_killed_mid_episode_ends_with_the_same_samples_and_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit(
+        dir.path(),
+        &[
+            "deterministic=true",
+            "checkpoint.every=4",
+            "rollout.chunk_tokens=3",
+            "train.steps=24",
+            "rollout.max_new_tokens=24",
+            "episode.kind=\"testkit-relay\"",
+            "tools=[{kind = \"testkit-shift\"}]",
+        ],
+    );
+    let (alone, killed) = (dir.path().join("alone"), dir.path().join("killed"));
+    straight(&alone, &config);
+    killed_and_resumed(&killed, &config, &["rollout:200", "train:7", "rollout:500"]);
+    let steps = trained(&killed);
+    assert_eq!(steps.len(), 24, "every step once");
+    assert_eq!(
+        steps,
+        trained(&alone),
+        "the same samples, losses and rewards"
+    );
+    assert_eq!(model(&killed), model(&alone), "the same final weights");
+    assert_eq!(summary(&killed)["resumes"], 3);
+    let records = records(&alone, "step");
+    let calls: u64 = records
+        .iter()
+        .map(|s| s["tool_calls"].as_u64().unwrap())
+        .sum();
+    let turns: Vec<f64> = records
+        .iter()
+        .map(|s| s["turns_per_episode"].as_f64().unwrap())
+        .collect();
+    assert!(calls > 0, "the tool was called");
+    assert!(
+        turns.iter().any(|&t| t > 1.5),
+        "episodes have several turns: {turns:?}"
+    );
+}
+
 /// The built-in job (transformer, burn generator, warm-up), shortened, killed in the
 /// warm-up, in an RL step, while writing a checkpoint and while generating: the same weights
 /// bit for bit and the same warm-up curve.
