@@ -96,6 +96,10 @@ pub trait EpisodeContext: Send {
     /// [`ToolOutput::error`] for the model to read: a bad call costs a turn, not the run.
     async fn call_tool(&mut self, name: &str, arguments: &Map<String, Value>) -> ToolOutput;
 
+    /// Count a call the episode could not make (a malformed one) with the tool errors of the
+    /// step's metrics; [`call_tool`](Self::call_tool) counts its own.
+    fn count_tool_error(&mut self);
+
     /// The task's reward for `completion` (the text the verifier grades: the whole
     /// conversation's text, or only the final answer, as the episode decides).
     async fn verify(&mut self, completion: &str) -> Result<Reward, PluginError>;

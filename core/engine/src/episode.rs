@@ -480,6 +480,10 @@ impl EpisodeContext for EpisodeRun<'_> {
         output
     }
 
+    fn count_tool_error(&mut self) {
+        self.stats.tool_errors += 1;
+    }
+
     async fn verify(&mut self, completion: &str) -> Result<Reward, PluginError> {
         let verified = self
             .runner

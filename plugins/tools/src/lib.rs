@@ -1,4 +1,4 @@
-//! Built-in tools for agent episodes.
+//! Built-in tools for agent episodes, and the episode that calls them.
 //!
 //! - `python` ([`PythonTool`]): runs the model's code in the wasm sandbox, in a session of
 //!   its episode: names defined by one call are there for the next, and no other episode sees
@@ -6,10 +6,21 @@
 //!   expression, then the traceback of an exception it raised; output is cut past
 //!   `output_bytes`. A call past its time or memory limit costs that call and the session's
 //!   state (the model is told), never the run.
+//! - `tool-calls` ([`ToolCalls`], an episode): the policy's turns with the calls they make in
+//!   its chat template's format run between them, each answer appended in the template's
+//!   markup; a malformed call's answer says what is wrong. The turn without calls is graded.
 
 mod python;
+mod tool_calls;
 
 /// The registered name of the `python` tool.
 pub const PYTHON: &str = "python";
 
 pub use python::{PythonTool, PythonToolOptions};
+pub use tool_calls::{Graded, TOOL_CALLS, ToolCalls, ToolCallsOptions};
+
+areal_sdk::register_episode!(
+    TOOL_CALLS,
+    "turns with tool calls in the chat template's format, each call run and answered before the next turn",
+    tool_calls::build
+);

@@ -73,6 +73,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("algorithm", "sapo"),
         ("episode", "single-turn"),
         ("episode", "testkit-relay"),
+        ("episode", "tool-calls"),
         ("generator", "burn"),
         ("generator", "remote"),
         ("generator", "sglang"),

@@ -1,0 +1,145 @@
+//! The `tool-calls` episode: the policy answers, calling tools in the format its chat template
+//! declares; each turn's calls are run and their answers appended, in the template's markup,
+//! before the next turn; the turn without calls (or the last allowed) is verified.
+
+use std::sync::Arc;
+
+use areal_sdk::tool_calls::{ToolCallFormat, parse_tool_calls};
+use areal_sdk::{
+    BuildContext, Episode, EpisodeContext, PluginConfig, PluginError, Reward, ToolOutput,
+};
+use serde::Deserialize;
+
+/// The registered name.
+pub const TOOL_CALLS: &str = "tool-calls";
+
+/// What the verifier grades.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Graded {
+    /// The last turn's text (the final answer). The default.
+    #[default]
+    LastTurn,
+    /// The whole conversation after the prompt, tool answers included.
+    All,
+}
+
+/// Options of the `tool-calls` episode (`[episode] kind = "tool-calls"`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolCallsOptions {
+    /// How the model writes calls: `hermes` (Qwen2.5, Qwen3, Hermes: `<tool_call>{...}
+    /// </tool_call>`, the default) or `llama3-json`.
+    pub format: ToolCallFormat,
+    /// Turns the policy takes at most; the last is verified whether it calls or not. By
+    /// default 4.
+    pub max_turns: usize,
+    /// The environment's text after a turn with calls, before the first answer. By default
+    /// Qwen's and Hermes' chat markup: the turn ended with `<|im_end|>`, and the answers come
+    /// in a `user` turn.
+    pub before_answers: String,
+    /// Each call's answer, `{output}` standing for the tool's text. By default
+    /// `\n<tool_response>\n{output}\n</tool_response>`.
+    pub answer: String,
+    /// The environment's text after the last answer, opening the policy's next turn. By default
+    /// `<|im_end|>\n<|im_start|>assistant\n`.
+    pub after_answers: String,
+    /// What the verifier grades: `last-turn` (default) or `all`.
+    pub graded: Graded,
+}
+
+impl Default for ToolCallsOptions {
+    fn default() -> Self {
+        Self {
+            format: ToolCallFormat::Hermes,
+            max_turns: 4,
+            before_answers: "\n<|im_start|>user".into(),
+            answer: "\n<tool_response>\n{output}\n</tool_response>".into(),
+            after_answers: "<|im_end|>\n<|im_start|>assistant\n".into(),
+            graded: Graded::LastTurn,
+        }
+    }
+}
+
+/// The episode (see the module's documentation).
+#[derive(Clone, Debug)]
+pub struct ToolCalls {
+    options: ToolCallsOptions,
+}
+
+impl ToolCalls {
+    /// The episode with `options`.
+    pub fn new(options: ToolCallsOptions) -> Self {
+        Self { options }
+    }
+
+    /// The environment's text for a turn's answers.
+    fn answers(&self, outputs: &[ToolOutput]) -> String {
+        let o = &self.options;
+        let mut text = o.before_answers.clone();
+        for output in outputs {
+            text.push_str(&o.answer.replace("{output}", &output.text));
+        }
+        text.push_str(&o.after_answers);
+        text
+    }
+}
+
+#[areal_sdk::async_trait]
+impl Episode for ToolCalls {
+    fn name(&self) -> &str {
+        TOOL_CALLS
+    }
+
+    async fn run(&self, ctx: &mut dyn EpisodeContext) -> Result<Reward, PluginError> {
+        let mut last = String::new();
+        for turn_number in 1..=self.options.max_turns {
+            let turn = ctx.generate().await?;
+            let parsed = parse_tool_calls(&turn.text, self.options.format);
+            last = turn.text;
+            let done = !parsed.has_calls()
+                || turn_number == self.options.max_turns
+                || ctx.tokens_left() == 0;
+            if done {
+                break;
+            }
+            let mut outputs = Vec::with_capacity(parsed.calls.len());
+            for call in parsed.calls {
+                let output = match call {
+                    Ok(call) => ctx.call_tool(&call.name, &call.arguments).await,
+                    Err(malformed) => {
+                        ctx.count_tool_error();
+                        ToolOutput::error(malformed.to_string())
+                    }
+                };
+                outputs.push(output);
+            }
+            ctx.append(&self.answers(&outputs))?;
+        }
+        let graded = match self.options.graded {
+            Graded::LastTurn => last,
+            Graded::All => ctx.tokenizer().decode(&ctx.completion().token_ids)?,
+        };
+        ctx.verify(&graded).await
+    }
+}
+
+pub(crate) fn build(
+    config: &PluginConfig,
+    _: &BuildContext,
+) -> Result<Arc<dyn Episode>, PluginError> {
+    let options: ToolCallsOptions = config.parse()?;
+    if options.max_turns == 0 {
+        return Err(config.invalid("max_turns", "must be at least 1, found 0"));
+    }
+    if !options.answer.contains("{output}") {
+        return Err(config.invalid(
+            "answer",
+            format!(
+                "must contain {{output}}, where the tool's text goes; found {:?}",
+                options.answer
+            ),
+        ));
+    }
+    Ok(Arc::new(ToolCalls::new(options)))
+}

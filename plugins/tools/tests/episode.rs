@@ -1,0 +1,217 @@
+//! The `tool-calls` episode run by the engine's group runner with the real `python` tool, on a
+//! generator that says scripted turns: a malformed call, a call that loops, one that hoards
+//! memory and one that prints a megabyte each cost one turn, never the episode.
+//!
+//! Needs the WASI interpreter (`make python-wasi`); `make test` builds it first.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use areal_core::{GroupRunner, GroupSpec, RewardService};
+use areal_sdk::{
+    BuildContext, Completion, EpisodePlugin, FinishReason, GenerateRequest, Generator,
+    PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, SamplingParams, TaskItem,
+    Tokenizer, ToolPlugin, Verdict, VerifyContext, WeightUpdate,
+};
+use serde_json::{Value, json};
+
+use areal_tools as _;
+
+/// Bytes are tokens 0..=255; 256 stops a turn.
+struct Bytes;
+
+const STOP: u32 = 256;
+
+impl Tokenizer for Bytes {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, PluginError> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, PluginError> {
+        let bytes: Vec<u8> = ids
+            .iter()
+            .filter(|&&id| id < STOP)
+            .map(|&id| id as u8)
+            .collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+    fn stop_token_ids(&self) -> Vec<u32> {
+        vec![STOP]
+    }
+    fn vocab_size(&self) -> usize {
+        257
+    }
+}
+
+/// Says the turns of `script` in order, per sample, each ending with the stop token.
+struct Scripted {
+    script: Vec<String>,
+    said: Mutex<HashMap<u64, usize>>,
+}
+
+#[areal_sdk::async_trait]
+impl Generator for Scripted {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError> {
+        let turn = {
+            let mut said = self.said.lock().unwrap();
+            let n = said.entry(request.sample_id).or_default();
+            *n += 1;
+            self.script[(*n - 1).min(self.script.len() - 1)].clone()
+        };
+        let mut c = Completion::empty(FinishReason::Stop);
+        for id in turn.bytes().map(u32::from).chain([STOP]) {
+            if c.len() == request.max_new_tokens {
+                c.finish_reason = FinishReason::Length;
+                break;
+            }
+            c.push(id, -0.5, 0);
+        }
+        Ok(c)
+    }
+    async fn update_weights(&self, _: WeightUpdate) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// Accepted when the text graded says 42.
+struct SaysFortyTwo;
+
+impl RewardVerifier for SaysFortyTwo {
+    fn name(&self) -> &str {
+        "says-42"
+    }
+    fn verify(&self, input: &RewardInput, _: &VerifyContext) -> Result<Reward, PluginError> {
+        Ok(if input.completion.contains("42") {
+            Reward::new(1.0, Verdict::Accepted)
+        } else {
+            Reward::new(0.0, Verdict::WrongAnswer)
+        })
+    }
+}
+
+fn call(code: &str) -> String {
+    let call = json!({"name": "python", "arguments": {"code": code}});
+    format!("Let me run it.\n<tool_call>\n{call}\n</tool_call>")
+}
+
+fn plugin(section: &str, kind: &str, options: Value) -> PluginConfig {
+    let mut config = PluginConfig::new(section, kind);
+    for (k, v) in options.as_object().unwrap().clone() {
+        config = config.with(&k, v);
+    }
+    config
+}
+
+#[test]
+fn every_bad_call_costs_one_turn_and_the_episode_goes_on() {
+    let script = vec![
+        call("x = 6 * 7"),
+        call("x"),
+        "<tool_call>{\"name\": \"python\", \"arguments\": \"{not json\"}</tool_call>".to_owned(),
+        call("while True:\n    pass"),
+        call("x"),
+        call("print('y' * 1_000_000)"),
+        call("blocks = [bytearray(1 << 20) for _ in range(500)]"),
+        "The answer is 42.".to_owned(),
+    ];
+    let tool = ToolPlugin::build_from(
+        &plugin(
+            "tools[0]",
+            "python",
+            json!({"timeout_s": 0.5, "memory_mb": 128, "output_bytes": 512}),
+        ),
+        &BuildContext::new(0, 1),
+    )
+    .expect("the python tool");
+    let episode = EpisodePlugin::build_from(
+        &plugin("episode", "tool-calls", json!({"max_turns": 10})),
+        &BuildContext::new(0, 1),
+    )
+    .expect("the tool-calls episode");
+    let generator = Arc::new(Scripted {
+        script,
+        said: Mutex::new(HashMap::new()),
+    });
+    let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
+    let runner = Arc::new(
+        GroupRunner::new(generator, Arc::new(Bytes), rewards).with_episode(episode, vec![tool]),
+    );
+    let spec = GroupSpec {
+        group_id: 0,
+        group_size: 2,
+        max_new_tokens: 8192,
+        sampling: SamplingParams::greedy(),
+        admitted_at: 0,
+    };
+    let item = TaskItem {
+        id: "q".into(),
+        prompt: "What is 6 * 7?".into(),
+        reference: Value::Null,
+    };
+    let group = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(runner.run_group(spec, item))
+        .expect("the episode ends");
+    assert_eq!(group.samples.len(), 2);
+    let answers: Vec<String> = {
+        let text = Bytes
+            .decode(&group.samples[0].completion.token_ids)
+            .unwrap();
+        text.split("<tool_response>\n")
+            .skip(1)
+            .map(|a| a.split("\n</tool_response>").next().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(answers.len(), 7, "{answers:#?}");
+    assert_eq!(answers[0], "", "an assignment prints nothing");
+    assert_eq!(answers[1], "42\n", "the session kept x");
+    assert!(answers[2].contains("tool call 1"), "{}", answers[2]);
+    assert!(
+        answers[3].contains("past its limit of 0.5 s"),
+        "{}",
+        answers[3]
+    );
+    assert!(
+        answers[4].contains("NameError"),
+        "a new interpreter: {}",
+        answers[4]
+    );
+    assert!(
+        answers[5].ends_with("[output cut at 512 bytes]"),
+        "{}",
+        &answers[5][500..]
+    );
+    assert!(answers[6].contains("more than 128 MB"), "{}", answers[6]);
+    for sample in &group.samples {
+        assert_eq!(
+            sample.reward.verdict,
+            Verdict::Accepted,
+            "the last turn was graded"
+        );
+        let c = &sample.completion;
+        assert!(
+            c.len() > c.sampled_len(),
+            "the answers are environment tokens"
+        );
+    }
+    let counters = &runner.counters;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(load(&counters.episodes), 2);
+    assert_eq!(load(&counters.turns), 2 * 8);
+    assert_eq!(
+        load(&counters.tool_calls),
+        2 * 6,
+        "the malformed call is not made"
+    );
+    assert_eq!(
+        load(&counters.tool_errors),
+        2 * 4,
+        "malformed, loop, NameError, memory"
+    );
+}
