@@ -103,10 +103,6 @@ pub trait EpisodeContext: Send {
     /// The task's reward for `completion` (the text the verifier grades: the whole
     /// conversation's text, or only the final answer, as the episode decides).
     async fn verify(&mut self, completion: &str) -> Result<Reward, PluginError>;
-
-    /// Record a reward for the turn just generated (for algorithms that use turn rewards);
-    /// the episode's own reward is what [`Episode::run`] returns.
-    fn reward_turn(&mut self, reward: f64);
 }
 
 /// A workflow for one task item: several generations and environment steps, one reward.

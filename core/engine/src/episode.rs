@@ -253,7 +253,6 @@ pub(crate) struct EpisodeRun<'a> {
     record: Option<Record>,
     sessions: BTreeMap<String, Box<dyn ToolSession>>,
     stats: EpisodeStats,
-    turn_rewards: Vec<(usize, f64)>,
 }
 
 /// An episode's context's description of a replay that went another way.
@@ -317,7 +316,6 @@ impl<'a> EpisodeRun<'a> {
             record,
             sessions: BTreeMap::new(),
             stats: EpisodeStats::default(),
-            turn_rewards: Vec::new(),
         };
         let reward = runner.episode().run(&mut run).await;
         runner.counters.record_episode(&run.stats);
@@ -490,10 +488,6 @@ impl EpisodeContext for EpisodeRun<'_> {
             .reward(self.sample_id, self.item, completion, &self.completion)
             .await?;
         Ok(verified.reward)
-    }
-
-    fn reward_turn(&mut self, reward: f64) {
-        self.turn_rewards.push((self.completion.len(), reward));
     }
 }
 
