@@ -16,8 +16,8 @@ mod tool_calls;
 /// The registered name of the `python` tool.
 pub const PYTHON: &str = "python";
 
-pub use python::{PythonTool, PythonToolOptions};
-pub use tool_calls::{Graded, TOOL_CALLS, ToolCalls, ToolCallsOptions};
+pub use python::{MAX_SESSIONS, PythonTool, PythonToolOptions};
+pub use tool_calls::{Graded, Markup, TOOL_CALLS, ToolCalls, ToolCallsOptions};
 
 areal_sdk::register_episode!(
     TOOL_CALLS,

@@ -94,6 +94,10 @@ impl std::fmt::Debug for PythonTool {
     }
 }
 
+/// Python sessions alive at once in a process: one per episode in flight that has called the
+/// tool (`rollout.max_concurrent × rollout.group_size` at most, plus evaluation's).
+pub const MAX_SESSIONS: u32 = 1024;
+
 /// One sandbox per mode for the process: building one snapshots the interpreter (cached on
 /// disk after the first time).
 fn sandbox(mode: Mode) -> Result<Arc<Sandbox>, String> {
@@ -107,6 +111,7 @@ fn sandbox(mode: Mode) -> Result<Arc<Sandbox>, String> {
         Sandbox::new(&Settings {
             mode,
             preinit: Some(PYTHON_CELLS.into()),
+            instances: Some(MAX_SESSIONS),
             ..Settings::default()
         })
         .map(Arc::new)

@@ -66,6 +66,10 @@ pub struct Settings {
     /// the project's own: past them building the sandbox fails, naming the limit. `None`:
     /// unbounded.
     pub preinit_limits: Option<Limits>,
+    /// Guest instances alive at once (runs, and sessions: a session keeps its instance
+    /// between calls); `None`: [`MAX_CONCURRENT_RUNS`]. Each is a slot of address space
+    /// reserved up front, not memory.
+    pub instances: Option<u32>,
 }
 
 /// Limits of one run.

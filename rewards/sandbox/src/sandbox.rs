@@ -75,11 +75,12 @@ impl Sandbox {
         // Instances come from a pool of pre-reserved slots that are reset and reused, instead
         // of a fresh 4 GiB reservation mapped and unmapped per run (+20 % tests/s on one
         // thread). Memory is mapped copy-on-write from the compiled image (the snapshot).
+        let slots = settings.instances.unwrap_or(MAX_CONCURRENT_RUNS).max(1);
         let mut pool = wasmtime::PoolingAllocationConfig::new();
-        pool.total_core_instances(MAX_CONCURRENT_RUNS)
-            .total_memories(MAX_CONCURRENT_RUNS)
-            .total_tables(MAX_CONCURRENT_RUNS)
-            .total_stacks(MAX_CONCURRENT_RUNS)
+        pool.total_core_instances(slots)
+            .total_memories(slots)
+            .total_tables(slots)
+            .total_stacks(slots)
             .max_memory_size(1 << 32);
         config.allocation_strategy(pool);
         let engine = Engine::new(&config)?;
