@@ -16,7 +16,14 @@ pub enum ToolCallFormat {
     /// Llama 3.1–3.3's JSON tool calling: the whole turn is one `{"name": …, "parameters":
     /// {…}}` (optionally after `<|python_tag|>`); a turn that does not start with `{` is text.
     Llama3Json,
+    /// Tool-integrated reasoning as Qwen2.5-Math and ToRA write it: each fenced
+    /// ```` ```python ```` block of the turn is a call of the `python` tool with the block as
+    /// its `code`, text around the blocks allowed.
+    CodeBlock,
 }
+
+/// The tool a [`ToolCallFormat::CodeBlock`] call calls.
+pub const CODE_BLOCK_TOOL: &str = "python";
 
 /// One call: which tool, with what.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -64,6 +71,47 @@ pub fn parse_tool_calls(turn: &str, format: ToolCallFormat) -> ParsedTurn {
     match format {
         ToolCallFormat::Hermes => hermes(turn),
         ToolCallFormat::Llama3Json => llama3(turn),
+        ToolCallFormat::CodeBlock => code_blocks(turn),
+    }
+}
+
+const FENCE_OPEN: &str = "```python\n";
+const FENCE_CLOSE: &str = "```";
+
+fn code_blocks(turn: &str) -> ParsedTurn {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    let mut rest = turn;
+    while let Some(start) = rest.find(FENCE_OPEN) {
+        content.push_str(&rest[..start]);
+        let after = &rest[start + FENCE_OPEN.len()..];
+        let index = calls.len() + 1;
+        match after.find(FENCE_CLOSE) {
+            Some(end) => {
+                let code = &after[..end];
+                let mut arguments = Map::new();
+                arguments.insert("code".into(), Value::String(code.to_owned()));
+                calls.push(Ok(ToolCall {
+                    name: CODE_BLOCK_TOOL.to_owned(),
+                    arguments,
+                }));
+                rest = &after[end + FENCE_CLOSE.len()..];
+            }
+            None => {
+                calls.push(Err(ToolCallError {
+                    index,
+                    message: "the ```python block is not closed by ``` (the turn ended inside it)"
+                        .to_owned(),
+                    text: after.trim().to_owned(),
+                }));
+                rest = "";
+            }
+        }
+    }
+    content.push_str(rest);
+    ParsedTurn {
+        content: content.trim().to_owned(),
+        calls,
     }
 }
 
@@ -316,6 +364,31 @@ mod tests {
         );
         let broken = parse_tool_calls("{\"name\": \"f\", ", ToolCallFormat::Llama3Json);
         assert!(err(&broken.calls[0]).contains("not JSON"));
+    }
+
+    #[test]
+    fn code_blocks_are_python_calls() {
+        let turn = parse_tool_calls(
+            "Compute it.\n```python\nx = 37*48\nprint(x)\n```\nthen ```python\nx\n```",
+            ToolCallFormat::CodeBlock,
+        );
+        assert_eq!(turn.content, "Compute it.\n\nthen");
+        assert_eq!(turn.calls.len(), 2);
+        assert_eq!(ok(&turn.calls[0]).name, "python");
+        assert_eq!(
+            ok(&turn.calls[0]).arguments["code"],
+            json!("x = 37*48\nprint(x)\n")
+        );
+        assert_eq!(ok(&turn.calls[1]).arguments["code"], json!("x\n"));
+        let open = parse_tool_calls("```python\n1 +", ToolCallFormat::CodeBlock);
+        assert!(
+            err(&open.calls[0]).contains("not closed"),
+            "{:?}",
+            open.calls
+        );
+        let text = parse_tool_calls("=1776", ToolCallFormat::CodeBlock);
+        assert!(!text.has_calls());
+        assert_eq!(text.content, "=1776");
     }
 
     #[test]

@@ -29,21 +29,20 @@ pub enum Graded {
 #[serde(deny_unknown_fields, default)]
 pub struct ToolCallsOptions {
     /// How the model writes calls: `hermes` (Qwen2.5, Qwen3, Hermes: `<tool_call>{...}
-    /// </tool_call>`, the default) or `llama3-json`.
+    /// </tool_call>`, the default), `llama3-json`, or `code-block` (each ```` ```python ````
+    /// block calls the `python` tool).
     pub format: ToolCallFormat,
     /// Turns the policy takes at most; the last is verified whether it calls or not. By
     /// default 4.
     pub max_turns: usize,
     /// The environment's text after a turn with calls, before the first answer. By default
-    /// Qwen's and Hermes' chat markup: the turn ended with `<|im_end|>`, and the answers come
-    /// in a `user` turn.
-    pub before_answers: String,
-    /// Each call's answer, `{output}` standing for the tool's text. By default
-    /// `\n<tool_response>\n{output}\n</tool_response>`.
-    pub answer: String,
+    /// the format's markup ([`Markup::of`]).
+    pub before_answers: Option<String>,
+    /// Each call's answer, `{output}` standing for the tool's text. By default the format's.
+    pub answer: Option<String>,
     /// The environment's text after the last answer, opening the policy's next turn. By default
-    /// `<|im_end|>\n<|im_start|>assistant\n`.
-    pub after_answers: String,
+    /// the format's.
+    pub after_answers: Option<String>,
     /// What the verifier grades: `last-turn` (default) or `all`.
     pub graded: Graded,
 }
@@ -53,10 +52,49 @@ impl Default for ToolCallsOptions {
         Self {
             format: ToolCallFormat::Hermes,
             max_turns: 4,
-            before_answers: "\n<|im_start|>user".into(),
-            answer: "\n<tool_response>\n{output}\n</tool_response>".into(),
-            after_answers: "<|im_end|>\n<|im_start|>assistant\n".into(),
+            before_answers: None,
+            answer: None,
+            after_answers: None,
             graded: Graded::LastTurn,
+        }
+    }
+}
+
+/// How a turn's answers are written between the turn and the next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Markup {
+    /// Before the first answer.
+    pub before_answers: String,
+    /// Each answer, `{output}` standing for the tool's text.
+    pub answer: String,
+    /// After the last, opening the policy's next turn.
+    pub after_answers: String,
+}
+
+impl Markup {
+    /// The markup the chat templates of `format`'s models write: Qwen's and Hermes' (the
+    /// turn ended with `<|im_end|>`; the answers in a `user` turn, each in a
+    /// `<tool_response>` block), Llama 3's (the turn ended with `<|eom_id|>` or `<|eot_id|>`;
+    /// each answer an `ipython` message), or a code block's (each answer an
+    /// ```` ```output ```` block after the turn).
+    pub fn of(format: ToolCallFormat) -> Self {
+        let (before, answer, after) = match format {
+            ToolCallFormat::Hermes => (
+                "\n<|im_start|>user",
+                "\n<tool_response>\n{output}\n</tool_response>",
+                "<|im_end|>\n<|im_start|>assistant\n",
+            ),
+            ToolCallFormat::Llama3Json => (
+                "",
+                "<|start_header_id|>ipython<|end_header_id|>\n\n{output}<|eot_id|>",
+                "<|start_header_id|>assistant<|end_header_id|>\n\n",
+            ),
+            ToolCallFormat::CodeBlock => ("", "\n```output\n{output}```\n", ""),
+        };
+        Self {
+            before_answers: before.to_owned(),
+            answer: answer.to_owned(),
+            after_answers: after.to_owned(),
         }
     }
 }
@@ -65,22 +103,35 @@ impl Default for ToolCallsOptions {
 #[derive(Clone, Debug)]
 pub struct ToolCalls {
     options: ToolCallsOptions,
+    markup: Markup,
 }
 
 impl ToolCalls {
     /// The episode with `options`.
     pub fn new(options: ToolCallsOptions) -> Self {
-        Self { options }
+        let default = Markup::of(options.format);
+        let markup = Markup {
+            before_answers: options
+                .before_answers
+                .clone()
+                .unwrap_or(default.before_answers),
+            answer: options.answer.clone().unwrap_or(default.answer),
+            after_answers: options
+                .after_answers
+                .clone()
+                .unwrap_or(default.after_answers),
+        };
+        Self { options, markup }
     }
 
     /// The environment's text for a turn's answers.
     fn answers(&self, outputs: &[ToolOutput]) -> String {
-        let o = &self.options;
-        let mut text = o.before_answers.clone();
+        let m = &self.markup;
+        let mut text = m.before_answers.clone();
         for output in outputs {
-            text.push_str(&o.answer.replace("{output}", &output.text));
+            text.push_str(&m.answer.replace("{output}", &output.text));
         }
-        text.push_str(&o.after_answers);
+        text.push_str(&m.after_answers);
         text
     }
 }
@@ -132,13 +183,12 @@ pub(crate) fn build(
     if options.max_turns == 0 {
         return Err(config.invalid("max_turns", "must be at least 1, found 0"));
     }
-    if !options.answer.contains("{output}") {
+    if let Some(answer) = &options.answer
+        && !answer.contains("{output}")
+    {
         return Err(config.invalid(
             "answer",
-            format!(
-                "must contain {{output}}, where the tool's text goes; found {:?}",
-                options.answer
-            ),
+            format!("must contain {{output}}, where the tool's text goes; found {answer:?}"),
         ));
     }
     Ok(Arc::new(ToolCalls::new(options)))
