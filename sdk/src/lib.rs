@@ -73,7 +73,7 @@ pub use registry::{
     EpisodePlugin, GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin, ToolPlugin,
 };
 pub use reward::{MAX_REWARD, Provenance, Reward, Verdict};
-pub use task::{ChatMessage, Split, Task, TaskItem, Tokenizer};
+pub use task::{ChatMessage, DemoTurn, Split, Task, TaskItem, Tokenizer};
 pub use tool::{Tool, ToolOutput, ToolSchema, ToolSession};
 pub use trajectory::{
     Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,

@@ -77,6 +77,24 @@ pub trait Task: Send + Sync + 'static {
         let _ = item;
         Ok(None)
     }
+
+    /// A demonstration of an episode of several turns for `item`: the policy's turns and the
+    /// environment's text between them, in order, written as the run's episode writes them.
+    /// The warm-up trains on the policy's turns (each ended with the stop token) and only reads
+    /// the rest. By default the one-turn [`demonstration`](Self::demonstration).
+    fn demonstration_turns(&self, item: &TaskItem) -> Result<Option<Vec<DemoTurn>>, PluginError> {
+        Ok(self.demonstration(item)?.map(|d| vec![DemoTurn::Policy(d)]))
+    }
+}
+
+/// One part of a demonstration of an episode ([`Task::demonstration_turns`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DemoTurn {
+    /// A turn of the policy: trained on, ended with the stop token.
+    Policy(String),
+    /// The environment's text (a tool's answer, a template's markers): read, not trained on.
+    Environment(String),
 }
 
 /// Text to token ids and back; provided by the model so prompts and outputs agree with it.

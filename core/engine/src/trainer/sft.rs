@@ -9,20 +9,39 @@ use crate::error::EngineError;
 use crate::packing::pack;
 
 /// One demonstration: prompt ids and response ids (ending with a stop token).
-pub(crate) type Example = (Vec<u32>, Vec<u32>);
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Example {
+    /// The prompt's tokens (read, not trained on).
+    pub(crate) prompt: Vec<u32>,
+    /// The demonstration's tokens after the prompt.
+    pub(crate) response: Vec<u32>,
+    /// Which of them are trained on: the policy's turns, not the environment's text between
+    /// them.
+    pub(crate) trained: Vec<bool>,
+}
+
+impl Example {
+    /// The tokens trained on.
+    fn targets(&self) -> usize {
+        self.trained.iter().filter(|&&t| t).count()
+    }
+}
 
 /// The examples packed under `token_budget`: each micro-batch's members (indices into
 /// `examples`) and their prompt + response sequences.
 fn microbatches(examples: &[Example], token_budget: usize) -> Vec<(Vec<usize>, PackedBatch)> {
-    let lengths: Vec<usize> = examples.iter().map(|(p, c)| p.len() + c.len()).collect();
+    let lengths: Vec<usize> = examples
+        .iter()
+        .map(|e| e.prompt.len() + e.response.len())
+        .collect();
     pack(&lengths, token_budget, 1)
         .microbatches
         .into_iter()
         .map(|members| {
             let mut batch = PackedBatch::new(1.0);
             for &i in &members {
-                let (prompt, completion) = &examples[i];
-                batch.push(&[prompt.as_slice(), completion].concat());
+                let e = &examples[i];
+                batch.push(&[e.prompt.as_slice(), &e.response].concat());
             }
             (members, batch)
         })
@@ -45,12 +64,15 @@ pub(crate) fn validation_loss(
             .try_to_vec::<f32>()
             .expect("converted to f32");
         for (&i, range) in members.iter().zip(batch.ranges()) {
-            let prompt = examples[i].0.len();
-            sum -= values[range.start + prompt..range.end]
+            let e = &examples[i];
+            let response = &values[range.start + e.prompt.len()..range.end];
+            sum -= response
                 .iter()
-                .map(|&v| f64::from(v))
+                .zip(&e.trained)
+                .filter(|(_, t)| **t)
+                .map(|(&v, _)| f64::from(v))
                 .sum::<f64>();
-            count += range.len() - prompt;
+            count += e.targets();
         }
     }
     Ok(sum / count.max(1) as f64)
@@ -66,15 +88,15 @@ pub(crate) fn sft_step(
     max_grad_norm: Option<f64>,
     token_budget: usize,
 ) -> Result<(f64, usize), EngineError> {
-    let targets: usize = examples.iter().map(|(_, c)| c.len()).sum();
+    let targets: usize = examples.iter().map(Example::targets).sum();
     let device = policy.device();
     let mut loss_sum = 0.0;
     for (members, batch) in microbatches(examples, token_budget) {
         let mut mask = Vec::new();
         for &i in &members {
-            let (prompt, completion) = &examples[i];
-            mask.extend(std::iter::repeat_n(0.0f32, prompt.len()));
-            mask.extend(std::iter::repeat_n(1.0f32, completion.len()));
+            let e = &examples[i];
+            mask.extend(std::iter::repeat_n(0.0f32, e.prompt.len()));
+            mask.extend(e.trained.iter().map(|&t| if t { 1.0f32 } else { 0.0 }));
         }
         let n = mask.len();
         let mask = Tensor::<1>::from_data(TensorData::new(mask, [n]), &device);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use areal_sdk::{PluginError, Split, Task, mix_seed};
+use areal_sdk::{DemoTurn, PluginError, Split, Task, mix_seed};
 
 use crate::context::RunContext;
 use crate::error::EngineError;
@@ -221,7 +221,8 @@ async fn checkpoint(
     crate::resume::save(ctx, crate::resume::Stage::Warmup(progress), best).await
 }
 
-/// The examples of one step.
+/// The examples of one step: each demonstration's turns after its prompt, the policy's ended
+/// with the stop token and trained on, the environment's text between them read only.
 pub(crate) fn examples(
     task: &dyn Task,
     runner: &GroupRunner,
@@ -234,16 +235,36 @@ pub(crate) fn examples(
     indices
         .map(|i| {
             let item = task.item(split, i).map_err(plugin)?;
-            let demo = task.demonstration(&item).map_err(plugin)?.ok_or_else(|| {
-                EngineError::setup(format!(
-                    "task {} has no demonstrations to warm up on",
-                    task.name()
-                ))
-            })?;
+            let turns = task
+                .demonstration_turns(&item)
+                .map_err(plugin)?
+                .ok_or_else(|| {
+                    EngineError::setup(format!(
+                        "task {} has no demonstrations to warm up on",
+                        task.name()
+                    ))
+                })?;
             let prompt = runner.prompt_ids(&item).map_err(plugin)?;
-            let mut completion = tokenizer.encode(&demo).map_err(plugin)?;
-            completion.extend(stop);
-            Ok((prompt, completion))
+            let (mut response, mut trained) = (Vec::new(), Vec::new());
+            for turn in turns {
+                let (ids, policy) = match turn {
+                    DemoTurn::Policy(text) => {
+                        let mut ids = tokenizer.encode(&text).map_err(plugin)?;
+                        ids.extend(stop);
+                        (ids, true)
+                    }
+                    DemoTurn::Environment(text) => {
+                        (tokenizer.encode(&text).map_err(plugin)?, false)
+                    }
+                };
+                trained.extend(std::iter::repeat_n(policy, ids.len()));
+                response.extend(ids);
+            }
+            Ok(Example {
+                prompt,
+                response,
+                trained,
+            })
         })
         .collect()
 }
