@@ -1,4 +1,4 @@
-//! A PNG plot of held-out accuracy against wall time, drawn with a built-in 5×7 bitmap font
+//! A PNG plot of held-out accuracy (or other fractions) against wall time, drawn with a built-in 5×7 bitmap font
 //! (no system fonts needed).
 
 use std::path::Path;
@@ -160,7 +160,18 @@ pub fn accuracy_plot(
     series: &[Series],
     marker: Option<(f64, &str)>,
 ) -> std::io::Result<()> {
-    let c = draw(title, series, marker);
+    fraction_plot(path, title, "held-out accuracy", series, marker)
+}
+
+/// [`accuracy_plot`] of any fractions against seconds, the y axis labelled `y_label`.
+pub fn fraction_plot(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    series: &[Series],
+    marker: Option<(f64, &str)>,
+) -> std::io::Result<()> {
+    let c = draw(title, y_label, series, marker);
     let mut png_bytes = Vec::new();
     {
         let mut encoder = png::Encoder::new(&mut png_bytes, c.width as u32, c.height as u32);
@@ -180,7 +191,7 @@ pub fn accuracy_plot(
 const TITLE_Y: i64 = 14;
 const Y_LABEL_Y: i64 = TITLE_Y + 7 * 3 + 10;
 
-fn draw(title: &str, series: &[Series], marker: Option<(f64, &str)>) -> Canvas {
+fn draw(title: &str, y_label: &str, series: &[Series], marker: Option<(f64, &str)>) -> Canvas {
     let (w, h) = (900usize, 560usize);
     let (left, right, top, bottom) = (90i64, 30i64, Y_LABEL_Y + 7 * 2 + 18, 70i64);
     let mut c = Canvas::new(w, h);
@@ -266,7 +277,7 @@ fn draw(title: &str, series: &[Series], marker: Option<(f64, &str)>) -> Canvas {
         2,
         ink,
     );
-    c.text(8, Y_LABEL_Y, "held-out accuracy", 2, ink);
+    c.text(8, Y_LABEL_Y, y_label, 2, ink);
     // one legend entry per label (series of several seeds share theirs)
     let mut ly = top + 30;
     let mut shown: Vec<&str> = Vec::new();
@@ -307,7 +318,12 @@ mod tests {
                 points: vec![(220.0, 0.14), (330.0, 0.8)],
             },
         ];
-        let c = draw("held-out accuracy, greedy", &series, Some((220.0, "rl")));
+        let c = draw(
+            "held-out accuracy, greedy",
+            "held-out accuracy",
+            &series,
+            Some((220.0, "rl")),
+        );
         let boxes = &c.text_boxes;
         assert!(boxes.len() > 10, "{boxes:?}");
         for (i, a) in boxes.iter().enumerate() {

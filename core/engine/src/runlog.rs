@@ -8,11 +8,14 @@ use serde_json::Value;
 use crate::config::Config;
 use crate::error::EngineError;
 use crate::metrics::MetricsWriter;
-use crate::plot::{Series, accuracy_plot};
+use crate::plot::{Series, accuracy_plot, fraction_plot};
 use crate::tensorboard::EventWriter;
 
 /// Name of the plot in a run folder.
 pub(crate) const PLOT_FILE: &str = "accuracy.png";
+
+/// Name of the plot of tool use in a run folder (runs whose episodes call tools).
+pub(crate) const TOOLS_PLOT_FILE: &str = "tools.png";
 
 /// Name of the lock file of a run folder.
 pub(crate) const LOCK_FILE: &str = "run.lock";
@@ -217,6 +220,53 @@ impl RunLog {
             "held-out accuracy, greedy",
             &series,
             self.rl_start.map(|t| (t, "rl")),
+        )
+        .map_err(|e| EngineError::io(path.clone(), e))?;
+        self.plot_tools(dir)
+    }
+
+    /// (Re)draw the plot of tool use per step from `metrics.jsonl`, once a step has called a
+    /// tool: the share of episodes that called one, the share of calls that failed, and the
+    /// reward.
+    fn plot_tools(&self, dir: &Path) -> Result<(), EngineError> {
+        let metrics = dir.join(METRICS_FILE);
+        let Ok(text) = std::fs::read_to_string(&metrics) else {
+            return Ok(());
+        };
+        let steps: Vec<Value> = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|r| r["event"] == "step")
+            .collect();
+        let number = |r: &Value, key: &str| r[key].as_f64().unwrap_or(0.0);
+        if steps.iter().all(|r| number(r, "tool_calls") == 0.0) {
+            return Ok(());
+        }
+        // steps in which no episode ended say nothing of tool use
+        let steps: Vec<&Value> = steps
+            .iter()
+            .filter(|r| number(r, "episodes") > 0.0)
+            .collect();
+        let series = |label: &str, color: [u8; 3], y: &dyn Fn(&Value) -> f64| Series {
+            label: label.into(),
+            color,
+            points: steps.iter().map(|r| (number(r, "wall_s"), y(r))).collect(),
+        };
+        let path = dir.join(TOOLS_PLOT_FILE);
+        fraction_plot(
+            &path,
+            "tool use per step",
+            "share",
+            &[
+                series("calling a tool", [30, 90, 200], &|r| {
+                    number(r, "tool_call_fraction")
+                }),
+                series("calls failed", [200, 60, 40], &|r| {
+                    number(r, "tool_errors") / number(r, "tool_calls").max(1.0)
+                }),
+                series("reward", [60, 160, 60], &|r| number(r, "reward_mean")),
+            ],
+            None,
         )
         .map_err(|e| EngineError::io(path, e))
     }

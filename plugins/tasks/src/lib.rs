@@ -6,6 +6,9 @@
 //!   LiveCodeBench's prompt format, for the `lcb` reward; see [`code`].
 //! - `code-arith` (task): the built-in code job, one-line programs computing an arithmetic
 //!   function, graded by hidden tests; imperfect demonstrations; see [`code_arith`].
+//! - `tool-mul` (task and reward): the built-in multi-turn job, multiplying two numbers with
+//!   the `python` tool in episodes of tool-integrated reasoning; imperfect demonstrations; see
+//!   [`tool_mul`].
 //! - `math` (task): maths problems from JSONL files in MATH's format, for the `math` reward;
 //!   see [`math`].
 //!
@@ -24,6 +27,7 @@ pub mod code;
 pub mod code_arith;
 pub mod math;
 mod splits;
+pub mod tool_mul;
 
 areal_sdk::register_task!(
     chain_sum::NAME,
@@ -49,4 +53,14 @@ areal_sdk::register_task!(
     code_arith::NAME,
     "write a one-line Python program for an arithmetic function; hidden tests (the `lcb` reward); imperfect demonstrations",
     code_arith::build_task
+);
+areal_sdk::register_task!(
+    tool_mul::NAME,
+    "multiply two numbers, with the python tool in a code-block episode; imperfect demonstrations",
+    tool_mul::build_task
+);
+areal_sdk::register_reward!(
+    tool_mul::NAME,
+    "1 when the number after the last `=` is the product",
+    tool_mul::build_verifier
 );
