@@ -9,16 +9,26 @@
 //! - `tool-calls` ([`ToolCalls`], an episode): the policy's turns with the calls they make in
 //!   its chat template's format run between them, each answer appended in the template's
 //!   markup; a malformed call's answer says what is wrong. The turn without calls is graded.
+//! - `retry` ([`Retry`], an episode, AReaL's multi-turn workflow): after a wrong answer the
+//!   policy hears so and answers again; a right answer at turn t earns its reward ×
+//!   `turn_discount`^(t − 1).
 
 mod python;
+mod retry;
 mod tool_calls;
 
 /// The registered name of the `python` tool.
 pub const PYTHON: &str = "python";
 
 pub use python::{MAX_SESSIONS, PythonTool, PythonToolOptions};
+pub use retry::{RETRY, Retry, RetryOptions};
 pub use tool_calls::{Graded, Markup, TOOL_CALLS, ToolCalls, ToolCallsOptions};
 
+areal_sdk::register_episode!(
+    RETRY,
+    "AReaL's multi-turn workflow: answer again after a wrong answer, a right one discounted by turn_discount per try",
+    retry::build
+);
 areal_sdk::register_episode!(
     TOOL_CALLS,
     "turns with tool calls in the chat template's format, each call run and answered before the next turn",

@@ -215,3 +215,68 @@ fn every_bad_call_costs_one_turn_and_the_episode_goes_on() {
         "malformed, loop, NameError, memory"
     );
 }
+
+/// AReaL's multi-turn workflow: a wrong answer is told so and answered again; a right answer
+/// at the second turn earns 0.9 (`turn_discount`), and an episode never right earns 0 after
+/// `max_turns` answers.
+#[test]
+fn retry_answers_again_after_a_wrong_answer_and_discounts_the_right_one() {
+    let episode = EpisodePlugin::build_from(
+        &plugin(
+            "episode",
+            "retry",
+            json!({"max_turns": 3, "turn_discount": 0.9, "feedback": "\nwrong, again:\n"}),
+        ),
+        &BuildContext::new(0, 1),
+    )
+    .expect("the retry episode");
+    let run = |script: &[&str]| {
+        let generator = Arc::new(Scripted {
+            script: script.iter().map(|s| (*s).to_owned()).collect(),
+            said: Mutex::new(HashMap::new()),
+        });
+        let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
+        let runner = Arc::new(
+            GroupRunner::new(generator, Arc::new(Bytes), rewards)
+                .with_episode(episode.clone(), Vec::new()),
+        );
+        let spec = GroupSpec {
+            group_id: 0,
+            group_size: 1,
+            max_new_tokens: 256,
+            sampling: SamplingParams::greedy(),
+            admitted_at: 0,
+        };
+        let item = TaskItem {
+            id: "q".into(),
+            prompt: "What is 6 * 7?".into(),
+            reference: Value::Null,
+        };
+        let group = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(runner.run_group(spec, item))
+            .expect("the episode ends");
+        let sample = group.samples.into_iter().next().unwrap();
+        let text = Bytes.decode(&sample.completion.token_ids).unwrap();
+        let turns = runner
+            .counters
+            .turns
+            .load(std::sync::atomic::Ordering::SeqCst);
+        (sample.reward, text, turns)
+    };
+    let (reward, text, turns) = run(&["=41", "=42"]);
+    assert_eq!(text, "=41\nwrong, again:\n=42");
+    assert_eq!(
+        (reward.verdict, reward.value, turns),
+        (Verdict::Accepted, 0.9, 2)
+    );
+    assert_eq!(reward.provenance.details["turns"], json!(2));
+    let (reward, text, turns) = run(&["=41"]);
+    assert_eq!(text, "=41\nwrong, again:\n=41\nwrong, again:\n=41");
+    assert_eq!(
+        (reward.verdict, reward.value, turns),
+        (Verdict::WrongAnswer, 0.0, 3)
+    );
+}

@@ -71,6 +71,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("algorithm", "reinforce++"),
         ("algorithm", "rloo"),
         ("algorithm", "sapo"),
+        ("episode", "retry"),
         ("episode", "single-turn"),
         ("episode", "testkit-relay"),
         ("episode", "tool-calls"),
