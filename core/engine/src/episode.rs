@@ -318,7 +318,9 @@ impl<'a> EpisodeRun<'a> {
             stats: EpisodeStats::default(),
         };
         let reward = runner.episode().run(&mut run).await;
-        runner.counters.record_episode(&run.stats);
+        if progress.counted() {
+            runner.counters.record_episode(&run.stats);
+        }
         let reward = reward?;
         if let Some(record) = &run.record
             && run.completion.len() < record.completion.len()

@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use crate::config::Config;
 use crate::episode::{EpisodeRun, Rounds, Sampler};
 use crate::error::EngineError;
-use crate::group_runner::{GroupRunner, NoProgress, SampleProgress};
+use crate::group_runner::{Evaluating, GroupRunner, SampleProgress};
 use crate::plugins::Plugins;
 use crate::reward_service::RewardService;
 use crate::worker::weight_update;
@@ -184,7 +184,7 @@ async fn grade_episodes(
                     max_new_tokens,
                     &sampling,
                     SampleProgress::default(),
-                    &NoProgress,
+                    &Evaluating,
                     j,
                 )
                 .await?;

@@ -407,6 +407,11 @@ pub(crate) trait Progress: Send + Sync {
     fn turn_ended(&self, j: usize, end: TurnEnd);
     /// Sample `j`'s episode ended with `reward`.
     fn finished(&self, j: usize, reward: &Reward);
+    /// Whether the episode counts in the step metrics' episodes, turns and tool calls (those
+    /// generated for training do; evaluation's do not).
+    fn counted(&self) -> bool {
+        true
+    }
 }
 
 pub(crate) struct NoProgress;
@@ -415,6 +420,18 @@ impl Progress for NoProgress {
     fn extended(&self, _: usize, _: &Completion) {}
     fn turn_ended(&self, _: usize, _: TurnEnd) {}
     fn finished(&self, _: usize, _: &Reward) {}
+}
+
+/// An evaluation's episodes: nothing recorded, nothing counted in the step metrics.
+pub(crate) struct Evaluating;
+
+impl Progress for Evaluating {
+    fn extended(&self, _: usize, _: &Completion) {}
+    fn turn_ended(&self, _: usize, _: TurnEnd) {}
+    fn finished(&self, _: usize, _: &Reward) {}
+    fn counted(&self) -> bool {
+        false
+    }
 }
 
 /// What a group rollout is asked to do.

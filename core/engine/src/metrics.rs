@@ -121,7 +121,8 @@ pub struct StepMetrics {
     pub reward_failures: u64,
     /// Samples whose generation was interrupted by a weight update since the previous step.
     pub interrupted_samples: u64,
-    /// Episodes that ended since the previous step (trained or not).
+    /// Training episodes that ended since the previous step (trained or not; evaluation's
+    /// are not counted).
     #[serde(default)]
     pub episodes: u64,
     /// Turns per episode, over those episodes (1 for single-turn runs).
