@@ -507,8 +507,9 @@ impl EpisodeRun<'_> {
 
     async fn call(&mut self, name: &str, arguments: &Map<String, Value>) -> ToolOutput {
         let tools = self.runner.tools();
-        let Some(tool) = tools.iter().find(|t| t.name() == name) else {
-            let known: Vec<&str> = tools.iter().map(|t| t.name()).collect();
+        // by the name the model is told (a plugin's kind may serve tools of several names)
+        let Some(tool) = tools.iter().find(|t| t.schema().name == name) else {
+            let known: Vec<String> = tools.iter().map(|t| t.schema().name).collect();
             return ToolOutput::error(if known.is_empty() {
                 format!("there is no tool {name:?}: no tools are available")
             } else {

@@ -71,10 +71,11 @@ fn build_tools(config: &Config) -> Result<Vec<Arc<dyn Tool>>, PluginError> {
         let ctx = BuildContext::new(mix_seed(config.seed, 8 + i as u64), 1);
         let key = format!("tools[{i}]");
         let tool = ToolPlugin::build_from(&section, &ctx).map_err(|e| in_section(&key, e))?;
-        if tools.iter().any(|t| t.name() == tool.name()) {
+        let name = tool.schema().name;
+        if tools.iter().any(|t| t.schema().name == name) {
             return Err(PluginError::config(
-                format!("{key}.kind"),
-                format!("tool {:?} is given twice; each tool once", tool.name()),
+                key,
+                format!("a tool named {name:?} is given twice; each name once"),
             ));
         }
         tools.push(tool);

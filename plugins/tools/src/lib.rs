@@ -6,6 +6,9 @@
 //!   expression, then the traceback of an exception it raised; output is cut past
 //!   `output_bytes`. A call past its time or memory limit costs that call and the session's
 //!   state (the model is told), never the run.
+//! - `python-function` ([`PythonFunction`]): a Python function from a file, loaded when the run
+//!   starts, called by its name with the model's arguments as keyword arguments, in the same
+//!   sandbox and limits.
 //! - `tool-calls` ([`ToolCalls`], an episode): the policy's turns with the calls they make in
 //!   its chat template's format run between them, each answer appended in the template's
 //!   markup; a malformed call's answer says what is wrong. The turn without calls is graded.
@@ -14,6 +17,7 @@
 //!   `turn_discount`^(t − 1).
 
 mod python;
+mod python_function;
 mod retry;
 mod tool_calls;
 
@@ -21,6 +25,7 @@ mod tool_calls;
 pub const PYTHON: &str = "python";
 
 pub use python::{MAX_SESSIONS, PythonTool, PythonToolOptions};
+pub use python_function::{PYTHON_FUNCTION, PythonFunction, PythonFunctionOptions};
 pub use retry::{RETRY, Retry, RetryOptions};
 pub use tool_calls::{Graded, Markup, TOOL_CALLS, ToolCalls, ToolCallsOptions};
 

@@ -43,7 +43,7 @@ impl Default for PythonToolOptions {
 }
 
 impl PythonToolOptions {
-    fn check(&self, config: &PluginConfig) -> Result<(), PluginError> {
+    pub(crate) fn check(&self, config: &PluginConfig) -> Result<(), PluginError> {
         if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= 600.0) {
             return Err(config.invalid(
                 "timeout_s",
@@ -66,7 +66,7 @@ impl PythonToolOptions {
         Ok(())
     }
 
-    fn limits(&self) -> Limits {
+    pub(crate) fn limits(&self) -> Limits {
         let cpu = Duration::from_secs_f64(self.timeout_s);
         Limits {
             cpu,
@@ -162,42 +162,77 @@ impl Tool for PythonTool {
             seed,
             session: None,
             restarts: 0,
+            cell: Cell::Code,
+            name: NAME.into(),
         }))
+    }
+}
+
+/// What a call runs as a cell.
+pub(crate) enum Cell {
+    /// The call's `code` argument.
+    Code,
+    /// `_areal_call(<the arguments as JSON>)`, a function the sandbox's pre-initialisation
+    /// defined (`python-function`).
+    Function,
+}
+
+impl Cell {
+    /// The cell for `arguments`, or what is wrong with them (for the model to read).
+    fn source(&self, name: &str, arguments: &Map<String, Value>) -> Result<String, ToolOutput> {
+        match self {
+            Cell::Code => {
+                let code = match arguments.get("code") {
+                    Some(Value::String(code)) => code,
+                    Some(_) => {
+                        return Err(ToolOutput::error(format!(
+                            "{name}: \"code\" must be a string of Python source"
+                        )));
+                    }
+                    None => {
+                        return Err(ToolOutput::error(format!(
+                            "{name}: give the code to run as {{\"code\": \"...\"}}"
+                        )));
+                    }
+                };
+                if let Some(unknown) = arguments.keys().find(|k| *k != "code") {
+                    return Err(ToolOutput::error(format!(
+                        "{name}: unknown argument \"{unknown}\" (it takes only \"code\")"
+                    )));
+                }
+                Ok(code.clone())
+            }
+            Cell::Function => {
+                let json = Value::Object(arguments.clone()).to_string();
+                let literal = serde_json::to_string(&json).expect("a string is JSON");
+                Ok(format!("_areal_call({literal})"))
+            }
+        }
     }
 }
 
 /// One episode's interpreter, started at its first call and again at the call after one that
 /// ended it.
-struct PythonSession {
-    sandbox: Arc<Sandbox>,
-    limits: Limits,
-    options: PythonToolOptions,
-    seed: u64,
-    session: Option<Session>,
-    restarts: u64,
+pub(crate) struct PythonSession {
+    pub(crate) sandbox: Arc<Sandbox>,
+    pub(crate) limits: Limits,
+    pub(crate) options: PythonToolOptions,
+    pub(crate) seed: u64,
+    pub(crate) session: Option<Session>,
+    pub(crate) restarts: u64,
+    pub(crate) cell: Cell,
+    /// The tool's name, in what the model reads.
+    pub(crate) name: Arc<str>,
 }
 
 #[areal_sdk::async_trait]
 impl ToolSession for PythonSession {
     async fn call(&mut self, arguments: &Map<String, Value>) -> Result<ToolOutput, PluginError> {
-        let code = match arguments.get("code") {
-            Some(Value::String(code)) => code,
-            Some(_) => {
-                return Ok(ToolOutput::error(
-                    "python: \"code\" must be a string of Python source",
-                ));
-            }
-            None => {
-                return Ok(ToolOutput::error(
-                    "python: give the code to run as {\"code\": \"...\"}",
-                ));
-            }
+        let name = self.name.clone();
+        let code = match self.cell.source(&name, arguments) {
+            Ok(code) => code,
+            Err(wrong) => return Ok(wrong),
         };
-        if let Some(unknown) = arguments.keys().find(|k| *k != "code") {
-            return Ok(ToolOutput::error(format!(
-                "python: unknown argument \"{unknown}\" (it takes only \"code\")"
-            )));
-        }
         let session = match &mut self.session {
             Some(session) if session.is_alive() => session,
             _ => {
@@ -206,14 +241,14 @@ impl ToolSession for PythonSession {
                 self.restarts += 1;
                 let fresh = Session::start(&self.sandbox, &self.limits, seed)
                     .await
-                    .map_err(|e| PluginError::failed(NAME, format!("starting a session: {e}")))?;
+                    .map_err(|e| PluginError::failed(&*name, format!("starting a session: {e}")))?;
                 self.session.insert(fresh)
             }
         };
         let report = session
             .call(code.as_bytes())
             .await
-            .map_err(|e| PluginError::failed(NAME, format!("running a call: {e}")))?;
+            .map_err(|e| PluginError::failed(&*name, format!("running a call: {e}")))?;
         let mut text = String::from_utf8_lossy(&report.stdout).into_owned();
         if report.truncated {
             text.push_str(&format!(

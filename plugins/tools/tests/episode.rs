@@ -280,3 +280,73 @@ fn retry_answers_again_after_a_wrong_answer_and_discounts_the_right_one() {
         (Verdict::WrongAnswer, 0.0, 3)
     );
 }
+
+/// A tool loaded from a Python file is called by the name the model is told (its function's),
+/// not by its plugin's kind.
+#[test]
+fn a_python_function_tool_is_called_by_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hypot.py");
+    std::fs::write(
+        &path,
+        "import math\ndef hypot(a, b):\n    return math.hypot(a, b)\n",
+    )
+    .unwrap();
+    let tool = ToolPlugin::build_from(
+        &plugin(
+            "tools[0]",
+            "python-function",
+            json!({"path": path, "description": "The hypotenuse."}),
+        ),
+        &BuildContext::new(0, 1),
+    )
+    .expect("the tool");
+    let episode = EpisodePlugin::build_from(
+        &plugin("episode", "tool-calls", json!({})),
+        &BuildContext::new(0, 1),
+    )
+    .unwrap();
+    let call = json!({"name": "hypot", "arguments": {"a": 3, "b": 4}});
+    let generator = Arc::new(Scripted {
+        script: vec![
+            format!("<tool_call>{call}</tool_call>"),
+            "<tool_call>{\"name\": \"python-function\"}</tool_call>".into(),
+            "42".into(),
+        ],
+        said: Mutex::new(HashMap::new()),
+    });
+    let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
+    let runner = Arc::new(
+        GroupRunner::new(generator, Arc::new(Bytes), rewards).with_episode(episode, vec![tool]),
+    );
+    let spec = GroupSpec {
+        group_id: 0,
+        group_size: 1,
+        max_new_tokens: 4096,
+        sampling: SamplingParams::greedy(),
+        admitted_at: 0,
+    };
+    let item = TaskItem {
+        id: "q".into(),
+        prompt: "3, 4?".into(),
+        reference: Value::Null,
+    };
+    let group = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(runner.run_group(spec, item))
+        .expect("the episode ends");
+    let text = Bytes
+        .decode(&group.samples[0].completion.token_ids)
+        .unwrap();
+    assert!(
+        text.contains("<tool_response>\n5.0\n\n</tool_response>"),
+        "{text}"
+    );
+    assert!(
+        text.contains("there is no tool \"python-function\"; the tools are: hypot"),
+        "{text}"
+    );
+}

@@ -166,3 +166,82 @@ fn floods_loops_and_hoards_cost_one_call() {
         );
     });
 }
+
+fn function_tool(
+    dir: &std::path::Path,
+    source: &str,
+    options: Value,
+) -> Result<Arc<dyn Tool>, String> {
+    let path = dir.join("hypot.py");
+    std::fs::write(&path, source).unwrap();
+    let mut config = PluginConfig::new("tools[0]", "python-function")
+        .with("path", json!(path))
+        .with("description", json!("The hypotenuse."))
+        .with(
+            "parameters",
+            json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}),
+        );
+    for (k, v) in options.as_object().unwrap().clone() {
+        config = config.with(&k, v);
+    }
+    ToolPlugin::build_from(&config, &BuildContext::new(0, 1)).map_err(|e| e.to_string())
+}
+
+const HYPOT: &str = "import math\n_calls = 0\n\ndef hypot(a, b):\n    global _calls\n    _calls += 1\n    print('call', _calls)\n    return math.hypot(a, b)\n";
+
+/// A Python function from a file is a tool: called by its name with keyword arguments, its
+/// prints and its value come back, its module state lasts one episode, and a bad call is a
+/// traceback the model reads.
+#[test]
+fn a_python_function_from_a_file_is_a_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = function_tool(dir.path(), HYPOT, json!({})).expect("the tool");
+    assert_eq!(t.name(), "python-function");
+    let schema = t.schema();
+    assert_eq!(schema.name, "hypot", "called by the function's name");
+    assert_eq!(schema.description, "The hypotenuse.");
+    let args = |v: Value| v.as_object().cloned().unwrap();
+    block_on(async {
+        let mut one = t.open(1).await.unwrap();
+        let first = one.call(&args(json!({"a": 3, "b": 4}))).await.unwrap();
+        assert_eq!(first, ToolOutput::ok("call 1\n5.0\n"));
+        let second = one.call(&args(json!({"a": 5, "b": 12}))).await.unwrap();
+        assert_eq!(
+            second,
+            ToolOutput::ok("call 2\n13.0\n"),
+            "state lasts the episode"
+        );
+        let mut two = t.open(2).await.unwrap();
+        let other = two.call(&args(json!({"a": 3, "b": 4}))).await.unwrap();
+        assert_eq!(other, ToolOutput::ok("call 1\n5.0\n"), "and no longer");
+        let bad = one.call(&args(json!({"c": 1}))).await.unwrap();
+        assert!(bad.error, "{bad:?}");
+        assert!(
+            bad.text.contains("TypeError") && bad.text.contains("'c'"),
+            "{bad:?}"
+        );
+    });
+}
+
+#[test]
+fn a_python_function_that_cannot_be_loaded_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let function_tool = |dir: &std::path::Path, source: &str, options: Value| match function_tool(
+        dir, source, options,
+    ) {
+        Ok(_) => panic!("{source:?} was loaded"),
+        Err(e) => Err::<(), String>(e),
+    };
+    let syntax = function_tool(dir.path(), "def hypot(a, b:\n", json!({})).unwrap_err();
+    assert!(
+        syntax.contains("tools[0].path")
+            && syntax.contains("hypot.py")
+            && syntax.contains("SyntaxError"),
+        "{syntax}"
+    );
+    let missing = function_tool(dir.path(), HYPOT, json!({"function": "area"})).unwrap_err();
+    assert!(missing.contains("defines no function 'area'"), "{missing}");
+    let schema =
+        function_tool(dir.path(), HYPOT, json!({"parameters": {"type": "string"}})).unwrap_err();
+    assert!(schema.contains("tools[0].parameters"), "{schema}");
+}

@@ -98,6 +98,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("task", "testkit-successor"),
         ("task", "tool-mul"),
         ("tool", "python"),
+        ("tool", "python-function"),
         ("tool", "testkit-shift"),
     ];
     let expected: Vec<(String, String)> = expected
