@@ -2,7 +2,7 @@
 //! do in its head but can with the `python` tool, in episodes of tool-integrated reasoning
 //! (`[episode] kind = "tool-calls"`, `format = "code-block"`).
 //!
-//! ```text
+//! ````text
 //! 37*48            the prompt
 //! ```python        the policy's first turn: a call
 //! 37*48
@@ -11,7 +11,7 @@
 //! 1776
 //! ```
 //! =1776            the policy's second turn: the answer, graded
-//! ```
+//! ````
 //!
 //! **Demonstrations are imperfect on purpose**: with probability `demo_tool` (0.4 by default)
 //! a demonstration calls the tool and copies its answer; otherwise it answers at once, in its
