@@ -598,6 +598,18 @@ impl Rounds {
         }
     }
 
+    /// Samples `ids` are gone (their tasks aborted): they are neither at work nor waiting.
+    pub(crate) fn forget(&self, ids: &[u64]) {
+        {
+            let mut state = self.lock();
+            for id in ids {
+                state.busy.remove(id);
+                state.parked.remove(id);
+            }
+        }
+        self.idle.notify_waiters();
+    }
+
     /// Wait until no sample is at work: every one waits for a turn or has ended.
     pub(crate) async fn settled(&self) {
         loop {

@@ -44,6 +44,8 @@ struct Started {
     item: Arc<TaskItem>,
     prompt: Arc<Vec<u32>>,
     tasks: Vec<JoinHandle<()>>,
+    rounds: Arc<Rounds>,
+    sample_ids: Vec<u64>,
 }
 
 impl Drop for Started {
@@ -51,6 +53,9 @@ impl Drop for Started {
         for task in &self.tasks {
             task.abort();
         }
+        // an aborted task lets go of its turn when the runtime drops it, which may be after
+        // the next round is gathered: take its turns out now, so that every round is the same
+        self.rounds.forget(&self.sample_ids);
     }
 }
 
@@ -165,12 +170,15 @@ impl Lockstep {
                 }
             }));
         }
+        let sample_ids = (0..tasks.len()).map(|j| group.spec.sample_id(j)).collect();
         self.started.insert(
             group_id,
             Started {
                 item,
                 prompt,
                 tasks,
+                rounds: self.rounds.clone(),
+                sample_ids,
             },
         );
     }
