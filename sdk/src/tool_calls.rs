@@ -79,61 +79,50 @@ const FENCE_OPEN: &str = "```python\n";
 const FENCE_CLOSE: &str = "```";
 
 fn code_blocks(turn: &str) -> ParsedTurn {
-    let mut content = String::new();
-    let mut calls = Vec::new();
-    let mut rest = turn;
-    while let Some(start) = rest.find(FENCE_OPEN) {
-        content.push_str(&rest[..start]);
-        let after = &rest[start + FENCE_OPEN.len()..];
-        let index = calls.len() + 1;
-        match after.find(FENCE_CLOSE) {
-            Some(end) => {
-                let code = &after[..end];
-                let mut arguments = Map::new();
-                arguments.insert("code".into(), Value::String(code.to_owned()));
-                calls.push(Ok(ToolCall {
-                    name: CODE_BLOCK_TOOL.to_owned(),
-                    arguments,
-                }));
-                rest = &after[end + FENCE_CLOSE.len()..];
-            }
-            None => {
-                calls.push(Err(ToolCallError {
-                    index,
-                    message: "the ```python block is not closed by ``` (the turn ended inside it)"
-                        .to_owned(),
-                    text: after.trim().to_owned(),
-                }));
-                rest = "";
-            }
-        }
-    }
-    content.push_str(rest);
-    ParsedTurn {
-        content: content.trim().to_owned(),
-        calls,
-    }
+    let unclosed = "the ```python block is not closed by ``` (the turn ended inside it)";
+    fenced(turn, FENCE_OPEN, FENCE_CLOSE, unclosed, |_, code| {
+        let mut arguments = Map::new();
+        arguments.insert("code".into(), Value::String(code.to_owned()));
+        Ok(ToolCall {
+            name: CODE_BLOCK_TOOL.to_owned(),
+            arguments,
+        })
+    })
 }
 
 fn hermes(turn: &str) -> ParsedTurn {
+    let unclosed = format!("`{OPEN}` is not closed by `{CLOSE}` (the turn ended inside it)");
+    fenced(turn, OPEN, CLOSE, &unclosed, |index, text| {
+        call(index, text.trim(), &["arguments"])
+    })
+}
+
+/// The calls of `turn` written between `open` and `close` (each read by `read`, given its
+/// place from 1 and its text), and the text around them; a call the turn ended inside is an
+/// error saying `unclosed`.
+fn fenced(
+    turn: &str,
+    open: &str,
+    close: &str,
+    unclosed: &str,
+    read: impl Fn(usize, &str) -> Result<ToolCall, ToolCallError>,
+) -> ParsedTurn {
     let mut content = String::new();
     let mut calls = Vec::new();
     let mut rest = turn;
-    while let Some(start) = rest.find(OPEN) {
+    while let Some(start) = rest.find(open) {
         content.push_str(&rest[..start]);
-        let after = &rest[start + OPEN.len()..];
+        let after = &rest[start + open.len()..];
         let index = calls.len() + 1;
-        match after.find(CLOSE) {
+        match after.find(close) {
             Some(end) => {
-                calls.push(call(index, after[..end].trim(), &["arguments"]));
-                rest = &after[end + CLOSE.len()..];
+                calls.push(read(index, &after[..end]));
+                rest = &after[end + close.len()..];
             }
             None => {
                 calls.push(Err(ToolCallError {
                     index,
-                    message: format!(
-                        "`{OPEN}` is not closed by `{CLOSE}` (the turn ended inside it)"
-                    ),
+                    message: unclosed.to_owned(),
                     text: after.trim().to_owned(),
                 }));
                 rest = "";
