@@ -21,7 +21,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use areal_sandbox::{PYTHON_CELLS, Sandbox, Settings};
+use areal_sandbox::{PYTHON_CELLS, Sandbox, SandboxError, Settings};
 use areal_sdk::{
     BuildContext, PluginConfig, PluginError, Tool, ToolSchema, ToolSession, register_tool,
 };
@@ -216,12 +216,11 @@ fn build(config: &PluginConfig, _: &BuildContext) -> Result<Arc<dyn Tool>, Plugi
         ..Settings::default()
     })
     .map_err(|e| {
-        let text = e.to_string();
-        let text = text
-            .split_once("the pre-initialisation source failed: ")
-            .map_or(text.as_str(), |(_, rest)| rest)
-            .trim()
-            .to_owned();
+        let text = match e {
+            SandboxError::Preinit(why) => why,
+            other => other.to_string(),
+        };
+        let text = text.trim();
         config.invalid("path", format!("{file}: importing it failed: {text}"))
     })?;
     Ok(Arc::new(PythonFunction {

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use areal_sandbox::{Mode, Outcome, Run, Sandbox, Settings};
+use areal_sandbox::{Mode, Outcome, Run, Sandbox, SandboxError, Settings};
 use areal_sdk::{
     BuildContext, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, VerifyContext,
 };
@@ -90,11 +90,11 @@ impl PythonReward {
             ..Settings::default()
         })
         .map_err(|e| {
-            let text = e.to_string();
-            let text = text
-                .split_once("the pre-initialisation source failed: ")
-                .map_or(text.as_str(), |(_, rest)| rest)
-                .trim();
+            let text = match e {
+                SandboxError::Preinit(why) => why,
+                other => other.to_string(),
+            };
+            let text = text.trim();
             PluginError::failed(NAME, format!("{file}: importing it failed: {text}"))
         })?;
         let provenance = PluginProvenance {

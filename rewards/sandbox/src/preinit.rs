@@ -55,6 +55,8 @@ pub(crate) fn preinitialize(
         .enable_time()
         .build()
         .map_err(|e| SandboxError::Wasmtime(wasmtime::Error::msg(e.to_string())))?;
+    // why the source failed, when it did (a typed error rather than a wasmtime one)
+    let mut source_failed: Option<String> = None;
     let snapshot = rt.block_on(async {
         let instance = linker.instantiate_async(&mut store, &module).await?;
         watch_memory(&mut store, &instance);
@@ -89,17 +91,20 @@ pub(crate) fn preinitialize(
         };
         if let Some(why) = failed {
             let (err, _) = stderr.take();
-            return Err(wasmtime::Error::msg(format!(
-                "the pre-initialisation source failed: {why}\n{}",
-                String::from_utf8_lossy(&err)
-            )));
+            let message = format!("{why}\n{}", String::from_utf8_lossy(&err));
+            source_failed = Some(message.clone());
+            return Err(wasmtime::Error::msg(message));
         }
         let mut state = Snapshotted {
             store: &mut store,
             instance,
         };
         wizer.snapshot(&cx, &mut state).await
-    })?;
+    });
+    let snapshot = match (snapshot, source_failed) {
+        (Err(_), Some(why)) => return Err(SandboxError::Preinit(why)),
+        (snapshot, _) => snapshot?,
+    };
     tracing::info!(
         "pre-initialised in {:.1} s ({} MB)",
         started.elapsed().as_secs_f64(),

@@ -180,6 +180,10 @@ pub enum SandboxError {
         /// What is wrong.
         message: String,
     },
+    /// The pre-initialisation source failed (it raised, or ran past a limit): why, then what
+    /// it wrote on stderr (its traceback).
+    #[error("the pre-initialisation source failed: {0}")]
+    Preinit(String),
     /// The module cache could not be used.
     #[error("module cache {}", path.display())]
     Cache {
