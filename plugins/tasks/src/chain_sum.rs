@@ -28,13 +28,14 @@ use std::sync::Arc;
 
 use areal_sdk::{
     BuildContext, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, Split, Task,
-    TaskItem, Verdict, VerifyContext, mix_seed, stable_hash,
+    TaskItem, VerifyContext, mix_seed, stable_hash,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::answers::{grade_number, number_after};
 use crate::splits::held_out_draws;
 
 /// The name the chain-sum task and its reward are registered under (`kind = "chain-sum"`).
@@ -279,11 +280,7 @@ pub(crate) fn build_task(
 
 /// The final answer of a response: the digits after its last `>`.
 pub fn final_answer(response: &str) -> Option<u64> {
-    let tail = response.rsplit_once('>')?.1.trim();
-    if tail.is_empty() || !tail.bytes().all(|b| b.is_ascii_digit()) || tail.len() > 18 {
-        return None;
-    }
-    tail.parse().ok()
+    number_after(response, '>')
 }
 
 /// Reward 1 when the final answer is the sum, 0 otherwise.
@@ -296,18 +293,7 @@ impl RewardVerifier for ChainSumVerifier {
     }
 
     fn verify(&self, input: &RewardInput, _ctx: &VerifyContext) -> Result<Reward, PluginError> {
-        let answer = input.reference["answer"].as_u64().ok_or_else(|| {
-            PluginError::failed(
-                self.name(),
-                format!("item {} has no integer `answer`", input.item_id),
-            )
-        })?;
-        let reward = match final_answer(&input.completion) {
-            None => Reward::new(0.0, Verdict::NoAnswer),
-            Some(a) if a == answer => Reward::new(1.0, Verdict::Accepted).with_detail("answer", a),
-            Some(a) => Reward::new(0.0, Verdict::WrongAnswer).with_detail("answer", a),
-        };
-        Ok(reward.with_version(env!("CARGO_PKG_VERSION")))
+        Ok(grade_number(self.name(), input, '>')?.with_version(env!("CARGO_PKG_VERSION")))
     }
 
     fn cache_identity(&self) -> Option<String> {

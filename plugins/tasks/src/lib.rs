@@ -22,6 +22,7 @@
 //! assert_eq!(response(&[5, 8, 3], || true), "a5=5,b8=3,c3=6>6");
 //! ```
 
+mod answers;
 pub mod chain_sum;
 pub mod code;
 pub mod code_arith;

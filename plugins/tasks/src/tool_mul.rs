@@ -26,13 +26,14 @@ use std::sync::Arc;
 
 use areal_sdk::{
     BuildContext, DemoTurn, PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, Split,
-    Task, TaskItem, Verdict, VerifyContext, mix_seed, stable_hash,
+    Task, TaskItem, VerifyContext, mix_seed, stable_hash,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::answers::{grade_number, number_after};
 use crate::splits::held_out_draws;
 
 /// The name the task and its reward are registered under (`kind = "tool-mul"`).
@@ -251,11 +252,7 @@ pub(crate) fn build_task(
 
 /// The number after the last `=` of `text`, if that is all that follows it.
 pub fn final_answer(text: &str) -> Option<u64> {
-    let tail = text.rsplit_once('=')?.1.trim();
-    if tail.is_empty() || !tail.bytes().all(|b| b.is_ascii_digit()) || tail.len() > 18 {
-        return None;
-    }
-    tail.parse().ok()
+    number_after(text, '=')
 }
 
 /// 1 when the graded text's final answer (after its last `=`) is the product.
@@ -268,14 +265,7 @@ impl RewardVerifier for ToolMulVerifier {
     }
 
     fn verify(&self, input: &RewardInput, _: &VerifyContext) -> Result<Reward, PluginError> {
-        let want = input.reference["answer"].as_u64().ok_or_else(|| {
-            PluginError::failed(NAME, format!("item {} has no `answer`", input.item_id))
-        })?;
-        Ok(match final_answer(&input.completion) {
-            Some(got) if got == want => Reward::new(1.0, Verdict::Accepted),
-            Some(_) => Reward::new(0.0, Verdict::WrongAnswer),
-            None => Reward::new(0.0, Verdict::NoAnswer),
-        })
+        grade_number(NAME, input, '=')
     }
 }
 
@@ -283,7 +273,7 @@ pub(crate) fn build_verifier(
     config: &PluginConfig,
     _: &BuildContext,
 ) -> Result<Arc<dyn RewardVerifier>, PluginError> {
-    let _: serde_json::Map<String, serde_json::Value> = config.parse()?;
+    config.no_options()?;
     Ok(Arc::new(ToolMulVerifier))
 }
 
