@@ -5,28 +5,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use areal_core::{GroupRunner, GroupSpec, RewardService};
-use areal_sdk::{Generator, PROMPT_VERSION, SamplingParams, TaskItem, Tokenizer, Tool, mix_seed};
+use areal_sdk::{Generator, SamplingParams, TaskItem, Tokenizer, Tool};
 use areal_testkit::{
     BigramGenerator, BigramGeneratorOptions, LetterTokenizer, Relay, RelayOptions, Shift,
     ShiftOptions, SuccessorVerifier,
 };
 
-use super::interruption::{VOCAB, logprobs, update};
-
-/// Random logits under which a turn stops after some 25 tokens (the stop token's logit is
-/// -1, the letters' spread over -2..2).
-fn table(seed: u64) -> Vec<f32> {
-    (0..VOCAB * VOCAB)
-        .map(|i| {
-            if i % VOCAB == VOCAB - 1 {
-                -1.0
-            } else {
-                let x = mix_seed(seed, i as u64);
-                (x % 1000) as f32 / 250.0 - 2.0
-            }
-        })
-        .collect()
-}
+use super::interruption::{check_behaviour_logprobs, publish_every, table, update};
 
 /// The letters of `text` moved on by `by`, as `testkit-shift` answers its `by`-th call.
 fn shifted(text: &str, by: u32) -> String {
@@ -42,7 +27,8 @@ fn shifted(text: &str, by: u32) -> String {
 /// with, read in the context of the environment's tokens before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn episode_tokens_are_what_was_sampled_and_appended_across_weight_updates() {
-    let weights = [table(11), table(12), table(13)];
+    // a turn stops after some 25 tokens
+    let weights = [table(11, -1.0), table(12, -1.0), table(13, -1.0)];
     let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
         token_delay_us: 2000,
         jitter: 0.0,
@@ -78,15 +64,7 @@ async fn episode_tokens_are_what_was_sampled_and_appended_across_weight_updates(
         let runner = runner.clone();
         tokio::spawn(async move { runner.run_group(spec, item).await })
     };
-    for (version, values) in weights.iter().enumerate().skip(1) {
-        tokio::time::sleep(Duration::from_millis(40)).await;
-        generator.pause().await.unwrap();
-        generator
-            .update_weights(update(version as u64, values))
-            .await
-            .unwrap();
-        generator.resume().await.unwrap();
-    }
+    publish_every(&generator, &weights, Duration::from_millis(40)).await;
     let group = group.await.unwrap().unwrap();
     assert_eq!(group.samples.len(), 6);
     assert!(runner.counters.interruptions.load(Ordering::SeqCst) > 0);
@@ -123,23 +101,10 @@ async fn episode_tokens_are_what_was_sampled_and_appended_across_weight_updates(
         calls += call;
         // Every sampled token, in its context (environment tokens included), under the
         // weights of its version.
-        let mut tokens = vec![2];
-        tokens.extend(&c.token_ids);
-        let under: Vec<Vec<f32>> = weights.iter().map(|w| logprobs(w, &tokens)).collect();
+        check_behaviour_logprobs(&weights, 2, c);
         let sampled: Vec<u64> = c.sampled_versions().collect();
         assert!(sampled.windows(2).all(|w| w[0] <= w[1]), "{sampled:?}");
         spanning += usize::from(sampled.first() != sampled.last());
-        for (t, (&v, &behaviour)) in c.versions.iter().zip(&c.behaviour_logprobs).enumerate() {
-            if v == PROMPT_VERSION {
-                assert_eq!(behaviour, 0.0);
-                continue;
-            }
-            let expected = under[v as usize][t + 1];
-            assert!(
-                (expected - behaviour).abs() < 1e-5,
-                "token {t} (version {v}): behaviour logprob {behaviour}, its policy gives {expected}"
-            );
-        }
     }
     assert_eq!(
         runner.counters.tool_calls.load(Ordering::SeqCst),

@@ -93,20 +93,70 @@ impl areal_sdk::Task for PanickyTask {
     }
 }
 
-pub(crate) const VOCAB: usize = 9;
+const VOCAB: usize = 9;
 
-/// Random logits with the stop token made impossible, so samples run to their budget.
-fn table(seed: u64) -> Vec<f32> {
+/// Random logits (the letters' spread over -2..2), the stop token's `stop`: -40 makes it
+/// impossible, so samples run to their budget.
+pub(crate) fn table(seed: u64, stop: f32) -> Vec<f32> {
     (0..VOCAB * VOCAB)
         .map(|i| {
             if i % VOCAB == VOCAB - 1 {
-                -40.0
+                stop
             } else {
                 let x = areal_sdk::mix_seed(seed, i as u64);
                 (x % 1000) as f32 / 250.0 - 2.0
             }
         })
         .collect()
+}
+
+/// What the engine does after every optimizer step, for each of `weights` after the first
+/// (version 1, 2, ...), `every` apart: pause the generator, load the weights, resume.
+pub(crate) async fn publish_every(
+    generator: &BigramGenerator,
+    weights: &[Vec<f32>],
+    every: Duration,
+) {
+    for (version, values) in weights.iter().enumerate().skip(1) {
+        tokio::time::sleep(every).await;
+        generator.pause().await.unwrap();
+        generator
+            .update_weights(update(version as u64, values))
+            .await
+            .unwrap();
+        generator.resume().await.unwrap();
+    }
+}
+
+/// Check that every sampled token of `completion` after the one-token prompt `[prompt]` has
+/// the behaviour logprob its version's weights give it in its context (environment tokens
+/// included), and that environment tokens have 0; returns each version's logprobs of the
+/// whole sequence.
+pub(crate) fn check_behaviour_logprobs(
+    weights: &[Vec<f32>],
+    prompt: u32,
+    completion: &Completion,
+) -> Vec<Vec<f32>> {
+    let mut tokens = vec![prompt];
+    tokens.extend(&completion.token_ids);
+    let under: Vec<Vec<f32>> = weights.iter().map(|w| logprobs(w, &tokens)).collect();
+    for (t, (&v, &behaviour)) in completion
+        .versions
+        .iter()
+        .zip(&completion.behaviour_logprobs)
+        .enumerate()
+    {
+        if v == areal_sdk::PROMPT_VERSION {
+            assert_eq!(behaviour, 0.0, "environment token {t}");
+            continue;
+        }
+        let expected = under[v as usize][t + 1];
+        assert!(
+            (expected - behaviour).abs() < 1e-5,
+            "token {t} (version {v}) has behaviour logprob {behaviour}, its policy gives {expected}"
+        );
+    }
+    under
 }
 
 pub(crate) fn update(version: u64, values: &[f32]) -> WeightUpdate {
@@ -121,7 +171,7 @@ pub(crate) fn update(version: u64, values: &[f32]) -> WeightUpdate {
 }
 
 /// Logprobs of `tokens` (prompt first) under the bigram `values`, computed by the burn model.
-pub(crate) fn logprobs(values: &[f32], tokens: &[u32]) -> Vec<f32> {
+fn logprobs(values: &[f32], tokens: &[u32]) -> Vec<f32> {
     let device = Device::flex();
     let model = BigramModel {
         table: Param::from_tensor(Tensor::<2>::from_data(
@@ -141,7 +191,7 @@ pub(crate) fn logprobs(values: &[f32], tokens: &[u32]) -> Vec<f32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupted_samples_keep_each_tokens_version_and_logprob() {
-    let weights = [table(1), table(2), table(3)];
+    let weights = [table(1, -40.0), table(2, -40.0), table(3, -40.0)];
     let generator = Arc::new(BigramGenerator::new(BigramGeneratorOptions {
         token_delay_us: 1000,
         jitter: 0.0,
@@ -163,16 +213,7 @@ async fn interrupted_samples_keep_each_tokens_version_and_logprob() {
         let rollout = rollout.clone();
         tokio::spawn(async move { rollout.generate(1, &[2], 600, &sampling).await })
     };
-    for (version, values) in weights.iter().enumerate().skip(1) {
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        // what the engine does after every optimizer step
-        generator.pause().await.unwrap();
-        generator
-            .update_weights(update(version as u64, values))
-            .await
-            .unwrap();
-        generator.resume().await.unwrap();
-    }
+    publish_every(&generator, &weights, Duration::from_millis(150)).await;
     let completion = task.await.unwrap().unwrap();
     assert_eq!(completion.len(), 600);
     assert_eq!(rollout.counters.interruptions.load(Ordering::SeqCst), 2);
@@ -188,25 +229,13 @@ async fn interrupted_samples_keep_each_tokens_version_and_logprob() {
             "no token of version {v}: {versions:?}"
         );
     }
-    let mut tokens = vec![2];
-    tokens.extend(&completion.token_ids);
-    let under: Vec<Vec<f32>> = weights.iter().map(|w| logprobs(w, &tokens)).collect();
-    for (t, (&v, &behaviour)) in versions
-        .iter()
-        .zip(&completion.behaviour_logprobs)
-        .enumerate()
-    {
-        let expected = under[v as usize][t + 1];
-        assert!(
-            (expected - behaviour).abs() < 1e-5,
-            "token {t} (version {v}) has behaviour logprob {behaviour}, its policy gives {expected}"
-        );
-    }
+    let under = check_behaviour_logprobs(&weights, 2, &completion);
     // The three weight sets give different logprobs, so the check above tells them apart.
-    let distinct = (1..tokens.len())
+    let tokens = completion.len() + 1;
+    let distinct = (1..tokens)
         .filter(|&t| (under[0][t] - under[1][t]).abs() > 1e-3)
         .count();
-    assert!(distinct > tokens.len() / 2);
+    assert!(distinct > tokens / 2);
 }
 
 /// In an asynchronous run with slow decoding, weight updates interrupt samples, and every
