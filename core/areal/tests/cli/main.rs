@@ -1045,14 +1045,19 @@ fn the_code_job_trains_on_rewards_from_the_sandbox() {
     }
 }
 
-/// Metrics records of `kind` in the run folder `run`.
-fn run_records(run: &std::path::Path, kind: &str) -> Vec<serde_json::Value> {
+/// Every record of `kind` in the run's `metrics.jsonl`.
+fn records(run: &std::path::Path, kind: &str) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run.join("metrics.jsonl"))
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|m: &serde_json::Value| m["event"] == kind)
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("whole lines"))
+        .filter(|v| v["event"] == kind)
         .collect()
+}
+
+/// The run's `summary.json`.
+fn summary(run: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
 }
 
 /// The built-in multi-turn job, shortened: with the `python` tool the policy learns to call it
@@ -1091,9 +1096,7 @@ fn the_multi_turn_job_learns_to_call_the_tool_and_without_it_does_not() {
         args.extend(extra);
         let out = areal(&args);
         assert!(out.status.success(), "{}", text(&out.stderr));
-        let summary: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap())
-                .unwrap();
+        let summary = summary(&run);
         let accuracy = |key: &str| summary[key].as_f64().unwrap();
         (
             run.clone(),
@@ -1104,7 +1107,7 @@ fn the_multi_turn_job_learns_to_call_the_tool_and_without_it_does_not() {
     let (with, before, after) = run("tools", &[]);
     assert!(after - before >= 0.3, "{before} → {after}");
     // over the last 10 steps (a step may see few episodes end)
-    let steps = run_records(&with, "step");
+    let steps = records(&with, "step");
     let last = &steps[steps.len() - 10..];
     let number = |s: &serde_json::Value, key: &str| s[key].as_f64().unwrap();
     let episodes: f64 = last.iter().map(|s| number(s, "episodes")).sum();

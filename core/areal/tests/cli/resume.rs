@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use super::{Background, testkit_config, text, wait_for_line};
+use super::{Background, records, summary, testkit_config, text, wait_for_line};
 
 /// `areal train -q ARGS`, killed at `failpoint` when given.
 fn train(args: &[&str], failpoint: Option<&str>) -> Output {
@@ -62,16 +62,6 @@ fn killed_and_resumed(run: &Path, config: &[String], failpoints: &[&str]) {
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
 
-/// Every record of `kind` in the run's `metrics.jsonl`.
-fn records(run: &Path, kind: &str) -> Vec<Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("whole lines"))
-        .filter(|v| v["event"] == kind)
-        .collect()
-}
-
 /// What a step trained, to compare runs: its number, sample ids, loss and rewards.
 fn trained(run: &Path) -> Vec<(u64, Value, Value, Value)> {
     records(run, "step")
@@ -103,10 +93,6 @@ fn tensorboard_steps(run: &Path) -> usize {
         .count()
 }
 
-fn summary(run: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
-}
-
 /// The files of the final model, byte for byte.
 fn model(run: &Path) -> Vec<(String, Vec<u8>)> {
     let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(run.join("checkpoint"))
@@ -136,6 +122,36 @@ fn testkit(dir: &Path, sets: &[&str]) -> Vec<String> {
     args
 }
 
+/// `config` run alone into `dir/alone`, and into `dir/killed` killed at each of `points` and
+/// resumed: the killed run trains each of its `steps` steps once, in order, with the same
+/// samples, losses and rewards as the run alone, and ends with the same weights, bit for bit.
+fn killed_ends_as_alone(
+    dir: &Path,
+    config: &[String],
+    points: &[&str],
+    steps: usize,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (alone, killed) = (dir.join("alone"), dir.join("killed"));
+    straight(&alone, config);
+    killed_and_resumed(&killed, config, points);
+    let trained_killed = trained(&killed);
+    assert_eq!(trained_killed.len(), steps, "every step once");
+    assert!(
+        trained_killed
+            .iter()
+            .enumerate()
+            .all(|(i, s)| s.0 == i as u64 + 1)
+    );
+    assert_eq!(
+        trained_killed,
+        trained(&alone),
+        "the same samples, losses and rewards"
+    );
+    assert_eq!(model(&killed), model(&alone), "the same final weights");
+    assert_eq!(summary(&killed)["resumes"], points.len());
+    (alone, killed)
+}
+
 /// In deterministic mode a run killed during generation, during a training step and while a
 /// checkpoint is written, and resumed each time, trains the same samples at every step and
 /// ends with the same weights, bit for bit, as the run left alone; samples span rounds and
@@ -151,8 +167,6 @@ fn a_deterministic_run_killed_anywhere_ends_with_the_same_samples_and_weights() 
             "rollout.chunk_tokens=3",
         ],
     );
-    let (alone, killed) = (dir.path().join("alone"), dir.path().join("killed"));
-    straight(&alone, &config);
     let points = [
         "rollout:300",
         "train:9",
@@ -160,16 +174,7 @@ fn a_deterministic_run_killed_anywhere_ends_with_the_same_samples_and_weights() 
         "rollout:600",
         "train:5",
     ];
-    killed_and_resumed(&killed, &config, &points);
-    let steps = trained(&killed);
-    assert_eq!(steps.len(), 60, "every step once");
-    assert!(steps.iter().enumerate().all(|(i, s)| s.0 == i as u64 + 1));
-    assert_eq!(
-        steps,
-        trained(&alone),
-        "the same samples, losses and rewards"
-    );
-    assert_eq!(model(&killed), model(&alone), "the same final weights");
+    let (alone, killed) = killed_ends_as_alone(dir.path(), &config, &points, 60);
     assert_eq!(
         tensorboard_steps(&killed),
         60,
@@ -184,7 +189,6 @@ fn a_deterministic_run_killed_anywhere_ends_with_the_same_samples_and_weights() 
         "generation ran ahead: {lags:?}"
     );
     let (a, k) = (summary(&alone), summary(&killed));
-    assert_eq!(k["resumes"], 5);
     // a process killed before its first checkpoint leaves no record (it is cut off with the
     // rest of what it wrote), so only the last resume is sure to be there
     assert_eq!(records(&killed, "resume").last().unwrap()["resumes"], 5);
@@ -217,18 +221,8 @@ fn a_deterministic_run_of_episodes_killed_mid_episode_ends_with_the_same_samples
             "tools=[{kind = \"testkit-shift\"}]",
         ],
     );
-    let (alone, killed) = (dir.path().join("alone"), dir.path().join("killed"));
-    straight(&alone, &config);
-    killed_and_resumed(&killed, &config, &["rollout:200", "train:7", "rollout:500"]);
-    let steps = trained(&killed);
-    assert_eq!(steps.len(), 24, "every step once");
-    assert_eq!(
-        steps,
-        trained(&alone),
-        "the same samples, losses and rewards"
-    );
-    assert_eq!(model(&killed), model(&alone), "the same final weights");
-    assert_eq!(summary(&killed)["resumes"], 3);
+    let points = ["rollout:200", "train:7", "rollout:500"];
+    let (alone, _) = killed_ends_as_alone(dir.path(), &config, &points, 24);
     let records = records(&alone, "step");
     let calls: u64 = records
         .iter()
