@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use areal_core::{GroupRunner, GroupSpec, RewardService};
 use areal_sdk::{
-    BuildContext, Completion, EpisodePlugin, FinishReason, GenerateRequest, Generator,
+    BuildContext, Completion, Episode, EpisodePlugin, FinishReason, GenerateRequest, Generator,
     PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, SamplingParams, TaskItem,
-    Tokenizer, ToolPlugin, Verdict, VerifyContext, WeightUpdate,
+    Tokenizer, Tool, ToolPlugin, TrajectoryGroup, Verdict, VerifyContext, WeightUpdate,
 };
 use serde_json::{Value, json};
 
@@ -105,44 +105,40 @@ fn plugin(section: &str, kind: &str, options: Value) -> PluginConfig {
     config
 }
 
-#[test]
-fn every_bad_call_costs_one_turn_and_the_episode_goes_on() {
-    let script = vec![
-        call("x = 6 * 7"),
-        call("x"),
-        "<tool_call>{\"name\": \"python\", \"arguments\": \"{not json\"}</tool_call>".to_owned(),
-        call("while True:\n    pass"),
-        call("x"),
-        call("print('y' * 1_000_000)"),
-        call("blocks = [bytearray(1 << 20) for _ in range(500)]"),
-        "The answer is 42.".to_owned(),
-    ];
-    let tool = ToolPlugin::build_from(
-        &plugin(
-            "tools[0]",
-            "python",
-            json!({"timeout_s": 0.5, "memory_mb": 128, "output_bytes": 512}),
-        ),
-        &BuildContext::new(0, 1),
-    )
-    .expect("the python tool");
-    let episode = EpisodePlugin::build_from(
-        &plugin("episode", "tool-calls", json!({"max_turns": 10})),
-        &BuildContext::new(0, 1),
-    )
-    .expect("the tool-calls episode");
+/// The episode plugin `kind` with `options`.
+fn episode(kind: &str, options: Value) -> Arc<dyn Episode> {
+    EpisodePlugin::build_from(&plugin("episode", kind, options), &BuildContext::new(0, 1))
+        .expect("the episode")
+}
+
+/// The tool plugin `kind` with `options`, the run's first.
+fn tool(kind: &str, options: Value) -> Arc<dyn Tool> {
+    ToolPlugin::build_from(&plugin("tools[0]", kind, options), &BuildContext::new(0, 1))
+        .expect("the tool")
+}
+
+/// `group_size` episodes of `episode` with `tools` on a generator that says `script`, each
+/// with a budget of `max_new_tokens`, graded by [`SaysFortyTwo`]: the group, and the runner
+/// that counted them.
+fn run_scripted(
+    script: Vec<String>,
+    episode: Arc<dyn Episode>,
+    tools: Vec<Arc<dyn Tool>>,
+    group_size: usize,
+    max_new_tokens: usize,
+) -> (TrajectoryGroup, Arc<GroupRunner>) {
     let generator = Arc::new(Scripted {
         script,
         said: Mutex::new(HashMap::new()),
     });
     let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
     let runner = Arc::new(
-        GroupRunner::new(generator, Arc::new(Bytes), rewards).with_episode(episode, vec![tool]),
+        GroupRunner::new(generator, Arc::new(Bytes), rewards).with_episode(episode, tools),
     );
     let spec = GroupSpec {
         group_id: 0,
-        group_size: 2,
-        max_new_tokens: 8192,
+        group_size,
+        max_new_tokens,
         sampling: SamplingParams::greedy(),
         admitted_at: 0,
     };
@@ -158,6 +154,27 @@ fn every_bad_call_costs_one_turn_and_the_episode_goes_on() {
         .unwrap()
         .block_on(runner.run_group(spec, item))
         .expect("the episode ends");
+    (group, runner)
+}
+
+#[test]
+fn every_bad_call_costs_one_turn_and_the_episode_goes_on() {
+    let script = vec![
+        call("x = 6 * 7"),
+        call("x"),
+        "<tool_call>{\"name\": \"python\", \"arguments\": \"{not json\"}</tool_call>".to_owned(),
+        call("while True:\n    pass"),
+        call("x"),
+        call("print('y' * 1_000_000)"),
+        call("blocks = [bytearray(1 << 20) for _ in range(500)]"),
+        "The answer is 42.".to_owned(),
+    ];
+    let python = tool(
+        "python",
+        json!({"timeout_s": 0.5, "memory_mb": 128, "output_bytes": 512}),
+    );
+    let tool_calls = episode("tool-calls", json!({"max_turns": 10}));
+    let (group, runner) = run_scripted(script, tool_calls, vec![python], 2, 8192);
     assert_eq!(group.samples.len(), 2);
     let answers: Vec<String> = {
         let text = Bytes
@@ -221,43 +238,13 @@ fn every_bad_call_costs_one_turn_and_the_episode_goes_on() {
 /// `max_turns` answers.
 #[test]
 fn retry_answers_again_after_a_wrong_answer_and_discounts_the_right_one() {
-    let episode = EpisodePlugin::build_from(
-        &plugin(
-            "episode",
-            "retry",
-            json!({"max_turns": 3, "turn_discount": 0.9, "feedback": "\nwrong, again:\n"}),
-        ),
-        &BuildContext::new(0, 1),
-    )
-    .expect("the retry episode");
+    let retry = episode(
+        "retry",
+        json!({"max_turns": 3, "turn_discount": 0.9, "feedback": "\nwrong, again:\n"}),
+    );
     let run = |script: &[&str]| {
-        let generator = Arc::new(Scripted {
-            script: script.iter().map(|s| (*s).to_owned()).collect(),
-            said: Mutex::new(HashMap::new()),
-        });
-        let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
-        let runner = Arc::new(
-            GroupRunner::new(generator, Arc::new(Bytes), rewards)
-                .with_episode(episode.clone(), Vec::new()),
-        );
-        let spec = GroupSpec {
-            group_id: 0,
-            group_size: 1,
-            max_new_tokens: 256,
-            sampling: SamplingParams::greedy(),
-            admitted_at: 0,
-        };
-        let item = TaskItem {
-            id: "q".into(),
-            prompt: "What is 6 * 7?".into(),
-            reference: Value::Null,
-        };
-        let group = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(runner.run_group(spec, item))
-            .expect("the episode ends");
+        let script = script.iter().map(|s| (*s).to_owned()).collect();
+        let (group, runner) = run_scripted(script, retry.clone(), Vec::new(), 1, 256);
         let sample = group.samples.into_iter().next().unwrap();
         let text = Bytes.decode(&sample.completion.token_ids).unwrap();
         let turns = runner
@@ -292,52 +279,18 @@ fn a_python_function_tool_is_called_by_its_name() {
         "import math\ndef hypot(a, b):\n    return math.hypot(a, b)\n",
     )
     .unwrap();
-    let tool = ToolPlugin::build_from(
-        &plugin(
-            "tools[0]",
-            "python-function",
-            json!({"path": path, "description": "The hypotenuse."}),
-        ),
-        &BuildContext::new(0, 1),
-    )
-    .expect("the tool");
-    let episode = EpisodePlugin::build_from(
-        &plugin("episode", "tool-calls", json!({})),
-        &BuildContext::new(0, 1),
-    )
-    .unwrap();
-    let call = json!({"name": "hypot", "arguments": {"a": 3, "b": 4}});
-    let generator = Arc::new(Scripted {
-        script: vec![
-            format!("<tool_call>{call}</tool_call>"),
-            "<tool_call>{\"name\": \"python-function\"}</tool_call>".into(),
-            "42".into(),
-        ],
-        said: Mutex::new(HashMap::new()),
-    });
-    let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
-    let runner = Arc::new(
-        GroupRunner::new(generator, Arc::new(Bytes), rewards).with_episode(episode, vec![tool]),
+    let hypot = tool(
+        "python-function",
+        json!({"path": path, "description": "The hypotenuse."}),
     );
-    let spec = GroupSpec {
-        group_id: 0,
-        group_size: 1,
-        max_new_tokens: 4096,
-        sampling: SamplingParams::greedy(),
-        admitted_at: 0,
-    };
-    let item = TaskItem {
-        id: "q".into(),
-        prompt: "3, 4?".into(),
-        reference: Value::Null,
-    };
-    let group = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(runner.run_group(spec, item))
-        .expect("the episode ends");
+    let call = json!({"name": "hypot", "arguments": {"a": 3, "b": 4}});
+    let script = vec![
+        format!("<tool_call>{call}</tool_call>"),
+        "<tool_call>{\"name\": \"python-function\"}</tool_call>".into(),
+        "42".into(),
+    ];
+    let tool_calls = episode("tool-calls", json!({}));
+    let (group, _) = run_scripted(script, tool_calls, vec![hypot], 1, 4096);
     let text = Bytes
         .decode(&group.samples[0].completion.token_ids)
         .unwrap();
