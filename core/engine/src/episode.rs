@@ -506,10 +506,8 @@ impl EpisodeRun<'_> {
     }
 
     async fn call(&mut self, name: &str, arguments: &Map<String, Value>) -> ToolOutput {
-        let tools = self.runner.tools();
-        // by the name the model is told (a plugin's kind may serve tools of several names)
-        let Some(tool) = tools.iter().find(|t| t.schema().name == name) else {
-            let known: Vec<String> = tools.iter().map(|t| t.schema().name).collect();
+        let Some(tool) = self.runner.tool(name) else {
+            let known = self.runner.tool_names();
             return ToolOutput::error(if known.is_empty() {
                 format!("there is no tool {name:?}: no tools are available")
             } else {

@@ -75,6 +75,8 @@ pub struct GroupRunner {
     rewards: RewardService,
     episode: Arc<dyn Episode>,
     tools: Vec<Arc<dyn Tool>>,
+    /// Each tool's name as the model is told it (`tools[i].schema().name`), read once.
+    tool_names: Vec<String>,
     stop_token_ids: Vec<u32>,
     /// The task's name, the `data_source` of every reward input's metadata.
     data_source: String,
@@ -98,6 +100,7 @@ impl GroupRunner {
             rewards,
             episode: Arc::new(SingleTurn),
             tools: Vec::new(),
+            tool_names: Vec::new(),
             stop_token_ids,
             data_source: String::new(),
             counters: GroupCounters::default(),
@@ -122,6 +125,7 @@ impl GroupRunner {
     /// Samples run as `episode`, with `tools` (by default one turn, no tools).
     pub fn with_episode(mut self, episode: Arc<dyn Episode>, tools: Vec<Arc<dyn Tool>>) -> Self {
         self.episode = episode;
+        self.tool_names = tools.iter().map(|t| t.schema().name).collect();
         self.tools = tools;
         self
     }
@@ -134,6 +138,18 @@ impl GroupRunner {
     /// The tools episodes may call.
     pub fn tools(&self) -> &[Arc<dyn Tool>] {
         &self.tools
+    }
+
+    /// The tool the model calls `name` (the name its schema tells; a plugin's kind may serve
+    /// tools of several names).
+    pub fn tool(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        let i = self.tool_names.iter().position(|n| n == name)?;
+        Some(&self.tools[i])
+    }
+
+    /// The names the model calls the tools by, in the order of `[[tools]]`.
+    pub fn tool_names(&self) -> &[String] {
+        &self.tool_names
     }
 
     /// With the task's name, given to rewards as `metadata.data_source`.
