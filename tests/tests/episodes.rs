@@ -11,7 +11,7 @@ use areal_testkit::{
     ShiftOptions, SuccessorVerifier,
 };
 
-use super::interruption::{check_behaviour_logprobs, publish_every, table, update};
+use super::interruption::{check_behaviour_logprobs, publish, table, update};
 
 /// The letters of `text` moved on by `by`, as `testkit-shift` answers its `by`-th call.
 fn shifted(text: &str, by: u32) -> String {
@@ -64,7 +64,16 @@ async fn episode_tokens_are_what_was_sampled_and_appended_across_weight_updates(
         let runner = runner.clone();
         tokio::spawn(async move { runner.run_group(spec, item).await })
     };
-    publish_every(&generator, &weights, Duration::from_millis(40)).await;
+    // each update once the episodes are well under way (a count of tokens, not a wait that a
+    // busy machine can outlast)
+    for (version, values) in weights.iter().enumerate().skip(1) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while runner.counters.generated_tokens.load(Ordering::SeqCst) < 60 * version as u64 {
+            assert!(std::time::Instant::now() < deadline, "no tokens generated");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        publish(&generator, version as u64, values).await;
+    }
     let group = group.await.unwrap().unwrap();
     assert_eq!(group.samples.len(), 6);
     assert!(runner.counters.interruptions.load(Ordering::SeqCst) > 0);

@@ -119,13 +119,19 @@ pub(crate) async fn publish_every(
 ) {
     for (version, values) in weights.iter().enumerate().skip(1) {
         tokio::time::sleep(every).await;
-        generator.pause().await.unwrap();
-        generator
-            .update_weights(update(version as u64, values))
-            .await
-            .unwrap();
-        generator.resume().await.unwrap();
+        publish(generator, version as u64, values).await;
     }
+}
+
+/// What the engine does after an optimizer step: pause the generator, load `values` as
+/// `version`, resume.
+pub(crate) async fn publish(generator: &BigramGenerator, version: u64, values: &[f32]) {
+    generator.pause().await.unwrap();
+    generator
+        .update_weights(update(version, values))
+        .await
+        .unwrap();
+    generator.resume().await.unwrap();
 }
 
 /// Check that every sampled token of `completion` after the one-token prompt `[prompt]` has
