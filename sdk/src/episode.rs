@@ -37,7 +37,7 @@ use serde_json::{Map, Value};
 
 use crate::error::PluginError;
 use crate::reward::Reward;
-use crate::task::{TaskItem, Tokenizer};
+use crate::task::{ChatMessage, TaskItem, Tokenizer};
 use crate::tool::{ToolOutput, ToolSchema};
 use crate::trajectory::{Completion, FinishReason};
 
@@ -87,6 +87,28 @@ pub trait EpisodeContext: Send {
     /// not encode to); cut to the budget like [`append`](Self::append).
     fn append_ids(&mut self, token_ids: &[u32]) -> Result<usize, PluginError>;
 
+    /// Append `messages` (tool answers, a user's reply) as the model's chat template writes
+    /// them after the conversation so far, tokenized alone as environment tokens; cut to the
+    /// budget like [`append`](Self::append). The template's markup between the last turn and
+    /// the next (`<|im_end|>`, `<|im_start|>user`, `<tool_response>`...) comes with them.
+    /// Only where the conversation is known ([`conversation`](Self::conversation)); an error
+    /// otherwise.
+    fn append_messages(&mut self, messages: &[ChatMessage]) -> Result<usize, PluginError> {
+        let _ = messages;
+        Err(PluginError::failed(
+            "episode",
+            "this episode's conversation is not known as chat messages",
+        ))
+    }
+
+    /// The conversation so far as chat messages: the prompt's, then each turn as the
+    /// assistant's message and what [`append_messages`](Self::append_messages) added, when the
+    /// prompt is in the model's chat format (`prompt.format = "chat"`) and nothing was
+    /// appended as bare text. `None` otherwise.
+    fn conversation(&self) -> Option<&[ChatMessage]> {
+        None
+    }
+
     /// The tools this run gives episodes (`[[tools]]`), as the model is told of them.
     fn tools(&self) -> Vec<ToolSchema>;
 
@@ -99,6 +121,14 @@ pub trait EpisodeContext: Send {
     /// Count a call the episode could not make (a malformed one) with the tool errors of the
     /// step's metrics; [`call_tool`](Self::call_tool) counts its own.
     fn count_tool_error(&mut self);
+
+    /// Give the turn just generated a reward of `value` (a step of the task done, a tool call
+    /// that ran), at its last token, beside the reward [`Episode::run`] returns at the end:
+    /// the sample's return is their sum ([`Reward::total`]), and algorithms that credit
+    /// tokens by what follows them (returns-to-go, GAE) see each turn's reward where it was
+    /// earned. An error before any turn, or for a value the engine does not train on
+    /// ([`Reward::check_value`]).
+    fn reward_turn(&mut self, value: f64) -> Result<(), PluginError>;
 
     /// The task's reward for `completion` (the text the verifier grades: the whole
     /// conversation's text, or only the final answer, as the episode decides).

@@ -72,7 +72,7 @@ pub use generator::{FaultStats, Generator, GeneratorStats};
 pub use registry::{
     EpisodePlugin, GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin, ToolPlugin,
 };
-pub use reward::{MAX_REWARD, Provenance, Reward, Verdict};
+pub use reward::{MAX_REWARD, Provenance, Reward, TurnReward, Verdict};
 pub use task::{ChatMessage, DemoTurn, Split, Task, TaskItem, Tokenizer};
 pub use tool::{Tool, ToolOutput, ToolSchema, ToolSession};
 pub use trajectory::{

@@ -89,15 +89,30 @@ pub struct Provenance {
 /// outside the range costs that sample (verdict `error`, naming the verifier and the value).
 pub const MAX_REWARD: f64 = 1e6;
 
+/// A reward given at the end of one turn of an episode
+/// ([`EpisodeContext::reward_turn`](crate::EpisodeContext::reward_turn)).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnReward {
+    /// Where the turn ends in the completion: the index after its last token.
+    pub end: usize,
+    /// The reward.
+    pub value: f64,
+}
+
 /// A reward: a scalar for training plus what it means and where it came from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Reward {
-    /// The scalar the trainer sees.
+    /// The scalar the trainer sees: the reward at the end of the sample (an episode's outcome).
     pub value: f64,
     /// What the verifier concluded.
     pub verdict: Verdict,
     /// How it was obtained.
     pub provenance: Provenance,
+    /// Rewards an episode gave at the end of earlier turns, in order (none for a single answer):
+    /// each at the last token of its turn. The sample's return is `value` plus these
+    /// ([`total`](Self::total)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<TurnReward>,
 }
 
 impl Reward {
@@ -107,7 +122,13 @@ impl Reward {
             value,
             verdict,
             provenance: Provenance::default(),
+            turns: Vec::new(),
         }
+    }
+
+    /// The sample's return: `value` plus the rewards of its turns.
+    pub fn total(&self) -> f64 {
+        self.value + self.turns.iter().map(|t| t.value).sum::<f64>()
     }
 
     /// Record a limit that applied.

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::PluginError;
+use crate::tool::ToolSchema;
 
 /// Which part of a task's data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -111,15 +112,33 @@ pub trait Tokenizer: Send + Sync + 'static {
     /// Size of the vocabulary.
     fn vocab_size(&self) -> usize;
 
+    /// The text of `ids` with every token spelled, special ones included (`<|im_end|>`...):
+    /// what a chat template writes. By default [`decode`](Self::decode).
+    fn decode_verbatim(&self, ids: &[u32]) -> Result<String, PluginError> {
+        self.decode(ids)
+    }
+
     /// `messages` in the model's chat format (its chat template, as Hugging Face's
-    /// `apply_chat_template` renders it), ending with the opening of the assistant's turn: the
-    /// text a chat model completes. By default the model has none, and this is an error.
-    fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, PluginError> {
-        let _ = messages;
+    /// `apply_chat_template` renders it), told of `tools`, ending with the opening of the
+    /// assistant's turn when `add_generation_prompt`. By default the model has none, and this
+    /// is an error.
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolSchema],
+        add_generation_prompt: bool,
+    ) -> Result<String, PluginError> {
+        let _ = (messages, tools, add_generation_prompt);
         Err(PluginError::failed(
             "tokenizer",
             "the model has no chat template (a Hugging Face checkpoint keeps it in \
              tokenizer_config.json or chat_template.jinja)",
         ))
+    }
+
+    /// `messages` in the model's chat format, ending with the opening of the assistant's turn:
+    /// the text a chat model completes ([`render_chat`](Self::render_chat) without tools).
+    fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, PluginError> {
+        self.render_chat(messages, &[], true)
     }
 }

@@ -258,9 +258,9 @@ pub struct TrajectoryGroup {
 }
 
 impl TrajectoryGroup {
-    /// Rewards of the samples, in order.
+    /// Returns of the samples ([`Reward::total`](crate::Reward::total)), in order.
     pub fn rewards(&self) -> Vec<f64> {
-        self.samples.iter().map(|s| s.reward.value).collect()
+        self.samples.iter().map(|s| s.reward.total()).collect()
     }
 
     /// Tokens a policy sampled, over all samples (an episode's environment tokens left out).

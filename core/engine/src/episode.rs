@@ -26,16 +26,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use areal_sdk::{
-    Completion, EpisodeContext, FinishReason, PluginError, Reward, SamplingParams, TaskItem,
-    Tokenizer, ToolOutput, ToolSchema, ToolSession, Trajectory, TrajectoryGroup, Turn, mix_seed,
+    ChatMessage, Completion, EpisodeContext, FinishReason, PluginError, Reward, SamplingParams,
+    TaskItem, Tokenizer, ToolOutput, ToolSchema, ToolSession, Trajectory, TrajectoryGroup, Turn,
+    TurnReward, mix_seed,
 };
 use serde_json::{Map, Value};
 use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinSet;
 
 use crate::group_runner::{
-    Ask, EpisodeStats, GroupRunner, GroupSpec, NoProgress, Progress, SampleProgress, TurnEnd,
-    assemble,
+    Ask, EpisodeStats, GroupRunner, GroupSpec, NoProgress, Progress, Retokenization,
+    SampleProgress, TurnEnd, assemble,
 };
 
 /// How an episode's turns reach the generator.
@@ -253,6 +254,14 @@ pub(crate) struct EpisodeRun<'a> {
     record: Option<Record>,
     sessions: BTreeMap<String, Box<dyn ToolSession>>,
     stats: EpisodeStats,
+    /// The conversation as chat messages, while it is known (see
+    /// [`EpisodeContext::conversation`]).
+    conversation: Option<Vec<ChatMessage>>,
+    /// Whether it was known and then lost (text appended bare, a template that failed): the
+    /// episode is then not counted as compared.
+    conversation_lost: bool,
+    /// Rewards given to turns ([`EpisodeContext::reward_turn`]).
+    turn_rewards: Vec<TurnReward>,
 }
 
 /// An episode's context's description of a replay that went another way.
@@ -316,12 +325,22 @@ impl<'a> EpisodeRun<'a> {
             record,
             sessions: BTreeMap::new(),
             stats: EpisodeStats::default(),
+            conversation: runner.prompt_messages(item),
+            conversation_lost: false,
+            turn_rewards: Vec::new(),
         };
         let reward = runner.episode().run(&mut run).await;
+        if reward.is_ok() {
+            run.compare_with_template(false);
+        }
+        if run.conversation_lost && run.stats.retokenization != Retokenization::Mismatch {
+            run.stats.retokenization = Retokenization::Unchecked;
+        }
         if progress.counted() {
             runner.counters.record_episode(&run.stats);
         }
-        let reward = reward?;
+        let mut reward = reward?;
+        reward.turns.append(&mut run.turn_rewards);
         if let Some(record) = &run.record
             && run.completion.len() < record.completion.len()
         {
@@ -391,6 +410,115 @@ impl EpisodeContext for EpisodeRun<'_> {
     }
 
     async fn generate(&mut self) -> Result<Turn, PluginError> {
+        self.compare_with_template(true);
+        let turn = self.sample().await?;
+        if self.conversation.is_some() {
+            // the assistant's message is the text sampled, every token spelled (a special
+            // token the policy sampled inside the turn too), its stop token left to the
+            // template
+            let mut ids = &turn.token_ids[..];
+            if let Some((last, rest)) = ids.split_last()
+                && self.runner.stop_token_ids().contains(last)
+            {
+                ids = rest;
+            }
+            match self.runner.tokenizer().decode_verbatim(ids) {
+                Ok(text) => {
+                    let conversation = self.conversation.as_mut().expect("checked above");
+                    conversation.push(ChatMessage::new("assistant", &text));
+                }
+                Err(_) => self.forget_conversation(),
+            }
+        }
+        Ok(turn)
+    }
+
+    fn append(&mut self, text: &str) -> Result<usize, PluginError> {
+        let ids = self.runner.tokenizer().encode(text)?;
+        self.append_ids(&ids)
+    }
+
+    fn append_ids(&mut self, token_ids: &[u32]) -> Result<usize, PluginError> {
+        self.forget_conversation();
+        self.push_environment(token_ids)
+    }
+
+    fn append_messages(&mut self, messages: &[ChatMessage]) -> Result<usize, PluginError> {
+        let Some(conversation) = &self.conversation else {
+            return Err(PluginError::failed(
+                "episode",
+                if self.conversation_lost {
+                    "append_messages after text was appended bare: the conversation is no \
+                     longer known as messages"
+                } else {
+                    "append_messages needs prompts in the model's chat format \
+                     (prompt.format = \"chat\")"
+                },
+            ));
+        };
+        let tokenizer = self.runner.tokenizer();
+        let mut extended = conversation.clone();
+        extended.extend_from_slice(messages);
+        let rendered = tokenizer.render_chat(&extended, self.runner.tool_schemas(), true)?;
+        let so_far = tokenizer.decode_verbatim(&self.input)?;
+        let new = markup_after(&so_far, &rendered);
+        let ids = tokenizer.encode(new)?;
+        let appended = self.push_environment(&ids)?;
+        // (cut by the budget, the tokens are the start of the rendering, which the
+        // comparison allows once no budget is left)
+        self.conversation = Some(extended);
+        Ok(appended)
+    }
+
+    fn conversation(&self) -> Option<&[ChatMessage]> {
+        self.conversation.as_deref()
+    }
+
+    fn tools(&self) -> Vec<ToolSchema> {
+        self.runner.tools().iter().map(|t| t.schema()).collect()
+    }
+
+    async fn call_tool(&mut self, name: &str, arguments: &Map<String, Value>) -> ToolOutput {
+        self.stats.tool_calls += 1;
+        let output = self.call(name, arguments).await;
+        if output.error {
+            self.stats.tool_errors += 1;
+        }
+        output
+    }
+
+    fn count_tool_error(&mut self) {
+        self.stats.tool_errors += 1;
+    }
+
+    fn reward_turn(&mut self, value: f64) -> Result<(), PluginError> {
+        let Some(turn) = self.turns.last() else {
+            return Err(PluginError::failed(
+                "episode",
+                "reward_turn before any turn was generated",
+            ));
+        };
+        Reward::check_value(value)
+            .map_err(|e| PluginError::failed("episode", format!("reward_turn: {e}")))?;
+        self.turn_rewards.push(TurnReward {
+            end: turn.end,
+            value,
+        });
+        Ok(())
+    }
+
+    async fn verify(&mut self, completion: &str) -> Result<Reward, PluginError> {
+        let verified = self
+            .runner
+            .reward(self.sample_id, self.item, completion, &self.completion)
+            .await?;
+        Ok(verified.reward)
+    }
+}
+
+impl EpisodeRun<'_> {
+    /// The next turn: from the record on a replay, else sampled.
+    async fn sample(&mut self) -> Result<Turn, PluginError> {
         let start = self.completion.len();
         self.stats.turns += 1;
         let recorded = self.recorded_turn()?;
@@ -427,12 +555,8 @@ impl EpisodeContext for EpisodeRun<'_> {
         self.turn(start)
     }
 
-    fn append(&mut self, text: &str) -> Result<usize, PluginError> {
-        let ids = self.runner.tokenizer().encode(text)?;
-        self.append_ids(&ids)
-    }
-
-    fn append_ids(&mut self, token_ids: &[u32]) -> Result<usize, PluginError> {
+    /// Append environment tokens, cut to the budget, checked against the record on a replay.
+    fn push_environment(&mut self, token_ids: &[u32]) -> Result<usize, PluginError> {
         let ids = &token_ids[..token_ids.len().min(self.tokens_left())];
         let at = self.completion.len();
         let recorded = match &self.record {
@@ -467,29 +591,70 @@ impl EpisodeContext for EpisodeRun<'_> {
         Ok(ids.len())
     }
 
-    fn tools(&self) -> Vec<ToolSchema> {
-        self.runner.tools().iter().map(|t| t.schema()).collect()
-    }
-
-    async fn call_tool(&mut self, name: &str, arguments: &Map<String, Value>) -> ToolOutput {
-        self.stats.tool_calls += 1;
-        let output = self.call(name, arguments).await;
-        if output.error {
-            self.stats.tool_errors += 1;
+    /// The conversation is no longer known as messages.
+    fn forget_conversation(&mut self) {
+        if self.conversation.take().is_some() {
+            self.conversation_lost = true;
         }
-        output
     }
 
-    fn count_tool_error(&mut self) {
-        self.stats.tool_errors += 1;
+    /// Compare the tokens so far with the chat template's rendering of the conversation:
+    /// before a turn (`generation`), equal to the rendering with the generation prompt; at
+    /// the end, or once the budget is spent, the start of the rendering (which goes on with
+    /// the template's markup after the last turn, or what the budget cut). Keeps the worst
+    /// comparison in the episode's stats.
+    fn compare_with_template(&mut self, generation: bool) {
+        let exact = generation && self.tokens_left() > 0;
+        let Some(conversation) = &self.conversation else {
+            return;
+        };
+        let tokenizer = self.runner.tokenizer();
+        let rendered = tokenizer.render_chat(conversation, self.runner.tool_schemas(), generation);
+        let (Ok(rendered), Ok(text)) = (rendered, tokenizer.decode_verbatim(&self.input)) else {
+            self.forget_conversation();
+            return;
+        };
+        let found = if exact && text == rendered {
+            match tokenizer.encode(&rendered) {
+                Ok(ids) if ids == self.input => Retokenization::Agrees,
+                _ => Retokenization::Drift,
+            }
+        } else if !exact && rendered.starts_with(&text) {
+            Retokenization::Agrees
+        } else {
+            Retokenization::Mismatch
+        };
+        self.stats.retokenization = self.stats.retokenization.max(found);
     }
+}
 
-    async fn verify(&mut self, completion: &str) -> Result<Reward, PluginError> {
-        let verified = self
-            .runner
-            .reward(self.sample_id, self.item, completion, &self.completion)
-            .await?;
-        Ok(verified.reward)
+/// The template's text for messages appended to a conversation: `rendered` (the whole
+/// conversation with them, as the template writes it) after `so_far` (what the tokens so far
+/// spell). Where the template writes the earlier turns as they were generated, `so_far`
+/// starts `rendered` and the rest is the new messages' markup. Where it writes them otherwise
+/// (Qwen3's drops earlier `<think>` blocks), the tokens stay as they were and the markup is
+/// taken from where the longest end of `so_far` after the two part ways recurs in
+/// `rendered` (the last turn's closing text and stop token).
+fn markup_after<'r>(so_far: &str, rendered: &'r str) -> &'r str {
+    if let Some(rest) = rendered.strip_prefix(so_far) {
+        return rest;
+    }
+    let apart = so_far
+        .char_indices()
+        .zip(rendered.chars())
+        .find(|((_, a), b)| a != b)
+        .map_or(so_far.len().min(rendered.len()), |((i, _), _)| i);
+    let (tail, rest) = (&so_far[apart..], &rendered[apart..]);
+    // the shortest start of `tail` whose end recurs in `rest` (a recurring end's own ends
+    // recur too, so the starts that work are the later ones)
+    let starts: Vec<usize> = tail.char_indices().map(|(i, _)| i).collect();
+    let first_recurring = starts.partition_point(|&i| !rest.contains(&tail[i..]));
+    match starts.get(first_recurring) {
+        Some(&i) => {
+            let at = rest.find(&tail[i..]).expect("found above") + tail.len() - i;
+            &rest[at..]
+        }
+        None => rest,
     }
 }
 

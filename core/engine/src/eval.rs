@@ -208,7 +208,7 @@ async fn grade_episodes(
             .map_err(|e| EngineError::plugin("evaluating", e))?;
         graded[index][j] = Some(Graded {
             completion: text,
-            reward: reward.value,
+            reward: reward.total(),
             verdict: reward.verdict,
         });
     }

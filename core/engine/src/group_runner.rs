@@ -7,9 +7,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use areal_sdk::{
-    Completion, Episode, FinishReason, GenerateRequest, Generator, PluginError, PolicyVersion,
-    Reward, RewardInput, SamplingParams, SingleTurn, TaskItem, Tokenizer, Tool, Trajectory,
-    TrajectoryGroup,
+    ChatMessage, Completion, Episode, FinishReason, GenerateRequest, Generator, PluginError,
+    PolicyVersion, Reward, RewardInput, SamplingParams, SingleTurn, TaskItem, Tokenizer, Tool,
+    ToolSchema, Trajectory, TrajectoryGroup,
 };
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +41,13 @@ pub struct GroupCounters {
     pub tool_calls: AtomicU64,
     /// Tool calls that came back as errors (malformed, unknown tool, a limit, a traceback).
     pub tool_errors: AtomicU64,
+    /// Episodes whose tokens were compared with their conversation rendered by the chat
+    /// template.
+    pub retokenization_checked: AtomicU64,
+    /// Of which spelled another text than the rendering.
+    pub retokenization_mismatches: AtomicU64,
+    /// Of which spelled the rendering in other tokens than tokenizing it gives.
+    pub retokenization_drift: AtomicU64,
 }
 
 impl GroupCounters {
@@ -54,6 +61,21 @@ impl GroupCounters {
             .fetch_add(stats.tool_errors, Ordering::Relaxed);
         if stats.tool_calls > 0 {
             self.episodes_calling_tools.fetch_add(1, Ordering::Relaxed);
+        }
+        let count = |counter: &AtomicU64| {
+            counter.fetch_add(1, Ordering::Relaxed);
+        };
+        match stats.retokenization {
+            Retokenization::Unchecked => {}
+            Retokenization::Agrees => count(&self.retokenization_checked),
+            Retokenization::Drift => {
+                count(&self.retokenization_checked);
+                count(&self.retokenization_drift);
+            }
+            Retokenization::Mismatch => {
+                count(&self.retokenization_checked);
+                count(&self.retokenization_mismatches);
+            }
         }
     }
 
@@ -75,7 +97,9 @@ pub struct GroupRunner {
     rewards: RewardService,
     episode: Arc<dyn Episode>,
     tools: Vec<Arc<dyn Tool>>,
-    /// Each tool's name as the model is told it (`tools[i].schema().name`), read once.
+    /// Each tool's schema (`tools[i].schema()`), read once.
+    tool_schemas: Vec<ToolSchema>,
+    /// Each tool's name as the model is told it (`tool_schemas[i].name`).
     tool_names: Vec<String>,
     stop_token_ids: Vec<u32>,
     /// The task's name, the `data_source` of every reward input's metadata.
@@ -100,6 +124,7 @@ impl GroupRunner {
             rewards,
             episode: Arc::new(SingleTurn),
             tools: Vec::new(),
+            tool_schemas: Vec::new(),
             tool_names: Vec::new(),
             stop_token_ids,
             data_source: String::new(),
@@ -112,12 +137,14 @@ impl GroupRunner {
     /// chat format is tried at once, so that a model without a chat template is refused
     /// before anything runs.
     pub fn with_prompt(mut self, prompt: PromptConfig) -> Result<Self, PluginError> {
-        prompt.render(self.tokenizer.as_ref(), "").map_err(|e| {
-            PluginError::failed(
-                "prompt",
-                format!("prompt.format = \"chat\" needs the model's chat template: {e}"),
-            )
-        })?;
+        prompt
+            .render(self.tokenizer.as_ref(), "", &[])
+            .map_err(|e| {
+                PluginError::failed(
+                    "prompt",
+                    format!("prompt.format = \"chat\" needs the model's chat template: {e}"),
+                )
+            })?;
         self.prompt = prompt;
         Ok(self)
     }
@@ -125,7 +152,8 @@ impl GroupRunner {
     /// Samples run as `episode`, with `tools` (by default one turn, no tools).
     pub fn with_episode(mut self, episode: Arc<dyn Episode>, tools: Vec<Arc<dyn Tool>>) -> Self {
         self.episode = episode;
-        self.tool_names = tools.iter().map(|t| t.schema().name).collect();
+        self.tool_schemas = tools.iter().map(|t| t.schema()).collect();
+        self.tool_names = self.tool_schemas.iter().map(|s| s.name.clone()).collect();
         self.tools = tools;
         self
     }
@@ -301,8 +329,25 @@ impl GroupRunner {
     }
 
     /// The prompt of `item` as token ids (never empty), in the format of `[prompt]`.
+    /// `item`'s prompt as chat messages, when prompts are in the chat format.
+    pub(crate) fn prompt_messages(&self, item: &TaskItem) -> Option<Vec<ChatMessage>> {
+        self.prompt.messages(&item.prompt)
+    }
+
+    /// The tokens that end a turn.
+    pub(crate) fn stop_token_ids(&self) -> &[u32] {
+        &self.stop_token_ids
+    }
+
+    /// What the model is told of the tools, in the order of `[[tools]]`.
+    pub fn tool_schemas(&self) -> &[ToolSchema] {
+        &self.tool_schemas
+    }
+
     pub(crate) fn prompt_ids(&self, item: &TaskItem) -> Result<Vec<u32>, PluginError> {
-        let text = self.prompt.render(self.tokenizer.as_ref(), &item.prompt)?;
+        let text = self
+            .prompt
+            .render(self.tokenizer.as_ref(), &item.prompt, &self.tool_schemas)?;
         let prompt_ids = self.tokenizer.encode(&text)?;
         if prompt_ids.is_empty() {
             return Err(PluginError::failed(
@@ -386,6 +431,31 @@ pub(crate) struct EpisodeStats {
     pub(crate) tool_calls: u64,
     /// Of which came back as errors.
     pub(crate) tool_errors: u64,
+    /// How the episode's tokens compare with its conversation rendered by the chat template.
+    pub(crate) retokenization: Retokenization,
+}
+
+/// How an episode's tokens compare with what the model's chat template renders for its
+/// conversation: at every turn, the tokens before it against the rendering of the
+/// conversation so far with the generation prompt (what a system that renders and tokenizes
+/// again would feed the model), and at the end, against the rendering of the whole.
+/// Ordered from best to worst: an episode keeps its worst comparison.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Retokenization {
+    /// Not compared: the prompt is not in the chat format, text was appended bare, or the
+    /// template could not render the conversation.
+    #[default]
+    Unchecked,
+    /// The tokens are exactly the rendering's tokens.
+    Agrees,
+    /// The tokens spell the rendering, but tokenizing it again gives other tokens (the
+    /// policy sampled a split of the text the tokenizer would not make): a system that
+    /// decodes and tokenizes again would train on tokens the policy never sampled.
+    Drift,
+    /// The tokens spell another text than the rendering: the template writes the
+    /// conversation differently from how it was generated (Qwen3's drops earlier `<think>`
+    /// blocks), or the episode's environment text is not the template's.
+    Mismatch,
 }
 
 /// Where one sample of a group is: its episode's tokens so far, where its turns ended, and

@@ -137,6 +137,18 @@ pub struct StepMetrics {
     /// Of which came back as errors (a malformed call, an unknown tool, a limit, a traceback).
     #[serde(default)]
     pub tool_errors: u64,
+    /// Of those episodes, those compared with their conversation as the model's chat template
+    /// renders it (prompts in the chat format, environment text appended as messages).
+    #[serde(default)]
+    pub retokenization_checked: u64,
+    /// Of which spelled another text than the template renders for their conversation (0 for
+    /// areal-rs's own episodes where the template writes history as it was generated).
+    #[serde(default)]
+    pub retokenization_mismatches: u64,
+    /// Of which spelled the rendering in other tokens than tokenizing it again gives: what a
+    /// system that decodes and tokenizes again would have trained on instead.
+    #[serde(default)]
+    pub retokenization_drift: u64,
     /// Loss summed over mini-batches.
     pub loss: f64,
     /// Gradient norm before clipping (last mini-batch).

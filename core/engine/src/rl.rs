@@ -306,7 +306,7 @@ pub(crate) fn step_metrics(
     StepMetrics {
         policy_version: version + 1,
         wall_s: ctx.wall_s(),
-        reward_mean: samples.iter().map(|s| s.reward.value).sum::<f64>() / n,
+        reward_mean: samples.iter().map(|s| s.reward.total()).sum::<f64>() / n,
         accepted_fraction: samples
             .iter()
             .filter(|s| s.reward.verdict == Verdict::Accepted)
@@ -341,6 +341,11 @@ pub(crate) fn step_metrics(
         tool_call_fraction: per_episode(counters.episodes_calling_tools.swap(0, Ordering::Relaxed)),
         tool_calls: counters.tool_calls.swap(0, Ordering::Relaxed),
         tool_errors: counters.tool_errors.swap(0, Ordering::Relaxed),
+        retokenization_checked: counters.retokenization_checked.swap(0, Ordering::Relaxed),
+        retokenization_mismatches: counters
+            .retokenization_mismatches
+            .swap(0, Ordering::Relaxed),
+        retokenization_drift: counters.retokenization_drift.swap(0, Ordering::Relaxed),
         loss: report.loss,
         grad_norm: report.grad_norm,
         microbatches: report.microbatches,

@@ -431,6 +431,8 @@ pub fn from_reward(r: pb::Reward) -> Result<Reward, DecodeError> {
             limits: object("limits_json", &p.limits_json)?,
             details: object("details_json", &p.details_json)?,
         },
+        // (a verifier's reward: episodes give turns' rewards in the engine)
+        turns: Vec::new(),
     })
 }
 

@@ -27,7 +27,7 @@ pub(crate) fn shaped_rewards(groups: &[TrajectoryGroup], o: &Options) -> Vec<f64
         .iter()
         .flat_map(|g| &g.samples)
         .map(|s| {
-            let mut r = s.reward.value;
+            let mut r = s.reward.total();
             if o.overlong_buffer > 0
                 && let Some(max) = o.overlong_max_tokens
             {
@@ -75,11 +75,24 @@ fn over_sampled(input: &AdvantageInput<'_>, o: &Options) -> Advantages {
         .map(|s| s.completion.sampled_len())
         .collect();
 
-    // Per-token rewards: the sequence reward on the last token, the KL penalty on every token.
+    // Per-token rewards: each turn's reward on its turn's last token, the rest of the shaped
+    // return on the last token, the KL penalty on every token.
     let mut rewards: Vec<Vec<f64>> = lengths.iter().map(|&n| vec![0.0; n]).collect();
-    for (i, r) in rewards.iter_mut().enumerate() {
+    let samples = groups.iter().flat_map(|g| &g.samples);
+    for (i, (r, sample)) in rewards.iter_mut().zip(samples).enumerate() {
+        let mut rest = shaped[i];
+        for turn in &sample.reward.turns {
+            let c = &sample.completion;
+            let sampled_before = (0..turn.end.min(c.len()))
+                .filter(|&t| c.is_sampled(t))
+                .count();
+            if let Some(at) = sampled_before.checked_sub(1) {
+                r[at] += turn.value;
+                rest -= turn.value;
+            }
+        }
         if let Some(last) = r.last_mut() {
-            *last += shaped[i];
+            *last += rest;
         }
     }
     if o.kl_coef > 0.0

@@ -89,7 +89,7 @@ impl Algorithm for PpoFamily {
         if !self.options.dynamic_filter {
             return true;
         }
-        let mut rewards = group.samples.iter().map(|s| s.reward.value);
+        let mut rewards = group.samples.iter().map(|s| s.reward.total());
         match rewards.next() {
             Some(first) => rewards.any(|r| r != first),
             None => false,

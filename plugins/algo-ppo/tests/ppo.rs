@@ -5,7 +5,7 @@
 use areal_algo_ppo::Variant;
 use areal_sdk::{
     BuildContext, Completion, FinishReason, PluginConfig, Reward, Trajectory, TrajectoryGroup,
-    Verdict,
+    TurnReward, Verdict,
 };
 use areal_sdk_train::burn::tensor::{Device, Tensor, TensorData};
 use areal_sdk_train::{
@@ -211,15 +211,35 @@ fn group(id: u64, rewards: &[f64]) -> TrajectoryGroup {
     }
 }
 
+/// [`group`] with a reward of `value` at the end of each sample's first token (an episode's
+/// first turn), beside its final reward.
+fn with_turn_rewards(mut group: TrajectoryGroup, value: f64) -> TrajectoryGroup {
+    for sample in &mut group.samples {
+        sample.reward.turns.push(TurnReward { end: 1, value });
+    }
+    group
+}
+
 #[test]
 fn every_variant_conforms() {
     let groups = [group(0, &[1.0, 0.0, 0.5]), group(1, &[0.2, 0.9])];
+    // with rewards at the ends of turns, advantages differ within a sample: each token's
+    // gradient must still follow its own advantage (GSPO's ratio is the sequence's, so its
+    // tokens' gradients mix their sample's advantages, and it is left out of this part)
+    let turns = [
+        group(0, &[1.0, 0.0, 0.5]),
+        with_turn_rewards(group(2, &[0.3, 0.0]), 0.5),
+    ];
     for variant in Variant::ALL {
         let options: Vec<(&str, serde_json::Value)> = match variant {
             Variant::DrGrpo => vec![("loss_agg_constant", 8.into())],
             _ => vec![],
         };
-        conformance::check_algorithm(algo(variant.name(), &options).as_ref(), &groups);
+        let algorithm = algo(variant.name(), &options);
+        conformance::check_algorithm(algorithm.as_ref(), &groups);
+        if variant != Variant::Gspo {
+            conformance::check_algorithm(algorithm.as_ref(), &turns);
+        }
     }
 }
 
@@ -278,6 +298,58 @@ fn environment_tokens_change_nothing_under_every_option() {
     for (kind, options) in cases {
         conformance::check_algorithm(algo(kind, &options).as_ref(), &groups);
     }
+}
+
+/// A turn's reward is credited where it was earned: with returns-to-go, the tokens of the
+/// turn it rewards and of the turns before see it, the tokens after do not; sequence-level
+/// variants see the sample's return (the final reward plus its turns').
+#[test]
+fn turn_rewards_are_credited_to_the_turns_before_them() {
+    // sample 0: 5 tokens, 0.5 at the end of its second token, 1.0 at the end; sample 1: 0
+    let mut g = group(0, &[1.0, 0.0]);
+    g.samples[0].completion = g.samples[1].completion.clone();
+    g.samples[0].completion.token_ids.extend([3, 3]);
+    g.samples[0]
+        .completion
+        .behaviour_logprobs
+        .extend([-0.7, -0.7]);
+    g.samples[0].completion.versions.extend([0, 0]);
+    g.samples[0]
+        .reward
+        .turns
+        .push(TurnReward { end: 2, value: 0.5 });
+    assert_eq!(g.samples[0].reward.total(), 1.5);
+    let groups = [g];
+    let old: Vec<Vec<f32>> = groups[0]
+        .samples
+        .iter()
+        .map(|s| s.completion.behaviour_logprobs.clone())
+        .collect();
+    let input = AdvantageInput::new(&groups, &old);
+    // returns-to-go: turn 1 sees 1.5, turn 2 sees 1.0; the group's mean return is 0.75
+    let a = algo("decoupled-ppo", &[])
+        .advantages(&input)
+        .unwrap()
+        .advantages;
+    let (s0, s1) = (&a[0], &a[1]);
+    assert_eq!(s0[0], s0[1]);
+    assert_eq!(s0[2], s0[3]);
+    assert!((s0[2] / s0[0] - 1.0 / 3.0).abs() < 1e-6, "{a:?}");
+    assert!((s1[0] / s0[0] + 1.0).abs() < 1e-6, "{a:?}");
+    // with a critic, the turn's reward enters GAE at the turn's last token: with V = 0,
+    // γ = λ = 1, the returns are the rewards to go
+    let values = vec![vec![0.0f32; 5], vec![0.0; 3]];
+    let input = input.with_values(&values);
+    let returns = algo(
+        "ppo-critic",
+        &[("gamma", 1.0.into()), ("lambda", 1.0.into())],
+    )
+    .advantages(&input)
+    .unwrap()
+    .returns
+    .unwrap();
+    assert_eq!(returns[0], vec![1.5, 1.5, 1.0, 1.0, 1.0]);
+    assert_eq!(returns[1], vec![0.0; 3]);
 }
 
 #[test]

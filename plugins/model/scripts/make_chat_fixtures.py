@@ -2,12 +2,13 @@
 
 The templates are written here in the styles models ship (ChatML with a default system
 message, as Qwen's; Llama 3's headers with `bos_token` and `| trim`; one using `namespace`,
-`loop` variables, `tojson` and Python string methods). Each is saved with a tokenizer as
+`loop` variables, `tojson` and Python string methods; two that take `tools`, rendered with
+`tojson`, and `tool` messages). Each is saved with a tokenizer as
 transformers saves one (`tokenizer_config.json`, and `chat_template.jinja` where this version
 writes it), and every conversation is rendered with and without the generation prompt:
 
-    plugins/model/scripts/setup-transformers.sh
-    .cache/transformers/bin/python plugins/model/scripts/make_chat_fixtures.py
+    plugins/model/scripts/setup-transformers.sh --no-torch
+    .cache/transformers-light/bin/python plugins/model/scripts/make_chat_fixtures.py
 
 Writes plugins/model/tests/fixtures/chat/<template>/ and expected.json.
 """
@@ -76,6 +77,125 @@ TEMPLATES = {
     ),
 }
 
+# Templates that take `tools` and `tool` messages: in ChatML with the schemas in the system
+# turn and the answers in a user turn (as Qwen2.5's and Hermes' do), and with Llama 3's headers
+# (the schemas indented, the answers as `ipython` messages).
+TOOL_TEMPLATES = {
+    "chatml-tools": (
+        "{%- if tools %}\n"
+        "    {{- '<|im_start|>system\\n' }}\n"
+        "    {%- if messages[0].role == 'system' %}\n"
+        "        {{- messages[0].content + '\\n\\n' }}\n"
+        "    {%- endif %}\n"
+        "    {{- '# Tools\\n\\nThese functions can be called. Their signatures:\\n<tools>' }}\n"
+        "    {%- for tool in tools %}\n"
+        "        {{- '\\n' + tool | tojson }}\n"
+        "    {%- endfor %}\n"
+        "    {{- '\\n</tools>\\n\\nCall one as <tool_call>\\n{\"name\": ..., \"arguments\": {...}}\\n</tool_call><|im_end|>\\n' }}\n"
+        "{%- elif messages[0].role == 'system' %}\n"
+        "    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n"
+        "{%- endif %}\n"
+        "{%- for message in messages %}\n"
+        "    {%- if message.role == 'system' and loop.first %}\n"
+        "        {%- continue %}\n"
+        "    {%- endif %}\n"
+        "    {%- if message.role == 'tool' %}\n"
+        "        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}\n"
+        "            {{- '<|im_start|>user' }}\n"
+        "        {%- endif %}\n"
+        "        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}\n"
+        "        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}\n"
+        "            {{- '<|im_end|>\\n' }}\n"
+        "        {%- endif %}\n"
+        "    {%- else %}\n"
+        "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n"
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}\n"
+        "    {{- '<|im_start|>assistant\\n' }}\n"
+        "{%- endif %}\n"
+    ),
+    "llama3-tools": (
+        "{{- bos_token + '<|start_header_id|>system<|end_header_id|>\\n\\n' }}\n"
+        "{%- if tools %}\n"
+        "    {{- 'Call a function by answering {\"name\": its name, \"parameters\": its arguments}.\\n\\n' }}\n"
+        "    {%- for t in tools %}\n"
+        "        {{- t | tojson(indent=4) + '\\n\\n' }}\n"
+        "    {%- endfor %}\n"
+        "{%- endif %}\n"
+        "{%- if messages[0].role == 'system' %}\n"
+        "    {{- messages[0].content | trim }}\n"
+        "{%- endif %}\n"
+        "{{- '<|eot_id|>' }}\n"
+        "{%- for message in messages %}\n"
+        "    {%- if message.role == 'system' %}\n"
+        "        {%- continue %}\n"
+        "    {%- endif %}\n"
+        "    {%- if message.role == 'tool' %}\n"
+        "        {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}\n"
+        "    {%- else %}\n"
+        "        {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}\n"
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}\n"
+        "    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}\n"
+        "{%- endif %}\n"
+    ),
+}
+
+# Tools as a program declares them: keys in the order written (not sorted), nested schemas,
+# a float default, text that JSON escapes.
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run Python code; variables persist between calls.",
+            "parameters": {
+                "type": "object",
+                "properties": {"code": {"type": "string", "description": "The code."}},
+                "required": ["code"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Look up \"exact\" words <in> a corpus & rank them \u00e9",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer", "minimum": 1, "default": 5},
+                    "weight": {"type": "number", "default": 2.0},
+                    "filters": {
+                        "type": "object",
+                        "properties": {"year": {"type": "integer"}, "lang": {"enum": ["en", "fr"]}},
+                    },
+                },
+                "required": ["query", "limit"],
+            },
+        },
+    },
+]
+
+TOOL_CONVERSATIONS = [
+    [{"role": "user", "content": "What is 37 * 48?"}],
+    [
+        {"role": "system", "content": "Use the tools."},
+        {"role": "user", "content": "Compute 2**10 and search for it."},
+        {
+            "role": "assistant",
+            "content": '<tool_call>\n{"name": "python", "arguments": {"code": "print(2**10)"}}\n</tool_call>',
+        },
+        {"role": "tool", "content": "1024\n"},
+        {"role": "tool", "content": "[\"1024 is 2^10\"]"},
+        {"role": "assistant", "content": "It is 1024."},
+        {"role": "user", "content": "Thanks"},
+    ],
+]
+
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2+3?"}],
     [
@@ -125,6 +245,34 @@ def main() -> int:
                         "expected": text,
                     }
                 )
+    for name, template in TOOL_TEMPLATES.items():
+        tok = tokenizer()
+        tok.chat_template = template
+        folder = os.path.join(OUT, name)
+        os.makedirs(folder, exist_ok=True)
+        tok.save_pretrained(folder)
+        for extra in ("tokenizer.json", "special_tokens_map.json"):
+            path = os.path.join(folder, extra)
+            if os.path.exists(path):
+                os.remove(path)
+        for messages in TOOL_CONVERSATIONS:
+            for tools in (TOOLS, None):
+                for generation_prompt in (False, True):
+                    text = tok.apply_chat_template(
+                        messages,
+                        tools=tools,
+                        tokenize=False,
+                        add_generation_prompt=generation_prompt,
+                    )
+                    cases.append(
+                        {
+                            "template": name,
+                            "messages": messages,
+                            "tools": tools,
+                            "add_generation_prompt": generation_prompt,
+                            "expected": text,
+                        }
+                    )
     with open(os.path.join(OUT, "expected.json"), "w") as f:
         json.dump(
             {"made_with": {"transformers": transformers.__version__}, "cases": cases},
@@ -133,7 +281,7 @@ def main() -> int:
             indent=1,
         )
         f.write("\n")
-    print(f"{len(cases)} renderings of {len(TEMPLATES)} templates -> {OUT}")
+    print(f"{len(cases)} renderings of {len(TEMPLATES) + len(TOOL_TEMPLATES)} templates -> {OUT}")
     return 0
 
 

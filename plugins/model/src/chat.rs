@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use areal_sdk::{ChatMessage, PluginError};
+use areal_sdk::{ChatMessage, PluginError, ToolSchema};
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 
@@ -39,6 +39,23 @@ fn token_text(value: &serde_json::Value) -> Option<String> {
         serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_owned),
         _ => None,
     }
+}
+
+/// The special tokens a template may name (`bos_token`, `eos_token`...), from the settings of
+/// a `tokenizer_config.json`.
+pub(crate) fn special_tokens(config: &serde_json::Value) -> BTreeMap<String, String> {
+    [
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+    ]
+    .into_iter()
+    .filter_map(|key| Some((key.to_owned(), token_text(config.get(key)?)?)))
+    .collect()
 }
 
 /// Python's `json.dumps(value, ensure_ascii=False)` with its default separators, or with
@@ -198,28 +215,21 @@ impl ChatTemplate {
                 )));
             }
         };
-        let special = [
-            "bos_token",
-            "eos_token",
-            "unk_token",
-            "pad_token",
-            "sep_token",
-            "cls_token",
-            "mask_token",
-        ]
-        .into_iter()
-        .filter_map(|key| Some((key.to_owned(), token_text(config.get(key)?)?)))
-        .collect();
-        Self::new(&source, special)
+        Self::new(&source, special_tokens(&config))
             .map(Some)
             .map_err(|e| failed(format!("{}: {e}", path.display())))
     }
 
-    /// `messages` in the model's chat format, ending with the assistant's header when
-    /// `add_generation_prompt` (the prompt a model completes).
+    /// `messages` in the model's chat format, told of `tools` (none: `tools` is `None`, as
+    /// transformers passes it without tools), ending with the assistant's header when
+    /// `add_generation_prompt` (the prompt a model completes). Each tool is given in OpenAI's
+    /// function form with its keys in transformers' order (`type`, `function`: `name`,
+    /// `description`, `parameters` as written), so a template's `tools | tojson` writes what
+    /// transformers writes.
     pub fn render(
         &self,
         messages: &[ChatMessage],
+        tools: &[ToolSchema],
         add_generation_prompt: bool,
     ) -> Result<String, PluginError> {
         let template = self
@@ -236,7 +246,17 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             Value::from(add_generation_prompt),
         );
-        context.insert("tools".into(), Value::from(()));
+        let tools = if tools.is_empty() {
+            Value::from(())
+        } else {
+            Value::from_serialize(
+                tools
+                    .iter()
+                    .map(ToolSchema::to_function)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        context.insert("tools".into(), tools);
         context.insert("documents".into(), Value::from(()));
         template
             .render(Value::from_iter(context))
@@ -251,7 +271,7 @@ mod tests {
     fn render(source: &str) -> String {
         ChatTemplate::new(source, BTreeMap::new())
             .unwrap()
-            .render(&[], false)
+            .render(&[], &[], false)
             .unwrap()
     }
 
@@ -281,7 +301,7 @@ mod tests {
         )
         .unwrap();
         let e = t
-            .render(&[ChatMessage::new("assistant", "hi")], false)
+            .render(&[ChatMessage::new("assistant", "hi")], &[], false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("first must be user"), "{e}");

@@ -168,6 +168,9 @@ pub struct TransformerOptions {
     pub kv_heads: usize,
     /// Longest sequence of a fresh model. By default 256.
     pub max_positions: usize,
+    /// A chat template (Jinja, as transformers renders it) used instead of the checkpoint's,
+    /// or given to a fresh model. A checkpoint the run saves keeps it.
+    pub chat_template: Option<String>,
 }
 
 impl Default for TransformerOptions {
@@ -180,6 +183,7 @@ impl Default for TransformerOptions {
             heads: 4,
             kv_heads: 2,
             max_positions: 256,
+            chat_template: None,
         }
     }
 }
@@ -381,18 +385,23 @@ pub(crate) fn build(
     ctx: &PolicyContext,
 ) -> Result<Box<dyn Policy>, PluginError> {
     let options: TransformerOptions = config.parse()?;
-    if let Some(path) = &options.path {
-        let mut policy = TransformerPolicy::load(path, &ctx.device)?;
-        policy.value_seed = ctx.build.seed ^ 0x7661_6c75_6521;
-        return Ok(Box::new(policy));
-    }
-    let Some(alphabet) = &options.alphabet else {
-        return Err(config.invalid(
-            "alphabet",
-            "a fresh model (no `path`) needs the characters of its tokenizer",
-        ));
+    let mut policy = match (&options.path, &options.alphabet) {
+        (Some(path), _) => TransformerPolicy::load(path, &ctx.device)?,
+        (None, Some(alphabet)) => {
+            TransformerPolicy::fresh(&options, alphabet, ctx.build.seed, &ctx.device)?
+        }
+        (None, None) => {
+            return Err(config.invalid(
+                "alphabet",
+                "a fresh model (no `path`) needs the characters of its tokenizer",
+            ));
+        }
     };
-    let mut policy = TransformerPolicy::fresh(&options, alphabet, ctx.build.seed, &ctx.device)?;
+    if let Some(source) = &options.chat_template {
+        Arc::make_mut(&mut policy.tokenizer)
+            .set_chat_template(source)
+            .map_err(|e| config.invalid("chat_template", e.to_string()))?;
+    }
     policy.value_seed = ctx.build.seed ^ 0x7661_6c75_6521;
     Ok(Box::new(policy))
 }

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use areal_sdk::{ChatMessage, PluginError, Tokenizer};
+use areal_sdk::{ChatMessage, PluginError, Tokenizer, ToolSchema};
 use tokenizers::AddedToken;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::models::bpe::BPE;
@@ -104,6 +104,42 @@ impl HfTokenizer {
         self.chat.as_deref()
     }
 
+    /// Use the chat template `source` (Jinja) instead of the checkpoint's, with the special
+    /// tokens its `tokenizer_config.json` names (a fresh character tokenizer's: `<eos>` and
+    /// `<unk>`). A checkpoint saved from it keeps the template as `chat_template.jinja`.
+    pub fn set_chat_template(&mut self, source: &str) -> Result<(), PluginError> {
+        let config = self
+            .side_files
+            .iter()
+            .find(|(name, _)| name == crate::chat::TOKENIZER_CONFIG_FILE)
+            .map(|(_, text)| text.clone());
+        let config: serde_json::Value = match config {
+            Some(text) => serde_json::from_str(&text).unwrap_or_default(),
+            None => {
+                // a fresh tokenizer: its settings are written with the template, so that a
+                // checkpoint read back names the same tokens
+                let config = serde_json::json!({
+                    "eos_token": self.inner.id_to_token(self.stop.first().copied().unwrap_or(1)),
+                    "unk_token": self.unk.and_then(|id| self.inner.id_to_token(id)),
+                });
+                self.side_files.push((
+                    crate::chat::TOKENIZER_CONFIG_FILE.to_owned(),
+                    serde_json::to_string_pretty(&config).expect("JSON") + "\n",
+                ));
+                config
+            }
+        };
+        let chat = ChatTemplate::new(source, crate::chat::special_tokens(&config))?;
+        self.chat = Some(Arc::new(chat));
+        self.side_files
+            .retain(|(name, _)| name != crate::chat::CHAT_TEMPLATE_FILE);
+        self.side_files.push((
+            crate::chat::CHAT_TEMPLATE_FILE.to_owned(),
+            source.to_owned(),
+        ));
+        Ok(())
+    }
+
     /// Read `tokenizer.json`.
     pub fn from_file(path: &Path, stop: Vec<u32>) -> Result<Self, PluginError> {
         let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| {
@@ -163,6 +199,12 @@ impl Tokenizer for HfTokenizer {
             .map_err(|e| PluginError::failed(crate::NAME, format!("cannot decode {ids:?}: {e}")))
     }
 
+    fn decode_verbatim(&self, ids: &[u32]) -> Result<String, PluginError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| PluginError::failed(crate::NAME, format!("cannot decode {ids:?}: {e}")))
+    }
+
     fn stop_token_ids(&self) -> Vec<u32> {
         self.stop.clone()
     }
@@ -171,9 +213,14 @@ impl Tokenizer for HfTokenizer {
         self.inner.get_vocab_size(true)
     }
 
-    fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, PluginError> {
+    fn render_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[ToolSchema],
+        add_generation_prompt: bool,
+    ) -> Result<String, PluginError> {
         match &self.chat {
-            Some(template) => template.render(messages, true),
+            Some(template) => template.render(messages, tools, add_generation_prompt),
             None => Err(PluginError::failed(
                 crate::NAME,
                 "the model has no chat template: its checkpoint has neither \

@@ -198,16 +198,21 @@ fn sharded_checkpoints_read_as_one_file() {
     assert!(error.contains(&moved), "{error}");
 }
 
-/// Chat templates render as transformers' `apply_chat_template` renders them: three templates
+/// Chat templates render as transformers' `apply_chat_template` renders them: five templates
 /// in the styles models ship, saved as transformers saves a tokenizer, over conversations with
-/// and without the generation prompt (`plugins/model/scripts/make_chat_fixtures.py`).
+/// and without the generation prompt, two of them with `tools` (schemas with their keys in the
+/// order written, which `tojson` keeps) and `tool` messages
+/// (`plugins/model/scripts/make_chat_fixtures.py`).
 #[test]
 fn chat_templates_render_as_transformers_renders_them() {
     use areal_model::{ChatMessage, ChatTemplate};
+    use areal_sdk::ToolSchema;
     #[derive(Deserialize)]
     struct ChatCase {
         template: String,
         messages: Vec<ChatMessage>,
+        #[serde(default)]
+        tools: Option<Vec<serde_json::Value>>,
         add_generation_prompt: bool,
         expected: String,
     }
@@ -218,20 +223,40 @@ fn chat_templates_render_as_transformers_renders_them() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat");
     let expected: ChatExpected =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    assert_eq!(expected.cases.len(), 18);
+    assert_eq!(expected.cases.len(), 34);
+    let mut with_tools = 0;
     for case in &expected.cases {
         let template = ChatTemplate::from_folder(&dir.join(&case.template))
             .unwrap()
             .expect("the folder has a chat template");
+        let tools: Vec<ToolSchema> = case
+            .tools
+            .iter()
+            .flatten()
+            .map(|t| {
+                // the round trip through ToolSchema must give back what the fixture wrote
+                let schema: ToolSchema = serde_json::from_value(t["function"].clone()).unwrap();
+                assert_eq!(
+                    serde_json::to_string(&schema.to_function()).unwrap(),
+                    serde_json::to_string(t).unwrap()
+                );
+                schema
+            })
+            .collect();
+        with_tools += usize::from(!tools.is_empty());
         let text = template
-            .render(&case.messages, case.add_generation_prompt)
+            .render(&case.messages, &tools, case.add_generation_prompt)
             .unwrap_or_else(|e| panic!("{}: {e}", case.template));
         assert_eq!(
-            text, case.expected,
-            "{} with add_generation_prompt = {}",
-            case.template, case.add_generation_prompt
+            text,
+            case.expected,
+            "{} with {} tools, add_generation_prompt = {}",
+            case.template,
+            tools.len(),
+            case.add_generation_prompt
         );
     }
+    assert_eq!(with_tools, 8);
     // a folder without one has none
     assert!(
         ChatTemplate::from_folder(&fixture("qwen2"))

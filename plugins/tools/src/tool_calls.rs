@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use areal_sdk::tool_calls::{ToolCallFormat, parse_tool_calls};
 use areal_sdk::{
-    BuildContext, Episode, EpisodeContext, PluginConfig, PluginError, Reward, ToolOutput,
+    BuildContext, ChatMessage, Episode, EpisodeContext, PluginConfig, PluginError, Reward,
+    ToolOutput,
 };
 use serde::Deserialize;
 
@@ -45,6 +46,13 @@ pub struct ToolCallsOptions {
     pub after_answers: Option<String>,
     /// What the verifier grades: `last-turn` (default) or `all`.
     pub graded: Graded,
+}
+
+impl ToolCallsOptions {
+    /// Whether the options write the answers' markup themselves.
+    fn overrides_markup(&self) -> bool {
+        self.before_answers.is_some() || self.answer.is_some() || self.after_answers.is_some()
+    }
 }
 
 impl Default for ToolCallsOptions {
@@ -165,7 +173,17 @@ impl Episode for ToolCalls {
                 };
                 outputs.push(output);
             }
-            ctx.append(&self.answers(&outputs))?;
+            match ctx.conversation() {
+                // the chat template's own markup for the answers, as `tool` messages
+                Some(_) if !self.options.overrides_markup() => {
+                    let messages: Vec<ChatMessage> = outputs
+                        .iter()
+                        .map(|o| ChatMessage::new("tool", &o.text))
+                        .collect();
+                    ctx.append_messages(&messages)?
+                }
+                _ => ctx.append(&self.answers(&outputs))?,
+            };
         }
         let graded = match self.options.graded {
             Graded::LastTurn => last,

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use areal_core::{GroupRunner, GroupSpec, RewardService};
+use areal_core::{GroupRunner, GroupSpec, PromptConfig, PromptFormat, RewardService};
 use areal_sdk::{
     BuildContext, Completion, Episode, EpisodePlugin, FinishReason, GenerateRequest, Generator,
     PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, SamplingParams, TaskItem,
@@ -43,10 +43,12 @@ impl Tokenizer for Bytes {
     }
 }
 
-/// Says the turns of `script` in order, per sample, each ending with the stop token.
+/// Says the turns of `script` in order, per sample, each in `tokenizer`'s tokens and ending
+/// with its stop token.
 struct Scripted {
     script: Vec<String>,
     said: Mutex<HashMap<u64, usize>>,
+    tokenizer: Arc<dyn Tokenizer>,
 }
 
 #[areal_sdk::async_trait]
@@ -62,7 +64,8 @@ impl Generator for Scripted {
             self.script[(*n - 1).min(self.script.len() - 1)].clone()
         };
         let mut c = Completion::empty(FinishReason::Stop);
-        for id in turn.bytes().map(u32::from).chain([STOP]) {
+        let stop = self.tokenizer.stop_token_ids()[0];
+        for id in self.tokenizer.encode(&turn)?.into_iter().chain([stop]) {
             if c.len() == request.max_new_tokens {
                 c.finish_reason = FinishReason::Length;
                 break;
@@ -127,13 +130,38 @@ fn run_scripted(
     group_size: usize,
     max_new_tokens: usize,
 ) -> (TrajectoryGroup, Arc<GroupRunner>) {
+    run_scripted_with(
+        Arc::new(Bytes),
+        PromptConfig::default(),
+        script,
+        episode,
+        tools,
+        group_size,
+        max_new_tokens,
+    )
+}
+
+/// [`run_scripted`] with `tokenizer`, prompts put as `prompt` says.
+fn run_scripted_with(
+    tokenizer: Arc<dyn Tokenizer>,
+    prompt: PromptConfig,
+    script: Vec<String>,
+    episode: Arc<dyn Episode>,
+    tools: Vec<Arc<dyn Tool>>,
+    group_size: usize,
+    max_new_tokens: usize,
+) -> (TrajectoryGroup, Arc<GroupRunner>) {
     let generator = Arc::new(Scripted {
         script,
         said: Mutex::new(HashMap::new()),
+        tokenizer: tokenizer.clone(),
     });
     let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
     let runner = Arc::new(
-        GroupRunner::new(generator, Arc::new(Bytes), rewards).with_episode(episode, tools),
+        GroupRunner::new(generator, tokenizer, rewards)
+            .with_prompt(prompt)
+            .expect("the prompt's format")
+            .with_episode(episode, tools),
     );
     let spec = GroupSpec {
         group_id: 0,
@@ -302,4 +330,182 @@ fn a_python_function_tool_is_called_by_its_name() {
         text.contains("there is no tool \"python-function\"; the tools are: hypot"),
         "{text}"
     );
+}
+
+/// A chat format in the style of ChatML for a character tokenizer: the tools named in the
+/// system turn, each answer in a `<tool_response>` block of a user turn, the assistant's turns
+/// ended by `eos_token`. With `strip_thinking`, earlier assistant turns are written without
+/// their `<think>` block, as Qwen3's template writes them.
+fn chat_template(strip_thinking: bool) -> String {
+    let content = if strip_thinking {
+        "(message.content.split('</think>')[-1] if not loop.last and '</think>' in message.content else message.content)"
+    } else {
+        "message.content"
+    };
+    format!(
+        "{{%- if tools %}}system: tools{{% for t in tools %}} {{{{ t.function.name }}}}{{% endfor %}}{{{{ '\n' }}}}{{% endif %}}\
+         {{%- for message in messages %}}\
+         {{%- if message.role == 'tool' %}}\
+         {{%- if messages[loop.index0 - 1].role != 'tool' %}}user:{{% endif %}}\
+         {{{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}}}\
+         {{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}}{{{{ '\\n' }}}}{{% endif %}}\
+         {{%- elif message.role == 'assistant' %}}{{{{- 'assistant:\\n' + {content} + eos_token + '\\n' }}}}\
+         {{%- else %}}{{{{- message.role + ':\\n' + message.content + '\\n' }}}}\
+         {{%- endif %}}\
+         {{%- endfor %}}\
+         {{%- if add_generation_prompt %}}{{{{- 'assistant:\\n' }}}}{{% endif %}}"
+    )
+}
+
+/// A character tokenizer (printable ASCII and the newline) with [`chat_template`].
+fn chat_tokenizer(strip_thinking: bool) -> Arc<dyn Tokenizer> {
+    let alphabet: String = (' '..='~').chain(['\n']).collect();
+    let mut tokenizer = areal_model::char_tokenizer(&alphabet).unwrap();
+    tokenizer
+        .set_chat_template(&chat_template(strip_thinking))
+        .unwrap();
+    Arc::new(tokenizer)
+}
+
+fn chat() -> PromptConfig {
+    PromptConfig {
+        format: PromptFormat::Chat,
+        system: None,
+    }
+}
+
+fn retokenization(runner: &GroupRunner) -> (u64, u64, u64) {
+    let c = &runner.counters;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::SeqCst);
+    (
+        load(&c.retokenization_checked),
+        load(&c.retokenization_mismatches),
+        load(&c.retokenization_drift),
+    )
+}
+
+/// With prompts in the chat format, the tool answers are appended in the template's own
+/// markup (`tool` messages), and every episode's tokens are what the template renders for its
+/// conversation: compared at every turn and at the end, no mismatch.
+#[test]
+fn tool_answers_are_written_as_the_chat_template_writes_them() {
+    let tokenizer = chat_tokenizer(false);
+    let script = vec![call("print(6 * 7)"), "It is 42.".to_owned()];
+    let python = tool("python", json!({}));
+    let (group, runner) = run_scripted_with(
+        tokenizer.clone(),
+        chat(),
+        script,
+        episode("tool-calls", json!({})),
+        vec![python],
+        3,
+        4096,
+    );
+    assert_eq!(retokenization(&runner), (3, 0, 0));
+    let prompt = tokenizer.decode_verbatim(&group.prompt_ids).unwrap();
+    assert_eq!(
+        prompt,
+        "system: tools python\nuser:\nWhat is 6 * 7?\nassistant:\n"
+    );
+    let text = tokenizer
+        .decode_verbatim(&group.samples[0].completion.token_ids)
+        .unwrap();
+    assert_eq!(
+        text,
+        format!(
+            "{}<eos>\nuser:\n<tool_response>\n42\n\n</tool_response>\nassistant:\nIt is 42.<eos>",
+            call("print(6 * 7)")
+        )
+    );
+    for sample in &group.samples {
+        assert_eq!(sample.reward.verdict, Verdict::Accepted);
+    }
+}
+
+/// A template that writes earlier turns otherwise than they were generated (without their
+/// `<think>` block, as Qwen3's does) is counted as a mismatch on every episode; the episode
+/// keeps the tokens it sampled and goes on with the template's markup for the answers.
+#[test]
+fn a_template_that_rewrites_earlier_turns_is_counted_as_a_mismatch() {
+    let tokenizer = chat_tokenizer(true);
+    let first = format!("<think>\nmultiply\n</think>\n{}", call("print(6 * 7)"));
+    let script = vec![first.clone(), "It is 42.".to_owned()];
+    let (group, runner) = run_scripted_with(
+        tokenizer.clone(),
+        chat(),
+        script,
+        episode("tool-calls", json!({})),
+        vec![tool("python", json!({}))],
+        2,
+        4096,
+    );
+    assert_eq!(retokenization(&runner), (2, 2, 0));
+    let text = tokenizer
+        .decode_verbatim(&group.samples[1].completion.token_ids)
+        .unwrap();
+    assert_eq!(
+        text,
+        format!(
+            "{first}<eos>\nuser:\n<tool_response>\n42\n\n</tool_response>\nassistant:\nIt is 42.<eos>"
+        ),
+        "the thinking the policy sampled stays, the answers follow in the template's markup"
+    );
+}
+
+/// Text appended bare (markup the episode writes itself) is not compared: the episode's
+/// conversation is no longer known as messages.
+#[test]
+fn text_appended_bare_is_not_compared() {
+    let script = vec![call("print(6 * 7)"), "It is 42.".to_owned()];
+    let (_, runner) = run_scripted_with(
+        chat_tokenizer(false),
+        chat(),
+        script,
+        episode("tool-calls", json!({"answer": "\n[{output}]\n"})),
+        vec![tool("python", json!({}))],
+        2,
+        4096,
+    );
+    assert_eq!(retokenization(&runner), (0, 0, 0));
+}
+
+/// Rewards given to turns (`EpisodeContext::reward_turn`) reach the trajectory at their
+/// turns' ends, beside the final reward, and the sample's return is their sum.
+#[test]
+fn a_turns_reward_reaches_the_trajectory_at_its_turns_end() {
+    struct Stepwise;
+    #[areal_sdk::async_trait]
+    impl Episode for Stepwise {
+        fn name(&self) -> &str {
+            "stepwise"
+        }
+        async fn run(
+            &self,
+            ctx: &mut dyn areal_sdk::EpisodeContext,
+        ) -> Result<Reward, PluginError> {
+            let early = ctx.reward_turn(1.0).unwrap_err().to_string();
+            assert!(early.contains("before any turn"), "{early}");
+            ctx.generate().await?;
+            ctx.reward_turn(0.25)?;
+            let bad = ctx.reward_turn(f64::NAN).unwrap_err().to_string();
+            assert!(bad.contains("not finite"), "{bad}");
+            ctx.append("\nagain: ")?;
+            let last = ctx.generate().await?;
+            ctx.verify(&last.text).await
+        }
+    }
+    let script = vec!["first".to_owned(), "it is 42".to_owned()];
+    let (group, _) = run_scripted(script, Arc::new(Stepwise), vec![], 2, 4096);
+    for sample in &group.samples {
+        let first_turn = "first".len() + 1; // and its stop token
+        assert_eq!(
+            sample.reward.turns,
+            vec![areal_sdk::TurnReward {
+                end: first_turn,
+                value: 0.25
+            }]
+        );
+        assert_eq!(sample.reward.value, 1.0);
+        assert_eq!(sample.reward.total(), 1.25);
+    }
 }

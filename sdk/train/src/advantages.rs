@@ -98,7 +98,7 @@ pub fn sequence_advantages(
 ) -> Vec<f64> {
     let shaped: Vec<f64> = groups
         .iter()
-        .flat_map(|g| g.samples.iter().map(|s| shaping.apply(s.reward.value)))
+        .flat_map(|g| g.samples.iter().map(|s| shaping.apply(s.reward.total())))
         .collect();
     let sizes: Vec<usize> = groups.iter().map(|g| g.samples.len()).collect();
     centre(&shaped, &sizes, baseline, scale)

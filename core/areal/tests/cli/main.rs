@@ -1121,6 +1121,13 @@ fn the_multi_turn_job_learns_to_call_the_tool_and_without_it_does_not() {
     assert!(share("tool_call_fraction") > 0.5, "{last:?}");
     assert!(share("turns_per_episode") > 1.5, "{last:?}");
     assert!(with.join("tools.png").exists(), "the plot of tool use");
+    // every episode was compared with its conversation as the job's chat template renders
+    // it, and its tokens are the rendering's
+    let total = |key: &str| steps.iter().map(|s| number(s, key)).sum::<f64>();
+    assert!(total("episodes") > 0.0);
+    assert_eq!(total("retokenization_checked"), total("episodes"));
+    assert_eq!(total("retokenization_mismatches"), 0.0);
+    assert_eq!(total("retokenization_drift"), 0.0);
 
     let (_, alone_before, alone_after) = run("none", &["--set", "tools=[]"]);
     assert!(

@@ -404,22 +404,33 @@ pub enum PromptFormat {
 }
 
 impl PromptConfig {
-    /// The text `tokenizer` encodes for the task's `prompt`.
-    pub fn render(
-        &self,
-        tokenizer: &dyn areal_sdk::Tokenizer,
-        prompt: &str,
-    ) -> Result<String, areal_sdk::PluginError> {
+    /// The task's `prompt` as chat messages (the system message, then the user's), when
+    /// prompts are in the chat format.
+    pub fn messages(&self, prompt: &str) -> Option<Vec<areal_sdk::ChatMessage>> {
         match self.format {
-            PromptFormat::Text => Ok(prompt.to_owned()),
+            PromptFormat::Text => None,
             PromptFormat::Chat => {
                 let mut messages = Vec::with_capacity(2);
                 if let Some(system) = &self.system {
                     messages.push(areal_sdk::ChatMessage::new("system", system));
                 }
                 messages.push(areal_sdk::ChatMessage::new("user", prompt));
-                tokenizer.chat_prompt(&messages)
+                Some(messages)
             }
+        }
+    }
+
+    /// The text `tokenizer` encodes for the task's `prompt`, the model told of `tools` (which
+    /// a chat template renders; the text format does not).
+    pub fn render(
+        &self,
+        tokenizer: &dyn areal_sdk::Tokenizer,
+        prompt: &str,
+        tools: &[areal_sdk::ToolSchema],
+    ) -> Result<String, areal_sdk::PluginError> {
+        match self.messages(prompt) {
+            None => Ok(prompt.to_owned()),
+            Some(messages) => tokenizer.render_chat(&messages, tools, true),
         }
     }
 }

@@ -309,6 +309,12 @@ fn as_episodes(groups: &[TrajectoryGroup]) -> Vec<TrajectoryGroup> {
             }
             turns.push_environment(&[env]);
             sample.completion = turns;
+            // the turns' rewards move with their turns' ends
+            for turn in &mut sample.reward.turns {
+                if turn.end >= 1 {
+                    turn.end += 3;
+                }
+            }
         }
     }
     episodes
