@@ -44,10 +44,11 @@ cuda-check:
 python-wasi:
 	rewards/sandbox/scripts/build-python-wasi.sh
 
-# Reward plugins written in Rust and built as WebAssembly components (rewards/components: the
-# chain-sum example and the hostile component of the sandbox's tests) into .cache/components.
+# Reward plugins and tools written in Rust and built as WebAssembly components
+# (rewards/components: the chain-sum example, the hostile component of the sandbox's tests and
+# the tally tool) into .cache/components.
 # Installs the wasm32-wasip2 target with rustup the first time.
-COMPONENTS := chain-sum hostile
+COMPONENTS := chain-sum hostile tally
 reward-components:
 	@rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2 || rustup target add wasm32-wasip2
 	CARGO_TARGET_DIR=$(abspath $(TARGET_DIR))/components $(CARGO) build --release --locked \

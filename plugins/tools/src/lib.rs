@@ -9,6 +9,9 @@
 //! - `python-function` ([`PythonFunction`]): a Python function from a file, loaded when the run
 //!   starts, called by its name with the model's arguments as keyword arguments, in the same
 //!   sandbox and limits.
+//! - `wasm` ([`WasmTool`]): a tool compiled to a WebAssembly component (Rust:
+//!   `areal_reward_guest::tool`), loaded when the run starts, one instance per episode kept
+//!   between its calls, under the same kinds of limits.
 //! - `tool-calls` ([`ToolCalls`], an episode): the policy's turns with the calls they make in
 //!   its chat template's format run between them, each answer appended in the template's
 //!   markup; a malformed call's answer says what is wrong. The turn without calls is graded.
@@ -20,6 +23,7 @@ mod python;
 mod python_function;
 mod retry;
 mod tool_calls;
+mod wasm;
 
 /// The registered name of the `python` tool.
 pub const PYTHON: &str = "python";
@@ -28,6 +32,7 @@ pub use python::{MAX_SESSIONS, PythonTool, PythonToolOptions};
 pub use python_function::{PYTHON_FUNCTION, PythonFunction, PythonFunctionOptions};
 pub use retry::{RETRY, Retry, RetryOptions};
 pub use tool_calls::{Graded, Markup, TOOL_CALLS, ToolCalls, ToolCallsOptions};
+pub use wasm::{WASM, WasmTool, WasmToolOptions};
 
 areal_sdk::register_episode!(
     RETRY,

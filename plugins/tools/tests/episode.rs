@@ -509,3 +509,41 @@ fn a_turns_reward_reaches_the_trajectory_at_its_turns_end() {
         assert_eq!(sample.reward.total(), 1.25);
     }
 }
+
+/// A tool compiled to a WebAssembly component (`[[tools]] kind = "wasm"`, the `tally`
+/// component of `make reward-components`) is called by the name it describes itself with,
+/// its state kept across the episode's calls.
+#[test]
+fn a_wasm_component_tool_keeps_its_state_across_an_episodes_calls() {
+    let component = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../.cache/components/tally.wasm");
+    assert!(
+        component.is_file(),
+        "build the components: make reward-components"
+    );
+    let tally = tool("wasm", json!({"path": component}));
+    let add = |n: i64| {
+        let call = json!({"name": "tally", "arguments": {"add": n}});
+        format!("<tool_call>\n{call}\n</tool_call>")
+    };
+    let script = vec![add(40), add(2), "The total is 42.".to_owned()];
+    let (group, runner) = run_scripted(
+        script,
+        episode("tool-calls", json!({})),
+        vec![tally],
+        2,
+        4096,
+    );
+    for sample in &group.samples {
+        let text = Bytes.decode(&sample.completion.token_ids).unwrap();
+        assert!(
+            text.contains("<tool_response>\n40\n</tool_response>")
+                && text.contains("<tool_response>\n42\n</tool_response>"),
+            "{text}"
+        );
+        assert_eq!(sample.reward.verdict, Verdict::Accepted);
+    }
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(load(&runner.counters.tool_calls), 4);
+    assert_eq!(load(&runner.counters.tool_errors), 0);
+}

@@ -12,7 +12,7 @@
 //! sha256, wasmtime's version and the engine's settings); `configure` runs once at load, so
 //! options it refuses stop the run at start. Every sample then runs in a fresh instance.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use areal_sandbox::{CallOutcome, ComponentHost, Grants, GuestVerdict, MAX_REPLY_BYTES, Sample};
@@ -39,13 +39,7 @@ pub struct WasmReward {
 /// Where compiled components are cached: `$AREAL_COMPONENT_CACHE`, else
 /// `~/.cache/areal-rs/components`, else the temporary folder's `areal-rs-components`.
 pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("AREAL_COMPONENT_CACHE") {
-        return dir.into();
-    }
-    match std::env::var_os("HOME") {
-        Some(home) => Path::new(&home).join(".cache/areal-rs/components"),
-        None => std::env::temp_dir().join("areal-rs-components"),
-    }
+    areal_sandbox::component_cache_dir()
 }
 
 impl WasmReward {

@@ -38,6 +38,18 @@ mod bindings {
 
 pub use bindings::areal::reward::types::{Outcome as Scored, Sample, Verdict as GuestVerdict};
 
+/// Where compiled components are cached: `$AREAL_COMPONENT_CACHE`, else
+/// `~/.cache/areal-rs/components`, else the temporary folder's `areal-rs-components`.
+pub fn component_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("AREAL_COMPONENT_CACHE") {
+        return dir.into();
+    }
+    match std::env::var_os("HOME") {
+        Some(home) => Path::new(&home).join(".cache/areal-rs/components"),
+        None => std::env::temp_dir().join("areal-rs-components"),
+    }
+}
+
 /// Instances of components that may be alive at once in one host.
 const MAX_CONCURRENT_CALLS: u32 = 64;
 /// The most a guest may say back (an error message or the details), in bytes.
@@ -81,11 +93,51 @@ pub struct CallReport {
     pub peak_memory: usize,
 }
 
-struct State {
+pub(crate) struct State {
     wasi: WasiCtx,
     table: ResourceTable,
-    memory: MemoryCap,
-    time: TimeBudget,
+    pub(crate) memory: MemoryCap,
+    pub(crate) time: TimeBudget,
+}
+
+impl State {
+    /// A guest's state: WASI with `grants` only (no network), the clocks and randomness of
+    /// `mode` (seeded by `seed` in deterministic mode), output to `stdout` and `stderr`, and
+    /// `limits`' memory and time.
+    pub(crate) fn new(
+        grants: &Grants,
+        mode: Mode,
+        limits: &Limits,
+        seed: u64,
+        stdout: &Capture,
+        stderr: &Capture,
+    ) -> Result<Self, SandboxError> {
+        let mut wasi = WasiCtxBuilder::new();
+        wasi.stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .envs(&grants.env)
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false);
+        for (host, guest) in &grants.dirs {
+            wasi.preopened_dir(host, guest, FsPerms::ReadOnly)?;
+        }
+        let clock = GuestClock::new(mode);
+        wasi.wall_clock(clock).monotonic_clock(clock);
+        if mode == Mode::Deterministic {
+            wasi.secure_random(SeededRandom::new(seed))
+                .insecure_random(SeededRandom::new(seed ^ 0x9e37_79b9_7f4a_7c15))
+                .insecure_random_seed(u128::from(seed));
+        }
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(crate::MAX_GUEST_RESOURCES);
+        Ok(State {
+            wasi: wasi.build(),
+            table,
+            memory: MemoryCap::new(limits.memory_bytes),
+            time: TimeBudget::new((mode == Mode::Fast).then_some(limits.cpu)),
+        })
+    }
 }
 
 impl Metered for State {
@@ -149,47 +201,11 @@ impl ComponentHost {
                 });
             }
         }
-        let mut config = Config::new();
-        config
-            .wasm_component_model(true)
-            .epoch_interruption(true)
-            .consume_fuel(mode == Mode::Deterministic)
-            .max_wasm_stack(8 << 20)
-            .async_stack_size(16 << 20)
-            .cranelift_opt_level(wasmtime::OptLevel::Speed)
-            .parallel_compilation(true);
-        let mut pool = wasmtime::PoolingAllocationConfig::new();
-        pool.total_component_instances(MAX_CONCURRENT_CALLS)
-            .total_core_instances(MAX_CONCURRENT_CALLS * 8)
-            .total_memories(MAX_CONCURRENT_CALLS * 2)
-            .total_tables(MAX_CONCURRENT_CALLS * 4)
-            .total_stacks(MAX_CONCURRENT_CALLS)
-            .max_memories_per_component(4)
-            .max_tables_per_component(8)
-            .max_core_instances_per_component(16)
-            .max_memory_size(1 << 32);
-        config.allocation_strategy(pool);
-        let engine = Engine::new(&config)?;
+        let (engine, component) = compile(path, &bytes, &sha256, mode, cache_dir, true)?;
         let not_a_reward = |e: wasmtime::Error| SandboxError::Component {
             path: path.to_path_buf(),
             message: format!("{e:#}"),
         };
-        let key = format!("component-{}-{}", &sha256[..16], mode.as_str());
-        let component: Component = load_or_compile(&engine, &key, cache_dir, || {
-            if !is_component(&bytes) {
-                return Err(SandboxError::Component {
-                    path: path.to_path_buf(),
-                    message: "is not a WebAssembly component (a core module? build it for \
-                              `wasm32-wasip2`, or wrap it with `wasm-tools component new`)"
-                        .into(),
-                });
-            }
-            Ok(bytes.clone())
-        })
-        .map_err(|e| match e {
-            SandboxError::Wasmtime(e) => not_a_reward(e),
-            other => other,
-        })?;
         let mut linker: Linker<State> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
         let pre = linker
@@ -258,31 +274,7 @@ impl ComponentHost {
         let started = Instant::now();
         let stdout = Capture::new(limits.stdout_bytes, true);
         let stderr = Capture::new(limits.stderr_bytes, false);
-        let mut wasi = WasiCtxBuilder::new();
-        wasi.stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .envs(&self.grants.env)
-            .allow_tcp(false)
-            .allow_udp(false)
-            .allow_ip_name_lookup(false);
-        for (host, guest) in &self.grants.dirs {
-            wasi.preopened_dir(host, guest, FsPerms::ReadOnly)?;
-        }
-        let clock = GuestClock::new(self.mode);
-        wasi.wall_clock(clock).monotonic_clock(clock);
-        if self.mode == Mode::Deterministic {
-            wasi.secure_random(SeededRandom::new(seed))
-                .insecure_random(SeededRandom::new(seed ^ 0x9e37_79b9_7f4a_7c15))
-                .insecure_random_seed(u128::from(seed));
-        }
-        let mut table = ResourceTable::new();
-        table.set_max_capacity(crate::MAX_GUEST_RESOURCES);
-        let state = State {
-            wasi: wasi.build(),
-            table,
-            memory: MemoryCap::new(limits.memory_bytes),
-            time: TimeBudget::new((self.mode == Mode::Fast).then_some(limits.cpu)),
-        };
+        let state = State::new(&self.grants, self.mode, limits, seed, &stdout, &stderr)?;
         let mut store = Store::new(&self.engine, state);
         meter(
             &mut store,
@@ -329,6 +321,65 @@ impl ComponentHost {
             peak_memory: store.data().memory.peak,
         })
     }
+}
+
+/// The engine components run on in `mode`, and the component of `bytes` (at `path`, of
+/// `sha256`) compiled on it, or read from `cache_dir` where it was compiled before.
+/// With `pooled`, up to [`MAX_CONCURRENT_CALLS`] instances from a pool (fast to make, for a
+/// fresh instance per call); without, instances allocated as they come (as many as live
+/// sessions need).
+pub(crate) fn compile(
+    path: &Path,
+    bytes: &[u8],
+    sha256: &str,
+    mode: Mode,
+    cache_dir: &Path,
+    pooled: bool,
+) -> Result<(Engine, Component), SandboxError> {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .consume_fuel(mode == Mode::Deterministic)
+        .max_wasm_stack(8 << 20)
+        .async_stack_size(16 << 20)
+        .cranelift_opt_level(wasmtime::OptLevel::Speed)
+        .parallel_compilation(true);
+    let mut pool = wasmtime::PoolingAllocationConfig::new();
+    pool.total_component_instances(MAX_CONCURRENT_CALLS)
+        .total_core_instances(MAX_CONCURRENT_CALLS * 8)
+        .total_memories(MAX_CONCURRENT_CALLS * 2)
+        .total_tables(MAX_CONCURRENT_CALLS * 4)
+        .total_stacks(MAX_CONCURRENT_CALLS)
+        .max_memories_per_component(4)
+        .max_tables_per_component(8)
+        .max_core_instances_per_component(16)
+        .max_memory_size(1 << 32);
+    if pooled {
+        config.allocation_strategy(pool);
+    }
+    let engine = Engine::new(&config)?;
+    let not_a_component = |e: wasmtime::Error| SandboxError::Component {
+        path: path.to_path_buf(),
+        message: format!("{e:#}"),
+    };
+    let key = format!("component-{}-{}", &sha256[..16], mode.as_str());
+    let component: Component = load_or_compile(&engine, &key, cache_dir, || {
+        if !is_component(bytes) {
+            return Err(SandboxError::Component {
+                path: path.to_path_buf(),
+                message: "is not a WebAssembly component (a core module? build it for \
+                          `wasm32-wasip2`, or wrap it with `wasm-tools component new`)"
+                    .into(),
+            });
+        }
+        Ok(bytes.to_vec())
+    })
+    .map_err(|e| match e {
+        SandboxError::Wasmtime(e) => not_a_component(e),
+        other => other,
+    })?;
+    Ok((engine, component))
 }
 
 /// Whether `bytes` are a component rather than a core module (the layer field of the

@@ -36,10 +36,12 @@ mod sandbox;
 mod session;
 mod sleep;
 mod store;
+mod tool;
 mod watchdog;
 
 pub use component::{
     CallOutcome, CallReport, ComponentHost, Grants, GuestVerdict, MAX_REPLY_BYTES, Sample, Scored,
+    component_cache_dir,
 };
 pub use guest::{INTERPRETER_ENV, Interpreter, InterpreterError};
 pub use pool::Pool;
@@ -49,3 +51,6 @@ pub use run::{
 };
 pub use sandbox::Sandbox;
 pub use session::{CellReport, PYTHON_CELLS, Session};
+pub use tool::{
+    ToolCallOutcome, ToolCallReport, ToolHost, ToolInstance, describe as describe_stop,
+};

@@ -32,11 +32,16 @@
 //! component. The contract itself is `wit/reward.wit` (package `areal:reward`), for components
 //! written in other languages.
 //!
+//! Tools the policy calls in its episodes are written the same way: [`tool::Tool`] and
+//! [`export_tool!`].
+//!
 //! Each sample runs in a fresh instance: [`Reward::configure`] runs, then [`Reward::score`],
 //! and nothing survives to the next sample. `configure` also runs once when the run starts,
 //! so options it refuses stop the run with its message.
 
 use serde_json::{Map, Value};
+
+pub mod tool;
 
 #[doc(hidden)]
 #[allow(
