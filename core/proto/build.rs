@@ -6,6 +6,7 @@ fn main() {
         "proto/areal/v1/common.proto",
         "proto/areal/v1/generator.proto",
         "proto/areal/v1/reward.proto",
+        "proto/areal/v1/tool.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={file}");

@@ -1,7 +1,8 @@
 //! `areal bench tools`: what an agent's `python` tool call costs. A call in a session (one
 //! interpreter kept alive in the wasm sandbox, so that its names persist to the next call)
 //! against a fresh `python3` process per call, the way local tool sandboxes of other
-//! frameworks run a call; for a trivial call and a ~50 ms computation.
+//! frameworks run a call; for a trivial call and a ~50 ms computation. Then episodes per
+//! second of the built-in multi-turn job with its tool in process and on a tool server.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -27,6 +28,13 @@ pub(crate) struct BenchToolsArgs {
     /// Also write the report (markdown) to this file.
     #[arg(long)]
     markdown: Option<PathBuf>,
+    /// RL steps of the built-in multi-turn job per run, for episodes per second with its
+    /// `python` tool in process and on a tool server (`areal serve tools`); 0 leaves it out.
+    #[arg(long, default_value_t = 40)]
+    job_steps: u64,
+    /// The job (its `[[tools]]` are what the tool server serves).
+    #[arg(long, default_value = "plugins/tools/examples/tool-mul.toml")]
+    job_config: PathBuf,
 }
 
 /// What the session holds before the measured calls (what a fresh process has to redo).
@@ -172,7 +180,86 @@ pub(super) fn run(args: BenchToolsArgs) -> anyhow::Result<()> {
             mean(&r.ms)
         ));
     }
+    if args.job_steps > 0 {
+        report.push_str(&job(&args)?);
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     report.push_str(&format!("\n{cores} cores\n"));
     crate::publish(&report, args.markdown.as_deref())
+}
+
+/// Episodes per second of the built-in multi-turn job, its tool in the trainer's process and
+/// on a tool server on the same machine: a table.
+#[allow(clippy::print_stderr, reason = "progress on stderr")]
+fn job(args: &BenchToolsArgs) -> anyhow::Result<String> {
+    let exe = std::env::current_exe().context("cannot find the areal binary")?;
+    let dir = tempfile::tempdir()?;
+    let config: std::ffi::OsString = args.job_config.clone().into();
+    let mut servers = areal_cli::internal::Servers::default();
+    servers.start(
+        &exe,
+        "tools",
+        &["--config".into(), config.clone()],
+        dir.path(),
+    )?;
+    let url = servers
+        .wait_listening(Duration::from_secs(300))?
+        .pop()
+        .map(|(_, url)| url)
+        .context("the tool server did not start")?;
+    let remote =
+        format!("tools=[{{kind = \"remote\", endpoints = [\"{url}\"], tool = \"python\"}}]");
+    let mut table = format!(
+        "\nThe built-in multi-turn job ({}), {} RL steps after its (cached) warm-up, the \
+         `python` tool in the trainer's process or on a tool server (`areal serve tools`, \
+         loopback, the same 2 cores):\n\n\
+         | tool | episodes | RL s | episodes/s | tool calls/s | held-out accuracy |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+        args.job_config.display(),
+        args.job_steps
+    );
+    for (label, set) in [("in process", None), ("on a tool server", Some(remote))] {
+        eprintln!("the job with its tool {label}...");
+        let out = dir.path().join(label.replace(' ', "-"));
+        let mut command = Command::new(&exe);
+        command
+            .arg("train")
+            .arg("-q")
+            .arg("--config")
+            .arg(&config)
+            .arg("--out")
+            .arg(&out);
+        for s in [
+            format!("train.steps={}", args.job_steps),
+            format!("eval.every={}", args.job_steps),
+        ]
+        .into_iter()
+        .chain(set)
+        {
+            command.arg("--set").arg(s);
+        }
+        let ran = command.output().context("running areal train")?;
+        anyhow::ensure!(
+            ran.status.success(),
+            "the job with its tool {label} failed: {}",
+            String::from_utf8_lossy(&ran.stderr)
+        );
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("summary.json"))?)?;
+        let (mut episodes, mut calls) = (0.0, 0.0);
+        for line in std::fs::read_to_string(out.join("metrics.jsonl"))?.lines() {
+            let record: serde_json::Value = serde_json::from_str(line)?;
+            episodes += record["episodes"].as_f64().unwrap_or(0.0);
+            calls += record["tool_calls"].as_f64().unwrap_or(0.0);
+        }
+        let seconds = summary["rl_seconds"].as_f64().unwrap_or(f64::NAN);
+        table.push_str(&format!(
+            "| {label} | {episodes} | {seconds:.1} | {:.0} | {:.0} | {:.3} |\n",
+            episodes / seconds,
+            calls / seconds,
+            summary["final_accuracy"].as_f64().unwrap_or(f64::NAN)
+        ));
+    }
+    servers.stop();
+    Ok(table)
 }

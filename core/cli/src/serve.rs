@@ -21,6 +21,10 @@ pub(crate) enum ServeCommand {
     /// `reward_service.threads` threads; runs use `[reward] kind = "remote"` with
     /// `endpoints = ["http://ADDR", ...]`. Runs until SIGINT or SIGTERM.
     Reward(RewardArgs),
+    /// Serve the config's `[[tools]]` (any registered tools), a session per episode kept on the
+    /// server between its calls; runs use `[[tools]] kind = "remote"` with `endpoints =
+    /// ["http://ADDR", ...]` and `tool = NAME`. Runs until SIGINT or SIGTERM.
+    Tools(ToolsArgs),
 }
 
 // Two structs with literal defaults: clap keeps a derived default in one static per field,
@@ -67,6 +71,26 @@ pub(crate) struct RewardArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct ToolsArgs {
+    /// Address to listen on (port 0 picks a free one). Any address but loopback needs a
+    /// shared token.
+    #[arg(long, default_value = "127.0.0.1:50071")]
+    listen: SocketAddr,
+    /// Sessions kept at once, all tools together (more are refused until some close; the
+    /// `python` tool keeps at most 1024 interpreters per process).
+    #[arg(long, default_value_t = 1024)]
+    max_sessions: usize,
+    /// Seconds a session may go uncalled before it is dropped (a client that died).
+    #[arg(long, default_value_t = 600.0)]
+    idle_s: f64,
+    /// Threads that run the tools' calls.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[command(flatten)]
+    common: ServeArgs,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub(crate) config: ConfigArgs,
@@ -90,6 +114,7 @@ pub(crate) fn run(command: ServeCommand) -> anyhow::Result<()> {
     match command {
         ServeCommand::Generator(args) => serve_generator(args),
         ServeCommand::Reward(args) => serve_reward(args),
+        ServeCommand::Tools(args) => serve_tools(args),
     }
 }
 
@@ -262,6 +287,52 @@ fn serve_reward(
         shutdown,
     ));
     // what is still running (a weight load a stalled client started) does not hold the exit
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    served?;
+    Ok(())
+}
+
+#[allow(clippy::print_stdout, reason = "the command's output is its stdout")]
+fn serve_tools(
+    ToolsArgs {
+        listen: addr,
+        max_sessions,
+        idle_s,
+        threads,
+        common: args,
+    }: ToolsArgs,
+) -> anyhow::Result<()> {
+    if !(idle_s.is_finite() && idle_s > 0.0) {
+        anyhow::bail!("--idle-s must be a positive number of seconds, found {idle_s}");
+    }
+    if max_sessions == 0 {
+        anyhow::bail!("--max-sessions must be at least 1");
+    }
+    let listen = listen(addr, &args)?;
+    let (_, tools) = areal_core::resolve_tools(&loader(&args.config)?)?;
+    if tools.is_empty() {
+        anyhow::bail!("the config has no [[tools]] to serve");
+    }
+    let names: Vec<String> = tools.iter().map(|t| t.schema().name).collect();
+    let runtime = crate::runtime_with(threads.max(1))?;
+    let shutdown = {
+        let _in_runtime = runtime.enter();
+        shutdown(args.until_stdin_closes)
+    };
+    let options = areal_serve::ToolServerOptions {
+        max_sessions,
+        idle: std::time::Duration::from_secs_f64(idle_s),
+    };
+    let served = runtime.block_on(areal_serve::serve_tools(
+        tools,
+        options,
+        listen,
+        |addr| {
+            // one line a launcher (or a user) can wait for
+            println!("serving tools {} on {addr}", names.join(", "));
+        },
+        shutdown,
+    ));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     served?;
     Ok(())

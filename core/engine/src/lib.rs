@@ -71,7 +71,9 @@ pub use group_runner::{GroupCounters, GroupRunner, GroupSpec};
 pub use ids::IdRanges;
 pub use metrics::{EvalMetrics, StalenessStats, StepMetrics, WarmupMetrics, WarmupReport};
 pub use observer::{Observer, Quiet, RunOptions, StopRequest};
-pub use plugins::{Plugins, policy_tokenizer, resolve, resolve_generator, resolve_reward};
+pub use plugins::{
+    Plugins, policy_tokenizer, resolve, resolve_generator, resolve_reward, resolve_tools,
+};
 pub use processes::{ProcessError, ServerProcesses, TOKEN_ENV};
 pub use reward_cache::RewardCache;
 pub use reward_service::{RewardService, Verified};

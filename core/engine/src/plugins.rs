@@ -28,6 +28,12 @@ pub fn resolve_reward(
     resolve_with(loader, |config| build_reward(config).map_err(|e| vec![e]))
 }
 
+/// [`resolve`] for a tool server: the config checked and only its `[[tools]]` built, as a run
+/// would build them.
+pub fn resolve_tools(loader: &ConfigLoader) -> Result<(Config, Vec<Arc<dyn Tool>>), ConfigError> {
+    resolve_with(loader, |config| build_tools(config).map_err(|e| vec![e]))
+}
+
 /// [`resolve`] for a generator server: the config checked and only its `[generator]` plugin
 /// built, as a run would build it.
 pub fn resolve_generator(

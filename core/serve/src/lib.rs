@@ -9,6 +9,8 @@
 //!   behind SGLang's or vLLM's HTTP API.
 //! - [`GeneratorFleet`] generates on servers of any of those kinds (`[generator] kind =
 //!   "remote"`, `"sglang"`, `"vllm"`): one fleet over an adapter per wire API.
+//! - [`serve_tools`] serves a config's `[[tools]]` (`areal serve tools`), a session per episode
+//!   kept on the server; the `remote` tool plugin (`[[tools]] kind = "remote"`) calls them.
 //!
 //! Servers listen on loopback unless given a shared token ([`Listen`]): on any other address
 //! every call must carry it (`AREAL_TOKEN`). Every client call has a timeout.
@@ -21,9 +23,11 @@ mod http_client;
 pub mod inference_api;
 mod inference_server;
 mod remote_reward;
+mod remote_tool;
 mod reward_server;
 mod security;
 mod server;
+mod tool_server;
 mod weights_folder;
 
 pub use errors::OptionError;
@@ -32,8 +36,10 @@ pub use generators::{GeneratorFleet, GeneratorFleetOptions};
 pub use inference_api::InferenceApi;
 pub use inference_server::serve_inference_api;
 pub use remote_reward::{NAME as REMOTE, RemoteRewardOptions, RemoteVerifier};
+pub use remote_tool::{REMOTE_TOOL, RemoteTool, RemoteToolOptions};
 pub use reward_server::serve_reward;
 pub use security::{Listen, ServeError, ServerTls, TOKEN_ENV, token_from_env};
+pub use tool_server::{ToolServerOptions, serve_tools};
 
 /// An error with its causes, on one line (`what: why: deeper`).
 pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
