@@ -645,8 +645,8 @@ fn markup_after<'r>(so_far: &str, rendered: &'r str) -> &'r str {
         .find(|((_, a), b)| a != b)
         .map_or(so_far.len().min(rendered.len()), |((i, _), _)| i);
     let (tail, rest) = (&so_far[apart..], &rendered[apart..]);
-    // the shortest start of `tail` whose end recurs in `rest` (a recurring end's own ends
-    // recur too, so the starts that work are the later ones)
+    // the longest end of `tail` that recurs in `rest` (the ends of a recurring end recur
+    // too, so the starts that work are all those after the first that does)
     let starts: Vec<usize> = tail.char_indices().map(|(i, _)| i).collect();
     let first_recurring = starts.partition_point(|&i| !rest.contains(&tail[i..]));
     match starts.get(first_recurring) {
