@@ -99,7 +99,9 @@ fn plugins_lists_every_built_in_plugin() {
         ("task", "tool-mul"),
         ("tool", "python"),
         ("tool", "python-function"),
+        ("tool", "remote"),
         ("tool", "testkit-shift"),
+        ("tool", "wasm"),
     ];
     let expected: Vec<(String, String)> = expected
         .iter()
