@@ -53,6 +53,39 @@ pub struct Turn {
     pub finish_reason: FinishReason,
 }
 
+/// How one turn is sampled, where it differs from the run's settings
+/// ([`EpisodeContext::generate_with`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct TurnOptions {
+    /// The most tokens the turn may have (within the episode's budget). At least 1.
+    pub max_tokens: Option<usize>,
+    /// Softmax temperature of this turn (0: greedy).
+    pub temperature: Option<f32>,
+    /// Nucleus sampling of this turn, in (0, 1].
+    pub top_p: Option<f32>,
+}
+
+impl TurnOptions {
+    /// At most `max_tokens` tokens.
+    pub fn with_max_tokens(mut self, max_tokens: usize) -> Self {
+        self.max_tokens = Some(max_tokens);
+        self
+    }
+
+    /// At temperature `temperature`.
+    pub fn with_temperature(mut self, temperature: f32) -> Self {
+        self.temperature = Some(temperature);
+        self
+    }
+
+    /// With nucleus `top_p`.
+    pub fn with_top_p(mut self, top_p: f32) -> Self {
+        self.top_p = Some(top_p);
+        self
+    }
+}
+
 /// What an episode sees of the engine: the item, its conversation as tokens, the policy, the
 /// tools and the verifier.
 #[async_trait::async_trait]
@@ -77,7 +110,14 @@ pub trait EpisodeContext: Send {
     /// The policy's next turn after everything so far, up to the budget left. A weight update
     /// in the middle interrupts it and it goes on under the new weights, each token keeping
     /// the version that sampled it.
-    async fn generate(&mut self) -> Result<Turn, PluginError>;
+    async fn generate(&mut self) -> Result<Turn, PluginError> {
+        self.generate_with(&TurnOptions::default()).await
+    }
+
+    /// [`generate`](Self::generate) with `options` for this turn: at most `max_tokens` of it
+    /// (the turn then ends for `length`, and the episode may go on), or another temperature or
+    /// `top_p` than the run's. An error for options the generator cannot take.
+    async fn generate_with(&mut self, options: &TurnOptions) -> Result<Turn, PluginError>;
 
     /// Append `text`, tokenized alone, as environment tokens (read by the policy, never
     /// trained on). What does not fit in the budget is cut; returns the tokens appended.

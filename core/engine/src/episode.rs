@@ -28,7 +28,7 @@ use std::time::Duration;
 use areal_sdk::{
     ChatMessage, Completion, EpisodeContext, FinishReason, PluginError, Reward, SamplingParams,
     TaskItem, Tokenizer, ToolOutput, ToolSchema, ToolSession, Trajectory, TrajectoryGroup, Turn,
-    TurnReward, mix_seed,
+    TurnOptions, TurnReward, mix_seed,
 };
 use serde_json::{Map, Value};
 use tokio::sync::{Notify, oneshot};
@@ -409,9 +409,10 @@ impl EpisodeContext for EpisodeRun<'_> {
         self.runner.tokenizer().as_ref()
     }
 
-    async fn generate(&mut self) -> Result<Turn, PluginError> {
+    async fn generate_with(&mut self, options: &TurnOptions) -> Result<Turn, PluginError> {
+        let sampling = self.turn_sampling(options)?;
         self.compare_with_template(true);
-        let turn = self.sample().await?;
+        let turn = self.sample(options.max_tokens, &sampling).await?;
         if self.conversation.is_some() {
             // the assistant's message is the text sampled, every token spelled (a special
             // token the policy sampled inside the turn too), its stop token left to the
@@ -517,9 +518,37 @@ impl EpisodeContext for EpisodeRun<'_> {
 }
 
 impl EpisodeRun<'_> {
-    /// The next turn: from the record on a replay, else sampled.
-    async fn sample(&mut self) -> Result<Turn, PluginError> {
+    /// The run's sampling with `options`' changes, checked.
+    fn turn_sampling(&self, options: &TurnOptions) -> Result<SamplingParams, PluginError> {
+        if options.max_tokens == Some(0) {
+            return Err(PluginError::failed(
+                "episode",
+                "generate_with: max_tokens must be at least 1",
+            ));
+        }
+        let mut sampling = self.sampling.clone();
+        if let Some(t) = options.temperature {
+            sampling.temperature = t;
+        }
+        if let Some(p) = options.top_p {
+            sampling.top_p = p;
+        }
+        sampling
+            .check()
+            .map_err(|e| PluginError::failed("episode", format!("generate_with: {e}")))?;
+        Ok(sampling)
+    }
+
+    /// The next turn, of at most `max_tokens` (counted from the turn's start, a replayed part
+    /// included) and within the budget: from the record on a replay, else sampled with
+    /// `sampling`.
+    async fn sample(
+        &mut self,
+        max_tokens: Option<usize>,
+        sampling: &SamplingParams,
+    ) -> Result<Turn, PluginError> {
         let start = self.completion.len();
+        let cap = max_tokens.map_or(self.budget, |m| self.budget.min(start.saturating_add(m)));
         self.stats.turns += 1;
         let recorded = self.recorded_turn()?;
         if let Some((stop, end)) = recorded {
@@ -541,8 +570,8 @@ impl EpisodeRun<'_> {
             self.sample_id,
             &mut self.input,
             &mut self.completion,
-            self.budget,
-            self.sampling,
+            cap,
+            sampling,
             |part| progress.extended(j, part),
         )
         .await?;

@@ -49,6 +49,8 @@ struct Scripted {
     script: Vec<String>,
     said: Mutex<HashMap<u64, usize>>,
     tokenizer: Arc<dyn Tokenizer>,
+    /// What each request asked for: (tokens at most, temperature).
+    asked: Mutex<Vec<(usize, f32)>>,
 }
 
 #[areal_sdk::async_trait]
@@ -57,6 +59,10 @@ impl Generator for Scripted {
         "scripted"
     }
     async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push((request.max_new_tokens, request.sampling.temperature));
         let turn = {
             let mut said = self.said.lock().unwrap();
             let n = said.entry(request.sample_id).or_default();
@@ -155,6 +161,7 @@ fn run_scripted_with(
         script,
         said: Mutex::new(HashMap::new()),
         tokenizer: tokenizer.clone(),
+        asked: Mutex::new(Vec::new()),
     });
     let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
     let runner = Arc::new(
@@ -546,4 +553,86 @@ fn a_wasm_component_tool_keeps_its_state_across_an_episodes_calls() {
     let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(load(&runner.counters.tool_calls), 4);
     assert_eq!(load(&runner.counters.tool_errors), 0);
+}
+
+/// A turn's own options (`generate_with`): at most `max_tokens` of it, ended for `length`
+/// with the episode going on, at its own temperature; options the generator cannot take are
+/// an error naming them.
+#[test]
+fn a_turn_may_be_capped_and_sampled_at_its_own_temperature() {
+    struct Capped;
+    #[areal_sdk::async_trait]
+    impl Episode for Capped {
+        fn name(&self) -> &str {
+            "capped"
+        }
+        async fn run(
+            &self,
+            ctx: &mut dyn areal_sdk::EpisodeContext,
+        ) -> Result<Reward, PluginError> {
+            use areal_sdk::TurnOptions;
+            let zero = ctx
+                .generate_with(&TurnOptions::default().with_max_tokens(0))
+                .await;
+            assert!(zero.unwrap_err().to_string().contains("max_tokens"));
+            let hot = ctx
+                .generate_with(&TurnOptions::default().with_temperature(f32::NAN))
+                .await;
+            assert!(hot.unwrap_err().to_string().contains("temperature"));
+            let options = TurnOptions::default()
+                .with_max_tokens(3)
+                .with_temperature(0.5);
+            let first = ctx.generate_with(&options).await?;
+            assert_eq!(first.text, "hel");
+            assert_eq!(first.finish_reason, FinishReason::Length);
+            assert!(ctx.tokens_left() > 0, "the episode goes on");
+            ctx.append(" / ")?;
+            let last = ctx.generate().await?;
+            ctx.verify(&last.text).await
+        }
+    }
+    let script = vec!["hello".to_owned(), "it is 42".to_owned()];
+    let generator = Arc::new(Scripted {
+        script,
+        said: Mutex::new(HashMap::new()),
+        tokenizer: Arc::new(Bytes),
+        asked: Mutex::new(Vec::new()),
+    });
+    let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
+    let runner = Arc::new(
+        GroupRunner::new(generator.clone(), Arc::new(Bytes), rewards)
+            .with_episode(Arc::new(Capped), vec![]),
+    );
+    let spec = GroupSpec {
+        group_id: 0,
+        group_size: 1,
+        max_new_tokens: 100,
+        sampling: SamplingParams::greedy(),
+        admitted_at: 0,
+    };
+    let item = TaskItem {
+        id: "q".into(),
+        prompt: "Say: ".into(),
+        reference: Value::Null,
+    };
+    let group = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(runner.run_group(spec, item))
+        .expect("the episode ends");
+    let text = Bytes
+        .decode(&group.samples[0].completion.token_ids)
+        .unwrap();
+    assert_eq!(text, "hel / it is 42");
+    assert_eq!(group.samples[0].reward.verdict, Verdict::Accepted);
+    let asked = generator.asked.lock().unwrap().clone();
+    assert_eq!(
+        asked[0],
+        (3, 0.5),
+        "the first turn's own cap and temperature"
+    );
+    assert_eq!(asked[1].1, 0.0, "the second at the run's (greedy)");
+    assert_eq!(asked[1].0, 100 - "hel / ".len(), "the rest of the budget");
 }
