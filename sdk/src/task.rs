@@ -41,13 +41,25 @@ pub struct TaskItem {
     pub reference: Value,
 }
 
-/// One message of a conversation, as chat templates read them.
+/// One message of a conversation, as chat templates read them: OpenAI's message, whose
+/// optional fields a template sees only when they are set.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// The text.
     pub content: String,
+    /// The calls an assistant message made, in OpenAI's form (`[{"id", "type": "function",
+    /// "function": {"name", "arguments"}}]`, `arguments` an object or its JSON text), for
+    /// templates that write them (Qwen's, Llama 3's). None by default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<Value>,
+    /// The call a `tool` message answers (OpenAI's `tool_call_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// The name of the tool a `tool` message comes from, where a template writes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -56,7 +68,28 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
+    }
+
+    /// With the tool calls `calls` (OpenAI's form).
+    pub fn with_tool_calls(mut self, calls: Vec<Value>) -> Self {
+        self.tool_calls = calls;
+        self
+    }
+
+    /// Answering the call `id`.
+    pub fn with_tool_call_id(mut self, id: &str) -> Self {
+        self.tool_call_id = Some(id.into());
+        self
+    }
+
+    /// From the tool `name`.
+    pub fn with_name(mut self, name: &str) -> Self {
+        self.name = Some(name.into());
+        self
     }
 }
 

@@ -115,6 +115,43 @@ TOOL_TEMPLATES = {
         "    {{- '<|im_start|>assistant\\n' }}\n"
         "{%- endif %}\n"
     ),
+    # the assistant's calls written from `tool_calls` (as Qwen2.5's template writes them: an
+    # object's `arguments` through `tojson`, a string's as it is), the answers by `name`
+    "qwen-tool-calls": (
+        "{%- if tools %}\n"
+        "    {{- '<|im_start|>system\\n<tools>' }}\n"
+        "    {%- for tool in tools %}\n"
+        "        {{- '\\n' + tool | tojson }}\n"
+        "    {%- endfor %}\n"
+        "    {{- '\\n</tools><|im_end|>\\n' }}\n"
+        "{%- endif %}\n"
+        "{%- for message in messages %}\n"
+        "    {%- if message.role == 'assistant' %}\n"
+        "        {{- '<|im_start|>assistant' }}\n"
+        "        {%- if message.content %}\n"
+        "            {{- '\\n' + message.content }}\n"
+        "        {%- endif %}\n"
+        "        {%- for call in message.tool_calls %}\n"
+        "            {%- if call.function is defined %}{% set call = call.function %}{% endif %}\n"
+        "            {{- '\\n<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}\n"
+        "            {%- if call.arguments is string %}\n"
+        "                {{- call.arguments }}\n"
+        "            {%- else %}\n"
+        "                {{- call.arguments | tojson }}\n"
+        "            {%- endif %}\n"
+        "            {{- '}\\n</tool_call>' }}\n"
+        "        {%- endfor %}\n"
+        "        {{- '<|im_end|>\\n' }}\n"
+        "    {%- elif message.role == 'tool' %}\n"
+        "        {{- '<|im_start|>user\\n<tool_response name=\"' + (message.name or '') + '\" id=\"' + (message.tool_call_id or '') + '\">\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}\n"
+        "    {%- else %}\n"
+        "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}\n"
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}\n"
+        "    {{- '<|im_start|>assistant\\n' }}\n"
+        "{%- endif %}\n"
+    ),
     "llama3-tools": (
         "{{- bos_token + '<|start_header_id|>system<|end_header_id|>\\n\\n' }}\n"
         "{%- if tools %}\n"
@@ -195,6 +232,35 @@ TOOL_CONVERSATIONS = [
         {"role": "user", "content": "Thanks"},
     ],
 ]
+
+# An agent's history as OpenAI clients send it: calls as structured `tool_calls` (arguments
+# an object, and a JSON string as the API gives them), answers naming their call.
+TOOL_CONVERSATIONS.append(
+    [
+        {"role": "user", "content": "Compute 2**10, then search for it."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "python", "arguments": {"code": "print(2**10)", "z": [1, 2.0]}},
+                },
+                {
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "search", "arguments": "{\"query\":\"1024\",\"limit\":3}"},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "name": "python", "content": "1024"},
+        {"role": "tool", "tool_call_id": "call_2", "name": "search", "content": "[]"},
+        {"role": "assistant", "content": "Thinking done.", "tool_calls": [
+            {"type": "function", "function": {"name": "python", "arguments": {}}}
+        ]},
+    ]
+)
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2+3?"}],

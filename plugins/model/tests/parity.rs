@@ -198,10 +198,11 @@ fn sharded_checkpoints_read_as_one_file() {
     assert!(error.contains(&moved), "{error}");
 }
 
-/// Chat templates render as transformers' `apply_chat_template` renders them: five templates
+/// Chat templates render as transformers' `apply_chat_template` renders them: six templates
 /// in the styles models ship, saved as transformers saves a tokenizer, over conversations with
-/// and without the generation prompt, two of them with `tools` (schemas with their keys in the
-/// order written, which `tojson` keeps) and `tool` messages
+/// and without the generation prompt, three of them with `tools` (schemas with their keys in
+/// the order written, which `tojson` keeps), `tool` messages, and assistant messages with
+/// OpenAI's `tool_calls` (arguments an object, or JSON text written as it is)
 /// (`plugins/model/scripts/make_chat_fixtures.py`).
 #[test]
 fn chat_templates_render_as_transformers_renders_them() {
@@ -223,7 +224,7 @@ fn chat_templates_render_as_transformers_renders_them() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat");
     let expected: ChatExpected =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
-    assert_eq!(expected.cases.len(), 34);
+    assert_eq!(expected.cases.len(), 54);
     let mut with_tools = 0;
     for case in &expected.cases {
         let template = ChatTemplate::from_folder(&dir.join(&case.template))
@@ -256,7 +257,7 @@ fn chat_templates_render_as_transformers_renders_them() {
             case.add_generation_prompt
         );
     }
-    assert_eq!(with_tools, 8);
+    assert_eq!(with_tools, 18);
     // a folder without one has none
     assert!(
         ChatTemplate::from_folder(&fixture("qwen2"))
