@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::component::{Component, InstancePre, Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
@@ -188,32 +188,14 @@ impl ComponentHost {
         cache_dir: &Path,
         grants: Grants,
     ) -> Result<Self, SandboxError> {
-        let bytes = std::fs::read(path).map_err(|source| SandboxError::Component {
-            path: path.to_path_buf(),
-            message: format!("cannot be read: {source}"),
-        })?;
-        let sha256 = hex(&Sha256::digest(&bytes));
-        for (host, _) in &grants.dirs {
-            if !host.is_dir() {
-                return Err(SandboxError::Component {
-                    path: path.to_path_buf(),
-                    message: format!("the folder granted, {}, is not a folder", host.display()),
-                });
-            }
-        }
-        let (engine, component) = compile(path, &bytes, &sha256, mode, cache_dir, true)?;
-        let not_a_reward = |e: wasmtime::Error| SandboxError::Component {
-            path: path.to_path_buf(),
-            message: format!("{e:#}"),
-        };
-        let mut linker: Linker<State> = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        let pre = linker
-            .instantiate_pre(&component)
-            .and_then(bindings::RewardPre::new)
-            .map_err(not_a_reward)?;
-        let ticker = Arc::new(());
-        spawn_epoch_ticker(engine.clone(), Arc::downgrade(&ticker));
+        let linked = link(path, mode, cache_dir, &grants, true)?;
+        let pre = bindings::RewardPre::new(linked.pre).map_err(not_a_component(path))?;
+        let Linked {
+            engine,
+            sha256,
+            ticker,
+            ..
+        } = linked;
         Ok(Self {
             engine,
             pre,
@@ -272,14 +254,8 @@ impl ComponentHost {
     ) -> Result<CallReport, SandboxError> {
         let _alive = &self.ticker;
         let started = Instant::now();
-        let stdout = Capture::new(limits.stdout_bytes, true);
-        let stderr = Capture::new(limits.stderr_bytes, false);
-        let state = State::new(&self.grants, self.mode, limits, seed, &stdout, &stderr)?;
-        let mut store = Store::new(&self.engine, state);
-        meter(
-            &mut store,
-            (self.mode == Mode::Deterministic).then_some(limits.fuel),
-        )?;
+        let (mut store, stdout, stderr) =
+            metered_store(&self.engine, &self.grants, self.mode, limits, seed)?;
         let call = async {
             let reward = self.pre.instantiate_async(&mut store).await?;
             if let Err(message) = reward.call_configure(&mut store, options).await? {
@@ -323,12 +299,87 @@ impl ComponentHost {
     }
 }
 
-/// The engine components run on in `mode`, and the component of `bytes` (at `path`, of
-/// `sha256`) compiled on it, or read from `cache_dir` where it was compiled before.
-/// With `pooled`, up to [`MAX_CONCURRENT_CALLS`] instances from a pool (fast to make, for a
-/// fresh instance per call); without, instances allocated as they come (as many as live
-/// sessions need).
-pub(crate) fn compile(
+/// A component compiled and linked against WASI, for a world's bindings to type (`XPre::new`),
+/// with the epoch ticker that meters its calls while it lives.
+pub(crate) struct Linked {
+    pub(crate) engine: Engine,
+    pub(crate) pre: InstancePre<State>,
+    pub(crate) sha256: String,
+    pub(crate) ticker: Arc<()>,
+}
+
+/// An error of the component at `path`: what wasmtime said of it.
+pub(crate) fn not_a_component(path: &Path) -> impl Fn(wasmtime::Error) -> SandboxError + '_ {
+    move |e| SandboxError::Component {
+        path: path.to_path_buf(),
+        message: format!("{e:#}"),
+    }
+}
+
+/// The component at `path`, compiled on an engine for `mode` (or read from `cache_dir` where
+/// it was compiled before), its folders in `grants` checked, linked against WASI. With
+/// `pooled`, up to [`MAX_CONCURRENT_CALLS`] instances from a pool (fast to make, for a fresh
+/// instance per call); without, instances allocated as they come (as many as live sessions
+/// need).
+pub(crate) fn link(
+    path: &Path,
+    mode: Mode,
+    cache_dir: &Path,
+    grants: &Grants,
+    pooled: bool,
+) -> Result<Linked, SandboxError> {
+    let bytes = std::fs::read(path).map_err(|source| SandboxError::Component {
+        path: path.to_path_buf(),
+        message: format!("cannot be read: {source}"),
+    })?;
+    let sha256 = hex(&Sha256::digest(&bytes));
+    for (host, _) in &grants.dirs {
+        if !host.is_dir() {
+            return Err(SandboxError::Component {
+                path: path.to_path_buf(),
+                message: format!("the folder granted, {}, is not a folder", host.display()),
+            });
+        }
+    }
+    let (engine, component) = compile(path, &bytes, &sha256, mode, cache_dir, pooled)?;
+    let mut linker: Linker<State> = Linker::new(&engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
+    let pre = linker
+        .instantiate_pre(&component)
+        .map_err(not_a_component(path))?;
+    let ticker = Arc::new(());
+    spawn_epoch_ticker(engine.clone(), Arc::downgrade(&ticker));
+    Ok(Linked {
+        engine,
+        pre,
+        sha256,
+        ticker,
+    })
+}
+
+/// A store for one instance on `engine`: the guest's state (`State::new`) under its meters
+/// (memory, and fuel in deterministic mode), with the captures of its stdout and stderr.
+pub(crate) fn metered_store(
+    engine: &Engine,
+    grants: &Grants,
+    mode: Mode,
+    limits: &Limits,
+    seed: u64,
+) -> Result<(Store<State>, Capture, Capture), SandboxError> {
+    let stdout = Capture::new(limits.stdout_bytes, true);
+    let stderr = Capture::new(limits.stderr_bytes, false);
+    let state = State::new(grants, mode, limits, seed, &stdout, &stderr)?;
+    let mut store = Store::new(engine, state);
+    meter(
+        &mut store,
+        (mode == Mode::Deterministic).then_some(limits.fuel),
+    )?;
+    Ok((store, stdout, stderr))
+}
+
+/// The engine components run on in `mode` (pooled or not, see [`link`]), and the component of
+/// `bytes` (at `path`, of `sha256`) compiled on it, or read from `cache_dir`.
+fn compile(
     path: &Path,
     bytes: &[u8],
     sha256: &str,
@@ -359,10 +410,6 @@ pub(crate) fn compile(
         config.allocation_strategy(pool);
     }
     let engine = Engine::new(&config)?;
-    let not_a_component = |e: wasmtime::Error| SandboxError::Component {
-        path: path.to_path_buf(),
-        message: format!("{e:#}"),
-    };
     let key = format!("component-{}-{}", &sha256[..16], mode.as_str());
     let component: Component = load_or_compile(&engine, &key, cache_dir, || {
         if !is_component(bytes) {
@@ -376,7 +423,7 @@ pub(crate) fn compile(
         Ok(bytes.to_vec())
     })
     .map_err(|e| match e {
-        SandboxError::Wasmtime(e) => not_a_component(e),
+        SandboxError::Wasmtime(e) => not_a_component(path)(e),
         other => other,
     })?;
     Ok((engine, component))

@@ -11,14 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-use wasmtime::component::Linker;
 use wasmtime::{Engine, Store};
 
 use crate::capture::Capture;
-use crate::component::{Grants, State, compile};
-use crate::guest::hex;
-use crate::meter::{TimeBudget, meter, spawn_epoch_ticker};
+use crate::component::{Grants, Linked, State, link, metered_store, not_a_component};
+use crate::meter::TimeBudget;
 use crate::run::{Limits, Mode, Outcome, SandboxError, classify, wasmtime_version};
 
 #[allow(missing_docs, reason = "generated code")]
@@ -96,24 +93,14 @@ impl ToolHost {
         cache_dir: &Path,
         grants: Grants,
     ) -> Result<Self, SandboxError> {
-        let bytes = std::fs::read(path).map_err(|source| SandboxError::Component {
-            path: path.to_path_buf(),
-            message: format!("cannot be read: {source}"),
-        })?;
-        let sha256 = hex(&Sha256::digest(&bytes));
-        let (engine, component) = compile(path, &bytes, &sha256, mode, cache_dir, false)?;
-        let not_a_tool = |e: wasmtime::Error| SandboxError::Component {
-            path: path.to_path_buf(),
-            message: format!("{e:#}"),
-        };
-        let mut linker: Linker<State> = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
-        let pre = linker
-            .instantiate_pre(&component)
-            .and_then(bindings::ToolPre::new)
-            .map_err(not_a_tool)?;
-        let ticker = Arc::new(());
-        spawn_epoch_ticker(engine.clone(), Arc::downgrade(&ticker));
+        let linked = link(path, mode, cache_dir, &grants, false)?;
+        let pre = bindings::ToolPre::new(linked.pre).map_err(not_a_component(path))?;
+        let Linked {
+            engine,
+            sha256,
+            ticker,
+            ..
+        } = linked;
         Ok(Self {
             engine,
             pre,
@@ -149,14 +136,8 @@ impl ToolHost {
         limits: &Limits,
     ) -> Result<Result<ToolInstance, String>, SandboxError> {
         let _alive = &self.ticker;
-        let stdout = Capture::new(limits.stdout_bytes, true);
-        let stderr = Capture::new(limits.stderr_bytes, false);
-        let state = State::new(&self.grants, self.mode, limits, seed, &stdout, &stderr)?;
-        let mut store = Store::new(&self.engine, state);
-        meter(
-            &mut store,
-            (self.mode == Mode::Deterministic).then_some(limits.fuel),
-        )?;
+        let (mut store, stdout, stderr) =
+            metered_store(&self.engine, &self.grants, self.mode, limits, seed)?;
         let opened = async {
             let tool = self.pre.instantiate_async(&mut store).await?;
             let answer = tool.call_open(&mut store, options, seed).await?;
@@ -201,14 +182,7 @@ impl ToolHost {
         limits: &Limits,
     ) -> Result<Result<String, String>, SandboxError> {
         let _alive = &self.ticker;
-        let stdout = Capture::new(limits.stdout_bytes, true);
-        let stderr = Capture::new(limits.stderr_bytes, false);
-        let state = State::new(&self.grants, self.mode, limits, 0, &stdout, &stderr)?;
-        let mut store = Store::new(&self.engine, state);
-        meter(
-            &mut store,
-            (self.mode == Mode::Deterministic).then_some(limits.fuel),
-        )?;
+        let (mut store, _, _) = metered_store(&self.engine, &self.grants, self.mode, limits, 0)?;
         let described = async {
             let tool = self.pre.instantiate_async(&mut store).await?;
             tool.call_describe(&mut store, options).await
