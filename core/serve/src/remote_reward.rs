@@ -22,7 +22,7 @@ use crate::fleet::{
     CallError, ClientRuntime, Connect, Fleet, check_options, connect_all,
     default_connect_timeout_s, default_grace_s, default_probe_interval_s, request,
 };
-use crate::security::{SendToken, token_from_env};
+use crate::security::{SendToken, client_token};
 
 /// The name the plugin is registered under (`[reward] kind = "remote"`).
 pub const NAME: &str = "remote";
@@ -450,15 +450,7 @@ pub(crate) fn build(
     _ctx: &BuildContext,
 ) -> Result<Arc<dyn RewardVerifier>, PluginError> {
     let options: RemoteRewardOptions = config.parse()?;
-    let token = match &options.token_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                config.invalid("token_file", format!("cannot read {}: {e}", path.display()))
-            })?;
-            Some(text.trim().to_owned()).filter(|t| !t.is_empty())
-        }
-        None => token_from_env(),
-    };
+    let token = client_token(config, options.token_file.as_deref())?;
     let verifier = RemoteVerifier::new(&options, token.as_deref())
         .map_err(|e| config.invalid(e.key, e.explained()))?;
     Ok(Arc::new(verifier))

@@ -31,7 +31,7 @@ use tonic::transport::Channel;
 
 use crate::errors::OptionError;
 use crate::fleet::{ClientRuntime, Connect, check_options, connect_all};
-use crate::security::{SendToken, token_from_env};
+use crate::security::{SendToken, client_token};
 
 /// The name the plugin is registered under (`[[tools]] kind = "remote"`).
 pub const REMOTE_TOOL: &str = "remote";
@@ -301,15 +301,7 @@ impl Drop for RemoteSession {
 
 fn build(config: &PluginConfig, _: &BuildContext) -> Result<Arc<dyn Tool>, PluginError> {
     let options: RemoteToolOptions = config.parse()?;
-    let token = match &options.token_file {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                config.invalid("token_file", format!("cannot read {}: {e}", path.display()))
-            })?;
-            Some(text.trim().to_owned()).filter(|t| !t.is_empty())
-        }
-        None => token_from_env(),
-    };
+    let token = client_token(config, options.token_file.as_deref())?;
     let tool = RemoteTool::new(&options, token.as_deref())
         .map_err(|e| config.invalid(e.key, e.explained()))?;
     Ok(Arc::new(tool))

@@ -12,6 +12,21 @@ pub fn token_from_env() -> Option<String> {
     std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty())
 }
 
+/// A client's token: the one in `token_file` (the option of that name of `config`, whose error
+/// names it), else [`token_from_env`].
+pub(crate) fn client_token(
+    config: &areal_sdk::PluginConfig,
+    token_file: Option<&Path>,
+) -> Result<Option<String>, areal_sdk::PluginError> {
+    let Some(path) = token_file else {
+        return Ok(token_from_env());
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        config.invalid("token_file", format!("cannot read {}: {e}", path.display()))
+    })?;
+    Ok(Some(text.trim().to_owned()).filter(|t| !t.is_empty()))
+}
+
 /// The metadata key a client sends the token in.
 const TOKEN_HEADER: &str = "authorization";
 
