@@ -42,41 +42,73 @@ impl Default for PythonToolOptions {
     }
 }
 
+/// A tool's limits of one call, checked (`timeout_s`, `output_bytes`) and `memory_mb` within
+/// `memory_range`, each error naming its key of `config`.
+pub(crate) fn check_call_limits(
+    config: &PluginConfig,
+    timeout_s: f64,
+    memory_mb: usize,
+    memory_range: std::ops::RangeInclusive<usize>,
+    output_bytes: usize,
+) -> Result<(), PluginError> {
+    if !(timeout_s.is_finite() && timeout_s > 0.0 && timeout_s <= 600.0) {
+        return Err(config.invalid(
+            "timeout_s",
+            format!("between 0 and 600 seconds, found {timeout_s}"),
+        ));
+    }
+    if !memory_range.contains(&memory_mb) {
+        return Err(config.invalid(
+            "memory_mb",
+            format!(
+                "between {} and {}, found {memory_mb}",
+                memory_range.start(),
+                memory_range.end()
+            ),
+        ));
+    }
+    if !(64..=(16 << 20)).contains(&output_bytes) {
+        return Err(config.invalid(
+            "output_bytes",
+            format!("between 64 and 16 MiB, found {output_bytes}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The sandbox's limits of one call of a tool.
+pub(crate) fn call_limits(
+    timeout_s: f64,
+    memory_mb: usize,
+    output_bytes: usize,
+    fuel: u64,
+) -> Limits {
+    let cpu = Duration::from_secs_f64(timeout_s);
+    Limits {
+        cpu,
+        // the backstop for a call that sleeps or waits: never what stops a busy one
+        wall: cpu * 4 + Duration::from_secs(1),
+        memory_bytes: memory_mb << 20,
+        stdout_bytes: output_bytes,
+        stderr_bytes: 4096,
+        fuel,
+    }
+}
+
 impl PythonToolOptions {
     pub(crate) fn check(&self, config: &PluginConfig) -> Result<(), PluginError> {
-        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= 600.0) {
-            return Err(config.invalid(
-                "timeout_s",
-                format!("between 0 and 600 seconds, found {}", self.timeout_s),
-            ));
-        }
         // the interpreter's snapshot starts with ~70 MiB of linear memory
-        if !(128..=4096).contains(&self.memory_mb) {
-            return Err(config.invalid(
-                "memory_mb",
-                format!("between 128 and 4096, found {}", self.memory_mb),
-            ));
-        }
-        if !(64..=(16 << 20)).contains(&self.output_bytes) {
-            return Err(config.invalid(
-                "output_bytes",
-                format!("between 64 and 16 MiB, found {}", self.output_bytes),
-            ));
-        }
-        Ok(())
+        check_call_limits(
+            config,
+            self.timeout_s,
+            self.memory_mb,
+            128..=4096,
+            self.output_bytes,
+        )
     }
 
     pub(crate) fn limits(&self) -> Limits {
-        let cpu = Duration::from_secs_f64(self.timeout_s);
-        Limits {
-            cpu,
-            // the backstop for a call that sleeps or waits: never what stops a busy one
-            wall: cpu * 4 + Duration::from_secs(1),
-            memory_bytes: self.memory_mb << 20,
-            stdout_bytes: self.output_bytes,
-            stderr_bytes: 4096,
-            fuel: self.fuel,
-        }
+        call_limits(self.timeout_s, self.memory_mb, self.output_bytes, self.fuel)
     }
 }
 

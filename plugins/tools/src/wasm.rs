@@ -18,7 +18,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use areal_sandbox::{
     Grants, Limits, Mode, ToolCallOutcome, ToolHost, ToolInstance, component_cache_dir,
@@ -30,6 +29,8 @@ use areal_sdk::{
 };
 use serde::Deserialize;
 use serde_json::{Map, Value};
+
+use crate::python::{call_limits, check_call_limits};
 
 /// The registered name.
 pub const WASM: &str = "wasm";
@@ -73,38 +74,17 @@ impl WasmToolOptions {
         if self.path.as_os_str().is_empty() {
             return Err(config.invalid("path", "the component's file is required"));
         }
-        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0 && self.timeout_s <= 600.0) {
-            return Err(config.invalid(
-                "timeout_s",
-                format!("between 0 and 600 seconds, found {}", self.timeout_s),
-            ));
-        }
-        if !(1..=4096).contains(&self.memory_mb) {
-            return Err(config.invalid(
-                "memory_mb",
-                format!("between 1 and 4096, found {}", self.memory_mb),
-            ));
-        }
-        if !(64..=(16 << 20)).contains(&self.output_bytes) {
-            return Err(config.invalid(
-                "output_bytes",
-                format!("between 64 and 16 MiB, found {}", self.output_bytes),
-            ));
-        }
-        Ok(())
+        check_call_limits(
+            config,
+            self.timeout_s,
+            self.memory_mb,
+            1..=4096,
+            self.output_bytes,
+        )
     }
 
     fn limits(&self) -> Limits {
-        let cpu = Duration::from_secs_f64(self.timeout_s);
-        Limits {
-            cpu,
-            // the backstop for a call that sleeps or waits: never what stops a busy one
-            wall: cpu * 4 + Duration::from_secs(1),
-            memory_bytes: self.memory_mb << 20,
-            stdout_bytes: self.output_bytes,
-            stderr_bytes: 4096,
-            fuel: self.fuel,
-        }
+        call_limits(self.timeout_s, self.memory_mb, self.output_bytes, self.fuel)
     }
 }
 
