@@ -285,19 +285,25 @@ def tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+def saved(name: str, template: str) -> PreTrainedTokenizerFast:
+    """A tokenizer with `template`, saved as transformers saves one in OUT/name."""
+    tok = tokenizer()
+    tok.chat_template = template
+    folder = os.path.join(OUT, name)
+    os.makedirs(folder, exist_ok=True)
+    tok.save_pretrained(folder)
+    # the vocabulary is not what is tested: keep the folder small
+    for extra in ("tokenizer.json", "special_tokens_map.json"):
+        path = os.path.join(folder, extra)
+        if os.path.exists(path):
+            os.remove(path)
+    return tok
+
+
 def main() -> int:
     cases = []
     for name, template in TEMPLATES.items():
-        tok = tokenizer()
-        tok.chat_template = template
-        folder = os.path.join(OUT, name)
-        os.makedirs(folder, exist_ok=True)
-        tok.save_pretrained(folder)
-        # the vocabulary is not what is tested: keep the folder small
-        for extra in ("tokenizer.json", "special_tokens_map.json"):
-            path = os.path.join(folder, extra)
-            if os.path.exists(path):
-                os.remove(path)
+        tok = saved(name, template)
         for messages in CONVERSATIONS:
             for generation_prompt in (False, True):
                 text = tok.apply_chat_template(
@@ -312,15 +318,7 @@ def main() -> int:
                     }
                 )
     for name, template in TOOL_TEMPLATES.items():
-        tok = tokenizer()
-        tok.chat_template = template
-        folder = os.path.join(OUT, name)
-        os.makedirs(folder, exist_ok=True)
-        tok.save_pretrained(folder)
-        for extra in ("tokenizer.json", "special_tokens_map.json"):
-            path = os.path.join(folder, extra)
-            if os.path.exists(path):
-                os.remove(path)
+        tok = saved(name, template)
         for messages in TOOL_CONVERSATIONS:
             for tools in (TOOLS, None):
                 for generation_prompt in (False, True):

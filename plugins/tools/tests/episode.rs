@@ -157,12 +157,37 @@ fn run_scripted_with(
     group_size: usize,
     max_new_tokens: usize,
 ) -> (TrajectoryGroup, Arc<GroupRunner>) {
-    let generator = Arc::new(Scripted {
+    let generator = scripted(script, tokenizer);
+    run_on(
+        generator,
+        prompt,
+        episode,
+        tools,
+        group_size,
+        max_new_tokens,
+    )
+}
+
+/// A generator saying `script` in `tokenizer`'s tokens.
+fn scripted(script: Vec<String>, tokenizer: Arc<dyn Tokenizer>) -> Arc<Scripted> {
+    Arc::new(Scripted {
         script,
         said: Mutex::new(HashMap::new()),
-        tokenizer: tokenizer.clone(),
+        tokenizer,
         asked: Mutex::new(Vec::new()),
-    });
+    })
+}
+
+/// [`run_scripted`] on `generator` (its tokenizer the run's), prompts put as `prompt` says.
+fn run_on(
+    generator: Arc<Scripted>,
+    prompt: PromptConfig,
+    episode: Arc<dyn Episode>,
+    tools: Vec<Arc<dyn Tool>>,
+    group_size: usize,
+    max_new_tokens: usize,
+) -> (TrajectoryGroup, Arc<GroupRunner>) {
+    let tokenizer = generator.tokenizer.clone();
     let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
     let runner = Arc::new(
         GroupRunner::new(generator, tokenizer, rewards)
@@ -592,36 +617,15 @@ fn a_turn_may_be_capped_and_sampled_at_its_own_temperature() {
         }
     }
     let script = vec!["hello".to_owned(), "it is 42".to_owned()];
-    let generator = Arc::new(Scripted {
-        script,
-        said: Mutex::new(HashMap::new()),
-        tokenizer: Arc::new(Bytes),
-        asked: Mutex::new(Vec::new()),
-    });
-    let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
-    let runner = Arc::new(
-        GroupRunner::new(generator.clone(), Arc::new(Bytes), rewards)
-            .with_episode(Arc::new(Capped), vec![]),
+    let generator = scripted(script, Arc::new(Bytes));
+    let (group, _) = run_on(
+        generator.clone(),
+        PromptConfig::default(),
+        Arc::new(Capped),
+        vec![],
+        1,
+        100,
     );
-    let spec = GroupSpec {
-        group_id: 0,
-        group_size: 1,
-        max_new_tokens: 100,
-        sampling: SamplingParams::greedy(),
-        admitted_at: 0,
-    };
-    let item = TaskItem {
-        id: "q".into(),
-        prompt: "Say: ".into(),
-        reference: Value::Null,
-    };
-    let group = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(runner.run_group(spec, item))
-        .expect("the episode ends");
     let text = Bytes
         .decode(&group.samples[0].completion.token_ids)
         .unwrap();
