@@ -36,7 +36,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::answers::{grade_number, number_after};
-use crate::splits::held_out_draws;
+use crate::splits::{held_out_at, held_out_draws};
 
 /// The name the chain-sum task and its reward are registered under (`kind = "chain-sum"`).
 pub const NAME: &str = "chain-sum";
@@ -211,17 +211,7 @@ impl Task for ChainSum {
                 Ok(self.item_for(id, &terms))
             }
             Split::Eval | Split::Validation => {
-                let list = if split == Split::Eval {
-                    &self.eval
-                } else {
-                    &self.validation
-                };
-                let terms = list.get(index as usize).ok_or_else(|| {
-                    PluginError::failed(
-                        self.name(),
-                        format!("{} has {} items, not {index}", split.as_str(), list.len()),
-                    )
-                })?;
+                let terms = held_out_at(NAME, split, &self.eval, &self.validation, index)?;
                 Ok(self.item_for(id, terms))
             }
         }

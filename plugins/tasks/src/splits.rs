@@ -155,6 +155,31 @@ pub(crate) fn read_splits<T: Identified>(
     Ok(splits)
 }
 
+/// Item `index` of the held-out `split` of a procedural task `task` (`eval` or `validation`),
+/// or an error naming the split's size.
+pub(crate) fn held_out_at<'a, T>(
+    task: &str,
+    split: Split,
+    eval: &'a [T],
+    validation: &'a [T],
+    index: u64,
+) -> Result<&'a T, PluginError> {
+    let list = if split == Split::Eval {
+        eval
+    } else {
+        validation
+    };
+    usize::try_from(index)
+        .ok()
+        .and_then(|i| list.get(i))
+        .ok_or_else(|| {
+            PluginError::failed(
+                task,
+                format!("{} has {} items, not {index}", split.as_str(), list.len()),
+            )
+        })
+}
+
 /// The held-out `split` of a procedural task of `seed`: up to `count` distinct items drawn by
 /// `draw` from a random stream of the split's own (`None`: the draw is not in the split),
 /// in the order drawn, after at most `count × 1000` draws.

@@ -34,7 +34,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::answers::{grade_number, number_after};
-use crate::splits::held_out_draws;
+use crate::splits::{held_out_at, held_out_draws};
 
 /// The name the task and its reward are registered under (`kind = "tool-mul"`).
 pub const NAME: &str = "tool-mul";
@@ -196,17 +196,7 @@ impl Task for ToolMul {
                 }
             }
             Split::Eval | Split::Validation => {
-                let list = if split == Split::Eval {
-                    &self.eval
-                } else {
-                    &self.validation
-                };
-                let pair = list.get(index as usize).ok_or_else(|| {
-                    PluginError::failed(
-                        NAME,
-                        format!("{} has {} items, not {index}", split.as_str(), list.len()),
-                    )
-                })?;
+                let pair = held_out_at(NAME, split, &self.eval, &self.validation, index)?;
                 Ok(item_for(id, *pair))
             }
         }
