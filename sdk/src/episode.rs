@@ -152,6 +152,28 @@ pub trait EpisodeContext: Send {
     /// The tools this run gives episodes (`[[tools]]`), as the model is told of them.
     fn tools(&self) -> Vec<ToolSchema>;
 
+    /// Tell the model of `tools` in place of the run's `[[tools]]` from here on: the chat
+    /// template renders the conversation with them ([`append_messages`](Self::append_messages)
+    /// and the check of every episode). For an episode whose tools are not the run's (an agent
+    /// program's own, declared in its requests); [`call_tool`](Self::call_tool) still calls
+    /// the run's.
+    fn set_tools(&mut self, tools: Vec<ToolSchema>) {
+        let _ = tools;
+    }
+
+    /// End this episode's sample here and go on in a new one, empty after the prompt (what a
+    /// client that rewrote the history its next turn reads needs: no token sequence holds
+    /// both). The tokens so far become a sample of their own in the group, trained with the
+    /// reward [`Episode::run`] returns and the turn rewards given while it lasted; the
+    /// conversation starts again from the prompt's messages. An error where the engine
+    /// cannot split (the default), and before any turn.
+    fn split(&mut self) -> Result<(), PluginError> {
+        Err(PluginError::failed(
+            "episode",
+            "this engine cannot split an episode into samples",
+        ))
+    }
+
     /// Call tool `name` with `arguments`, in this episode's session of it (opened at the
     /// first call; state persists across the episode's calls and never leaks to another
     /// episode). An unknown tool, a call that fails, or a tool that breaks comes back as
@@ -175,11 +197,40 @@ pub trait EpisodeContext: Send {
     async fn verify(&mut self, completion: &str) -> Result<Reward, PluginError>;
 }
 
+/// What the engine must know of an episode before it runs one ([`Episode::traits`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EpisodeTraits {
+    /// The episode writes the whole conversation itself (an agent program sends its own
+    /// messages): the engine renders no prompt, the sample starts empty, and the conversation
+    /// is known as chat messages from the start (none yet), so that
+    /// [`append_messages`](EpisodeContext::append_messages) writes the first ones. The
+    /// model needs a chat template.
+    pub own_prompt: bool,
+    /// The episode cannot run again the same way (it drives an outside program): a resumed
+    /// run starts its unfinished samples over instead of replaying them.
+    pub not_replayable: bool,
+}
+
+impl EpisodeTraits {
+    /// An episode that drives an outside program writing its own conversation.
+    pub const OUTSIDE_PROGRAM: Self = Self {
+        own_prompt: true,
+        not_replayable: true,
+    };
+}
+
 /// A workflow for one task item: several generations and environment steps, one reward.
 #[async_trait::async_trait]
 pub trait Episode: Send + Sync + 'static {
     /// Registered name.
     fn name(&self) -> &str;
+
+    /// What the engine must know of it before it runs (by default: the engine writes the
+    /// prompt, and the episode can be replayed).
+    fn traits(&self) -> EpisodeTraits {
+        EpisodeTraits::default()
+    }
 
     /// Run the episode in `ctx` and return its reward. The engine may run it again from the
     /// start on a resumed run, answering each [`generate`](EpisodeContext::generate) with the

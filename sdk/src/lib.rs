@@ -66,7 +66,9 @@ mod verifier;
 /// on the `impl`, without a dependency of your own.
 pub use async_trait::async_trait;
 pub use config::{BuildContext, PluginConfig};
-pub use episode::{Episode, EpisodeContext, SINGLE_TURN, SingleTurn, Turn, TurnOptions};
+pub use episode::{
+    Episode, EpisodeContext, EpisodeTraits, SINGLE_TURN, SingleTurn, Turn, TurnOptions,
+};
 pub use error::{BoxError, PluginError};
 pub use generator::{FaultStats, Generator, GeneratorStats};
 pub use registry::{

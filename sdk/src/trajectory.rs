@@ -226,7 +226,8 @@ impl Completion {
 /// One rewarded sample.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Trajectory {
-    /// Unique id of the sample within a run.
+    /// Id of the sample's episode, unique within a run (the samples an episode split into,
+    /// [`EpisodeContext::split`](crate::EpisodeContext::split), share it, in order).
     pub sample_id: u64,
     /// The generated tokens with their behaviour logprobs and versions.
     pub completion: Completion,

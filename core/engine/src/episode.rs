@@ -36,7 +36,7 @@ use tokio::task::JoinSet;
 
 use crate::group_runner::{
     Ask, EpisodeStats, GroupRunner, GroupSpec, NoProgress, Progress, Retokenization,
-    SampleProgress, TurnEnd, assemble,
+    SampleProgress, Segment, TurnEnd, assemble,
 };
 
 /// How an episode's turns reach the generator.
@@ -200,7 +200,7 @@ impl GroupRunner {
             );
             let sample_id = spec.sample_id(j);
             samples.spawn(async move {
-                let (completion, reward) = EpisodeRun::run(
+                EpisodeRun::run(
                     &this,
                     &Sampler::Live,
                     &item,
@@ -212,19 +212,14 @@ impl GroupRunner {
                     progress.as_ref(),
                     j,
                 )
-                .await?;
-                Ok::<_, PluginError>(Trajectory {
-                    sample_id,
-                    completion,
-                    reward,
-                })
+                .await
             });
         }
         let mut done = Vec::with_capacity(spec.group_size);
         while let Some(joined) = samples.join_next().await {
             let result = joined
                 .map_err(|e| PluginError::failed("rollout", format!("sample task failed: {e}")))?;
-            done.push(result?);
+            done.extend(result?);
         }
         assemble(&spec, &item, prompt_ids.to_vec(), done)
     }
@@ -262,6 +257,16 @@ pub(crate) struct EpisodeRun<'a> {
     conversation_lost: bool,
     /// Rewards given to turns ([`EpisodeContext::reward_turn`]).
     turn_rewards: Vec<TurnReward>,
+    /// The tools the conversation is rendered with, where the episode set its own
+    /// ([`EpisodeContext::set_tools`]).
+    tools: Option<Vec<ToolSchema>>,
+    /// The samples split off so far ([`EpisodeContext::split`]).
+    segments: Vec<Segment>,
+    /// The episode writes its own prompt ([`EpisodeTraits::own_prompt`]): the environment's
+    /// tokens before its first turn are that prompt, not counted in the budget.
+    ///
+    /// [`EpisodeTraits::own_prompt`]: areal_sdk::EpisodeTraits::own_prompt
+    own_prompt: bool,
 }
 
 /// An episode's context's description of a replay that went another way.
@@ -278,7 +283,9 @@ fn diverged(at: usize, what: &str) -> PluginError {
 impl<'a> EpisodeRun<'a> {
     /// Run `runner`'s episode for sample `j` (id `sample_id`) of `item` from `start`, with
     /// turns from `sampler`, telling `progress` of every new token, turn end and the end:
-    /// the whole completion and its reward. A sample `start` has finished is not run again.
+    /// the episode's samples (one, or more where it split), rewarded. A sample `start` has
+    /// finished is not run again. One that cannot be replayed (an outside program's, or one
+    /// that had split) starts over.
     #[allow(clippy::too_many_arguments, reason = "one sample's whole setting")]
     pub(crate) async fn run(
         runner: &'a GroupRunner,
@@ -291,10 +298,18 @@ impl<'a> EpisodeRun<'a> {
         start: SampleProgress,
         progress: &'a dyn Progress,
         j: usize,
-    ) -> Result<(Completion, Reward), PluginError> {
-        if let (true, Some(reward)) = (start.done, start.reward.clone()) {
-            return Ok((start.completion, reward));
+    ) -> Result<Vec<Trajectory>, PluginError> {
+        if let (true, Some(reward)) = (start.done, &start.reward) {
+            return Ok(start.samples(sample_id, reward));
         }
+        let traits = runner.episode().traits();
+        let started = !start.completion.is_empty() || !start.segments.is_empty();
+        let start = if started && (traits.not_replayable || !start.segments.is_empty()) {
+            progress.restarted(j);
+            SampleProgress::default()
+        } else {
+            start
+        };
         let record = (!start.completion.is_empty()).then(|| {
             let mut turns = start.turns;
             if start.done && turns.last().is_none_or(|t| t.end < start.completion.len()) {
@@ -328,6 +343,9 @@ impl<'a> EpisodeRun<'a> {
             conversation: runner.prompt_messages(item),
             conversation_lost: false,
             turn_rewards: Vec::new(),
+            tools: None,
+            segments: Vec::new(),
+            own_prompt: traits.own_prompt,
         };
         let reward = runner.episode().run(&mut run).await;
         if reward.is_ok() {
@@ -350,7 +368,17 @@ impl<'a> EpisodeRun<'a> {
             ));
         }
         progress.finished(j, &reward);
-        Ok((run.completion, reward))
+        let mut samples: Vec<Trajectory> = run
+            .segments
+            .iter()
+            .map(|s| s.sample(sample_id, &reward))
+            .collect();
+        samples.push(Trajectory {
+            sample_id,
+            completion: run.completion,
+            reward,
+        });
+        Ok(samples)
     }
 
     /// The recorded turn that starts where the completion is: its end (`None`: the record
@@ -402,7 +430,7 @@ impl EpisodeContext for EpisodeRun<'_> {
     }
 
     fn tokens_left(&self) -> usize {
-        self.budget.saturating_sub(self.completion.len())
+        self.limit().saturating_sub(self.completion.len())
     }
 
     fn tokenizer(&self) -> &dyn Tokenizer {
@@ -460,7 +488,7 @@ impl EpisodeContext for EpisodeRun<'_> {
         let tokenizer = self.runner.tokenizer();
         let mut extended = conversation.clone();
         extended.extend_from_slice(messages);
-        let rendered = tokenizer.render_chat(&extended, self.runner.tool_schemas(), true)?;
+        let rendered = tokenizer.render_chat(&extended, self.tool_schemas(), true)?;
         let so_far = tokenizer.decode_verbatim(&self.input)?;
         let new = markup_after(&so_far, &rendered);
         let ids = tokenizer.encode(new)?;
@@ -477,6 +505,33 @@ impl EpisodeContext for EpisodeRun<'_> {
 
     fn tools(&self) -> Vec<ToolSchema> {
         self.runner.tools().iter().map(|t| t.schema()).collect()
+    }
+
+    fn set_tools(&mut self, tools: Vec<ToolSchema>) {
+        self.tools = Some(tools);
+    }
+
+    fn split(&mut self) -> Result<(), PluginError> {
+        if self.turns.is_empty() {
+            return Err(PluginError::failed(
+                "episode",
+                "split before any turn was generated: there is no sample to end",
+            ));
+        }
+        self.compare_with_template(false);
+        let turn_rewards = std::mem::take(&mut self.turn_rewards);
+        self.progress.split(self.j, &turn_rewards);
+        self.segments.push(Segment {
+            completion: std::mem::replace(
+                &mut self.completion,
+                Completion::empty(FinishReason::Length),
+            ),
+            turns: std::mem::take(&mut self.turns),
+            turn_rewards,
+        });
+        self.input = self.prompt.to_vec();
+        self.conversation = self.runner.prompt_messages(self.item);
+        Ok(())
     }
 
     async fn call_tool(&mut self, name: &str, arguments: &Map<String, Value>) -> ToolOutput {
@@ -518,6 +573,28 @@ impl EpisodeContext for EpisodeRun<'_> {
 }
 
 impl EpisodeRun<'_> {
+    /// The completion's length the budget ends at: the budget, after the prompt an episode
+    /// wrote itself (the environment's tokens before its first sampled token).
+    fn limit(&self) -> usize {
+        self.lead().saturating_add(self.budget)
+    }
+
+    /// The prompt an episode wrote itself: the environment's tokens before the first sampled
+    /// one (all so far, before its first turn); 0 for an episode the engine prompts.
+    fn lead(&self) -> usize {
+        if !self.own_prompt {
+            return 0;
+        }
+        (0..self.completion.len())
+            .find(|&i| self.completion.is_sampled(i))
+            .unwrap_or(self.completion.len())
+    }
+
+    /// The tools the conversation is rendered with: the episode's own, or the run's.
+    fn tool_schemas(&self) -> &[ToolSchema] {
+        self.tools.as_deref().unwrap_or(self.runner.tool_schemas())
+    }
+
     /// The run's sampling with `options`' changes, checked.
     fn turn_sampling(&self, options: &TurnOptions) -> Result<SamplingParams, PluginError> {
         if options.max_tokens == Some(0) {
@@ -548,7 +625,8 @@ impl EpisodeRun<'_> {
         sampling: &SamplingParams,
     ) -> Result<Turn, PluginError> {
         let start = self.completion.len();
-        let cap = max_tokens.map_or(self.budget, |m| self.budget.min(start.saturating_add(m)));
+        let limit = self.limit();
+        let cap = max_tokens.map_or(limit, |m| limit.min(start.saturating_add(m)));
         self.stats.turns += 1;
         let recorded = self.recorded_turn()?;
         if let Some((stop, end)) = recorded {
@@ -586,7 +664,13 @@ impl EpisodeRun<'_> {
 
     /// Append environment tokens, cut to the budget, checked against the record on a replay.
     fn push_environment(&mut self, token_ids: &[u32]) -> Result<usize, PluginError> {
-        let ids = &token_ids[..token_ids.len().min(self.tokens_left())];
+        // (an episode's own prompt, before its first turn, is not cut)
+        let room = if self.own_prompt && self.lead() == self.completion.len() {
+            usize::MAX
+        } else {
+            self.tokens_left()
+        };
+        let ids = &token_ids[..token_ids.len().min(room)];
         let at = self.completion.len();
         let recorded = match &self.record {
             Some(record) => {
@@ -638,7 +722,7 @@ impl EpisodeRun<'_> {
             return;
         };
         let tokenizer = self.runner.tokenizer();
-        let rendered = tokenizer.render_chat(conversation, self.runner.tool_schemas(), generation);
+        let rendered = tokenizer.render_chat(conversation, self.tool_schemas(), generation);
         let (Ok(rendered), Ok(text)) = (rendered, tokenizer.decode_verbatim(&self.input)) else {
             self.forget_conversation();
             return;

@@ -175,7 +175,7 @@ async fn grade_episodes(
             jobs.spawn(async move {
                 let _busy = busy;
                 let _permit = permits.acquire().await.expect("semaphore is never closed");
-                let (completion, reward) = EpisodeRun::run(
+                let samples = EpisodeRun::run(
                     &runner,
                     &sampler,
                     &item,
@@ -188,8 +188,10 @@ async fn grade_episodes(
                     j,
                 )
                 .await?;
-                let text = runner.tokenizer().decode(&completion.token_ids)?;
-                Ok::<_, areal_sdk::PluginError>((index, j, text, reward))
+                // (the episode's last sample, where it split: the one its reward is for)
+                let last = samples.into_iter().last().expect("an episode has a sample");
+                let text = runner.tokenizer().decode(&last.completion.token_ids)?;
+                Ok::<_, areal_sdk::PluginError>((index, j, text, last.reward))
             });
         }
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use areal_sdk::{
     ChatMessage, Completion, Episode, FinishReason, GenerateRequest, Generator, PluginError,
     PolicyVersion, Reward, RewardInput, SamplingParams, SingleTurn, TaskItem, Tokenizer, Tool,
-    ToolSchema, Trajectory, TrajectoryGroup,
+    ToolSchema, Trajectory, TrajectoryGroup, TurnReward,
 };
 use serde::{Deserialize, Serialize};
 
@@ -328,9 +328,12 @@ impl GroupRunner {
         Ok(verified)
     }
 
-    /// The prompt of `item` as token ids (never empty), in the format of `[prompt]`.
-    /// `item`'s prompt as chat messages, when prompts are in the chat format.
+    /// `item`'s prompt as chat messages, when prompts are in the chat format (none yet, for
+    /// an episode that writes its own).
     pub(crate) fn prompt_messages(&self, item: &TaskItem) -> Option<Vec<ChatMessage>> {
+        if self.episode.traits().own_prompt {
+            return Some(Vec::new());
+        }
         self.prompt.messages(&item.prompt)
     }
 
@@ -344,7 +347,20 @@ impl GroupRunner {
         &self.tool_schemas
     }
 
+    /// The prompt of `item` as token ids, in the format of `[prompt]`: never empty, except
+    /// for an episode that writes its own ([`EpisodeTraits::own_prompt`]), which has none.
+    ///
+    /// [`EpisodeTraits::own_prompt`]: areal_sdk::EpisodeTraits::own_prompt
     pub(crate) fn prompt_ids(&self, item: &TaskItem) -> Result<Vec<u32>, PluginError> {
+        if self.episode.traits().own_prompt {
+            return Ok(Vec::new());
+        }
+        self.task_prompt_ids(item)
+    }
+
+    /// The prompt of `item` as `[prompt]` renders it, whatever the episode (the warm-up's
+    /// prompt: for an episode that writes its own, what its program is expected to send).
+    pub(crate) fn task_prompt_ids(&self, item: &TaskItem) -> Result<Vec<u32>, PluginError> {
         let text = self
             .prompt
             .render(self.tokenizer.as_ref(), &item.prompt, &self.tool_schemas)?;
@@ -471,6 +487,11 @@ pub(crate) struct SampleProgress {
     pub(crate) done: bool,
     /// Its reward, once the episode ended.
     pub(crate) reward: Option<Reward>,
+    /// The samples split off before `completion` ([`EpisodeContext::split`]), in order.
+    ///
+    /// [`EpisodeContext::split`]: areal_sdk::EpisodeContext::split
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) segments: Vec<Segment>,
 }
 
 impl Default for SampleProgress {
@@ -480,6 +501,64 @@ impl Default for SampleProgress {
             turns: Vec::new(),
             done: false,
             reward: None,
+            segments: Vec::new(),
+        }
+    }
+}
+
+impl SampleProgress {
+    /// The current part becomes a segment given `turn_rewards`; the next starts empty.
+    pub(crate) fn split(&mut self, turn_rewards: &[TurnReward]) {
+        let completion = std::mem::replace(
+            &mut self.completion,
+            Completion::empty(FinishReason::Length),
+        );
+        self.segments.push(Segment {
+            completion,
+            turns: std::mem::take(&mut self.turns),
+            turn_rewards: turn_rewards.to_vec(),
+        });
+    }
+
+    /// The samples of an ended episode: each segment with `reward`'s verdict and value and
+    /// its own turn rewards, then the last part with `reward` itself.
+    pub(crate) fn samples(&self, sample_id: u64, reward: &Reward) -> Vec<Trajectory> {
+        let mut out: Vec<Trajectory> = self
+            .segments
+            .iter()
+            .map(|s| s.sample(sample_id, reward))
+            .collect();
+        out.push(Trajectory {
+            sample_id,
+            completion: self.completion.clone(),
+            reward: reward.clone(),
+        });
+        out
+    }
+}
+
+/// A sample an episode split off ([`SampleProgress::segments`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Segment {
+    /// Its tokens after the prompt.
+    pub(crate) completion: Completion,
+    /// Where its turns ended.
+    pub(crate) turns: Vec<TurnEnd>,
+    /// The rewards given to its turns.
+    #[serde(default)]
+    pub(crate) turn_rewards: Vec<TurnReward>,
+}
+
+impl Segment {
+    /// The segment as a sample of id `sample_id` with the episode's `reward` (its turn
+    /// rewards its own).
+    pub(crate) fn sample(&self, sample_id: u64, reward: &Reward) -> Trajectory {
+        let mut reward = reward.clone();
+        reward.turns = self.turn_rewards.clone();
+        Trajectory {
+            sample_id,
+            completion: self.completion.clone(),
+            reward,
         }
     }
 }
@@ -493,6 +572,15 @@ pub(crate) trait Progress: Send + Sync {
     fn turn_ended(&self, j: usize, end: TurnEnd);
     /// Sample `j`'s episode ended with `reward`.
     fn finished(&self, j: usize, reward: &Reward);
+    /// Sample `j`'s tokens so far became a sample of their own (with `turn_rewards`), and the
+    /// episode goes on in a new one.
+    fn split(&self, j: usize, turn_rewards: &[TurnReward]) {
+        let _ = (j, turn_rewards);
+    }
+    /// Sample `j`'s episode starts over: what it had is dropped.
+    fn restarted(&self, j: usize) {
+        let _ = j;
+    }
     /// Whether the episode counts in the step metrics' episodes, turns and tool calls (those
     /// generated for training do; evaluation's do not).
     fn counted(&self) -> bool {

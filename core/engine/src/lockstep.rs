@@ -224,17 +224,10 @@ fn prepared(inner: &Shared, group: &RunningGroup) -> Result<(TaskItem, Vec<u32>)
 
 /// The samples of `group` if every episode has ended.
 fn complete(group: &RunningGroup) -> Option<Vec<Trajectory>> {
-    group
-        .samples
-        .iter()
-        .enumerate()
-        .map(|(j, s)| {
-            let reward: &Reward = s.reward.as_ref().filter(|_| s.done)?;
-            Some(Trajectory {
-                sample_id: group.spec.sample_id(j),
-                completion: s.completion.clone(),
-                reward: reward.clone(),
-            })
-        })
-        .collect()
+    let mut out = Vec::with_capacity(group.samples.len());
+    for (j, s) in group.samples.iter().enumerate() {
+        let reward: &Reward = s.reward.as_ref().filter(|_| s.done)?;
+        out.extend(s.samples(group.spec.sample_id(j), reward));
+    }
+    Some(out)
 }

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use areal_sdk::{Completion, PolicyVersion, Reward, SamplingParams, Split, Task, TrajectoryGroup};
+use areal_sdk::{
+    Completion, PolicyVersion, Reward, SamplingParams, Split, Task, TrajectoryGroup, TurnReward,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::buffer::ReplayBuffer;
@@ -184,6 +186,20 @@ impl RolloutState {
         }
     }
 
+    /// Sample `j` of group `group_id` split: its tokens so far became a sample of their own.
+    pub(crate) fn split(&mut self, group_id: u64, j: usize, turn_rewards: &[TurnReward]) {
+        if let Some(sample) = self.sample(group_id, j) {
+            sample.split(turn_rewards);
+        }
+    }
+
+    /// The episode of sample `j` of group `group_id` starts over.
+    pub(crate) fn restarted(&mut self, group_id: u64, j: usize) {
+        if let Some(sample) = self.sample(group_id, j) {
+            *sample = SampleProgress::default();
+        }
+    }
+
     fn sample(&mut self, group_id: u64, j: usize) -> Option<&mut SampleProgress> {
         self.running
             .get_mut(&group_id)
@@ -213,7 +229,14 @@ impl RolloutState {
         };
         let accepted = match outcome {
             Outcome::Accepted(trained) => {
-                self.dropped_samples += (group.spec.group_size - trained.samples.len()) as u64;
+                // (counted by episode: the samples an episode split into share its id)
+                let episodes = trained
+                    .samples
+                    .iter()
+                    .map(|s| s.sample_id)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .len();
+                self.dropped_samples += group.spec.group_size.saturating_sub(episodes) as u64;
                 self.buffer.push(trained);
                 self.consecutive_failures = 0;
                 true

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use areal_sdk::{Completion, PluginError, Reward, Task, TrajectoryGroup};
+use areal_sdk::{Completion, PluginError, Reward, Task, TrajectoryGroup, TurnReward};
 use areal_sdk_train::Algorithm;
 use tokio::sync::{Notify, watch};
 
@@ -145,5 +145,13 @@ impl Progress for Recorder {
 
     fn finished(&self, j: usize, reward: &Reward) {
         self.inner.state().finished(self.group_id, j, reward);
+    }
+
+    fn split(&self, j: usize, turn_rewards: &[TurnReward]) {
+        self.inner.state().split(self.group_id, j, turn_rewards);
+    }
+
+    fn restarted(&self, j: usize) {
+        self.inner.state().restarted(self.group_id, j);
     }
 }

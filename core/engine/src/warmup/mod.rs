@@ -244,7 +244,7 @@ pub(crate) fn examples(
                         task.name()
                     ))
                 })?;
-            let prompt = runner.prompt_ids(&item).map_err(plugin)?;
+            let prompt = runner.task_prompt_ids(&item).map_err(plugin)?;
             let (mut response, mut trained) = (Vec::new(), Vec::new());
             for turn in turns {
                 let (ids, policy) = match turn {
