@@ -8,7 +8,7 @@
 CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: setup train test lint cuda-check python-wasi reward-components bench-backends fuzz
+.PHONY: setup train test lint cuda-check python-wasi openai-venv reward-components bench-backends fuzz
 
 # Everything `areal train` needs is built from the package registries by cargo itself. Code
 # rewards also need the WASI interpreter: `make python-wasi` (apt, Debian's source package).
@@ -21,7 +21,7 @@ train: setup
 
 # burn is ~30x slower without optimisation, so tests run in release. The code-grading tests
 # need the WASI interpreter, built first (once; ~5 min).
-test: python-wasi reward-components
+test: python-wasi reward-components openai-venv
 	$(CARGO) test --workspace --release --locked
 	$(MAKE) lint cuda-check
 
@@ -38,6 +38,11 @@ lint: reward-components
 # LLVM); DOCS_RS=1 skips that download so the code behind the `cuda` feature is type-checked.
 cuda-check:
 	DOCS_RS=1 CARGO_TARGET_DIR=$(TARGET_DIR)/cuda-check $(CARGO) check --locked -p areal --features cuda
+
+# OpenAI's Python client in a scratch venv (.cache/openai), for the agent programs of the proxy's
+# tests and examples (a few seconds, from PyPI).
+openai-venv:
+	core/serve/scripts/setup-openai.sh
 
 # The sandbox's guest interpreter (CPython 3.11 for wasm32-wasip1), built from Debian's source
 # package with Debian's clang-16 into .cache/python-wasi (~5 min; installs the toolchain with apt).

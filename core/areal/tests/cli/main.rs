@@ -71,6 +71,7 @@ fn plugins_lists_every_built_in_plugin() {
         ("algorithm", "reinforce++"),
         ("algorithm", "rloo"),
         ("algorithm", "sapo"),
+        ("episode", "agent"),
         ("episode", "retry"),
         ("episode", "single-turn"),
         ("episode", "testkit-relay"),
@@ -1136,4 +1137,83 @@ fn the_multi_turn_job_learns_to_call_the_tool_and_without_it_does_not() {
         alone_after - alone_before < 0.1 && after - alone_after >= 0.3,
         "without the tool: {alone_before} → {alone_after}; with it: {before} → {after}"
     );
+}
+
+/// The built-in multi-turn job with its agent written against OpenAI's API (OpenAI's own
+/// Python client, run as a service taking sessions of the proxy) learns as the in-process
+/// episodes do on the same seed, and every episode's tokens are what the template renders.
+/// Needs the client's virtual environment (`core/serve/scripts/setup-openai.sh`; `make test`
+/// makes it).
+#[test]
+fn the_multi_turn_job_learns_through_an_openai_client_agent_as_in_process() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap();
+    let venv = std::env::var_os("AREAL_OPENAI_VENV")
+        .map_or_else(|| root.join(".cache/openai"), std::path::PathBuf::from);
+    let python = venv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: run core/serve/scripts/setup-openai.sh",
+        python.display()
+    );
+    let agent = root.join("plugins/tools/examples/agents/tool_mul_agent.py");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, config: &str, extra: &[&str]| {
+        let run = dir.path().join(name);
+        let config = root.join("plugins/tools/examples").join(config);
+        let mut args = vec![
+            "train",
+            "-q",
+            "--config",
+            config.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+            "--set",
+            "train.steps=40",
+            "--set",
+            "eval.every=40",
+            "--set",
+            "eval.max_items=100",
+        ];
+        args.extend(extra);
+        let out = areal(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let summary = summary(&run);
+        let accuracy = |key: &str| summary[key].as_f64().unwrap();
+        (
+            run.clone(),
+            accuracy("baseline_accuracy"),
+            accuracy("final_accuracy"),
+        )
+    };
+    let service = format!("episode.service=[{:?}, {:?}]", python, agent);
+    let (with_agent, before, after) = run("agent", "tool-mul-agent.toml", &["--set", &service]);
+    let (_, in_before, in_after) = run("in-process", "tool-mul.toml", &[]);
+    assert!(
+        after - before >= 0.3,
+        "through the agent: {before} → {after}"
+    );
+    // the same warm-up, so the same start; the end within the seeds' spread (0.03 over 3
+    // seeds at 100 steps, 0.1 allowed at 40)
+    assert_eq!(before, in_before);
+    assert!(
+        (after - in_after).abs() <= 0.1,
+        "through the agent {before} → {after}, in process {in_before} → {in_after}"
+    );
+    let steps = records(&with_agent, "step");
+    let total = |key: &str| steps.iter().map(|s| s[key].as_f64().unwrap()).sum::<f64>();
+    assert!(total("episodes") > 0.0);
+    assert_eq!(total("retokenization_checked"), total("episodes"));
+    assert_eq!(total("retokenization_mismatches"), 0.0);
+    assert_eq!(total("retokenization_drift"), 0.0);
+    // the agent called its tool: more than one turn per episode on average at the end
+    let last = &steps[steps.len() - 10..];
+    let episodes: f64 = last.iter().map(|s| s["episodes"].as_f64().unwrap()).sum();
+    let turns: f64 = last
+        .iter()
+        .map(|s| s["turns_per_episode"].as_f64().unwrap() * s["episodes"].as_f64().unwrap())
+        .sum();
+    assert!(turns / episodes > 1.5, "{last:?}");
 }

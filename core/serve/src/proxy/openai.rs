@@ -1,0 +1,550 @@
+//! OpenAI's chat completions as the proxy reads and writes them: the request's fields it
+//! takes, the answer's shape (`choices[].message.tool_calls`, `finish_reason`, `usage`), the
+//! chunks of a streamed answer, and OpenAI's error body.
+
+use areal_sdk::tool_calls::{ParsedTurn, ToolCallFormat, parse_tool_calls};
+use areal_sdk::{ChatMessage, ToolSchema};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+/// `POST /v1/chat/completions`: the fields the proxy reads. Others (`model`, `user`,
+/// `metadata`, `seed`...) are accepted and ignored; those that would change what is sampled in
+/// a way the proxy cannot honour are refused by [`ChatRequest::check`].
+#[derive(Clone, Debug, Deserialize)]
+pub(crate) struct ChatRequest {
+    pub(crate) messages: Vec<Value>,
+    #[serde(default)]
+    pub(crate) tools: Vec<Value>,
+    #[serde(default)]
+    pub(crate) tool_choice: Option<Value>,
+    #[serde(default)]
+    pub(crate) temperature: Option<f32>,
+    #[serde(default)]
+    pub(crate) top_p: Option<f32>,
+    #[serde(default)]
+    pub(crate) max_tokens: Option<usize>,
+    #[serde(default)]
+    pub(crate) max_completion_tokens: Option<usize>,
+    #[serde(default)]
+    pub(crate) stop: Option<Value>,
+    #[serde(default)]
+    pub(crate) n: Option<usize>,
+    #[serde(default)]
+    pub(crate) stream: bool,
+    #[serde(default)]
+    pub(crate) stream_options: Option<Value>,
+    #[serde(default)]
+    pub(crate) logprobs: Option<bool>,
+    #[serde(default)]
+    pub(crate) model: Option<String>,
+}
+
+/// A request refused: the field, and why (a 400 naming it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BadField {
+    pub(crate) param: String,
+    pub(crate) message: String,
+}
+
+impl BadField {
+    pub(crate) fn new(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            param: param.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// What a request asks of one turn, read and checked.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Asked {
+    pub(crate) messages: Vec<ChatMessage>,
+    pub(crate) tools: Vec<ToolSchema>,
+    /// Whether the answer's tool calls are read out of its text (`tool_choice` is not
+    /// `none`).
+    pub(crate) parse_calls: bool,
+    pub(crate) max_tokens: Option<usize>,
+    pub(crate) temperature: Option<f32>,
+    pub(crate) top_p: Option<f32>,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+    pub(crate) logprobs: bool,
+    pub(crate) model: String,
+}
+
+impl ChatRequest {
+    /// The request read and checked: every message and tool in the form templates take.
+    pub(crate) fn check(self) -> Result<Asked, BadField> {
+        if self.messages.is_empty() {
+            return Err(BadField::new("messages", "at least one message is needed"));
+        }
+        if let Some(n) = self.n
+            && n != 1
+        {
+            return Err(BadField::new(
+                "n",
+                format!(
+                    "n = {n}: this proxy samples one choice per request (a choice is a turn of \
+                     the session's one token sequence); send n requests"
+                ),
+            ));
+        }
+        if let Some(stop) = &self.stop
+            && !matches!(stop, Value::Null)
+            && stop.as_array().is_none_or(|a| !a.is_empty())
+        {
+            return Err(BadField::new(
+                "stop",
+                "stop strings are not supported: a turn ends at the model's stop token or \
+                 max_tokens (cutting sampled tokens would train on an answer the client never \
+                 saw)",
+            ));
+        }
+        let parse_calls = match &self.tool_choice {
+            None | Some(Value::Null) => true,
+            Some(Value::String(s)) if s == "auto" => true,
+            Some(Value::String(s)) if s == "none" => false,
+            Some(other) => {
+                return Err(BadField::new(
+                    "tool_choice",
+                    format!(
+                        "{other}: only \"auto\" and \"none\" (forcing a call would need \
+                         constrained decoding)"
+                    ),
+                ));
+            }
+        };
+        let messages = self
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message(m).map_err(|e| BadField::new(format!("messages[{i}]"), e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tools = self
+            .tools
+            .iter()
+            .enumerate()
+            .map(|(i, t)| tool(t).map_err(|e| BadField::new(format!("tools[{i}]"), e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens);
+        if max_tokens == Some(0) {
+            return Err(BadField::new("max_tokens", "must be at least 1"));
+        }
+        let include_usage = self
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        Ok(Asked {
+            messages,
+            tools,
+            parse_calls,
+            max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            stream: self.stream,
+            include_usage,
+            logprobs: self.logprobs.unwrap_or(false),
+            model: self.model.unwrap_or_else(|| "policy".into()),
+        })
+    }
+}
+
+/// One OpenAI message as a [`ChatMessage`]: `content` a string, an array of text parts or
+/// null; `tool_calls` with their `arguments` read from JSON text into an object (the form
+/// chat templates write); `tool_call_id` and `name` kept.
+pub(crate) fn message(value: &Value) -> Result<ChatMessage, String> {
+    let Some(object) = value.as_object() else {
+        return Err("a message is an object".into());
+    };
+    let role = object
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or("a message needs a string `role`")?;
+    let content = match object.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (
+                    part.get("type").and_then(Value::as_str),
+                    part.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (kind, _) => {
+                        return Err(format!(
+                            "content part of type {}: only text parts are taken",
+                            kind.unwrap_or("(none)")
+                        ));
+                    }
+                }
+            }
+            text
+        }
+        Some(other) => return Err(format!("`content` must be a string or parts, not {other}")),
+    };
+    let mut out = ChatMessage::new(role, &content);
+    if let Some(calls) = object.get("tool_calls").filter(|c| !c.is_null()) {
+        let Some(calls) = calls.as_array() else {
+            return Err("`tool_calls` must be an array".into());
+        };
+        out.tool_calls = calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| tool_call(c).map_err(|e| format!("tool_calls[{k}]: {e}")))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(id) = object.get("tool_call_id").and_then(Value::as_str) {
+        out.tool_call_id = Some(id.into());
+    }
+    if let Some(name) = object.get("name").and_then(Value::as_str) {
+        out.name = Some(name.into());
+    }
+    Ok(out)
+}
+
+/// One call of an assistant message, its `arguments` an object (read from JSON text).
+fn tool_call(call: &Value) -> Result<Value, String> {
+    let function = call
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or("a call needs a `function` object")?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("a call's function needs a string `name`")?;
+    let arguments = match function.get("arguments") {
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => Value::String(text.clone()),
+        },
+        Some(v) => v.clone(),
+    };
+    let mut out = json!({
+        "type": "function",
+        "function": { "name": name, "arguments": arguments },
+    });
+    if let Some(id) = call.get("id").and_then(Value::as_str) {
+        out["id"] = Value::String(id.into());
+    }
+    Ok(out)
+}
+
+/// One entry of `tools` (`{"type": "function", "function": {name, description, parameters}}`)
+/// as a [`ToolSchema`].
+fn tool(value: &Value) -> Result<ToolSchema, String> {
+    let kind = value
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("function");
+    if kind != "function" {
+        return Err(format!("tools of type {kind}: only functions"));
+    }
+    let function = value
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or("a tool needs a `function` object")?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("a tool's function needs a string `name`")?;
+    Ok(ToolSchema {
+        name: name.into(),
+        description: function
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .into(),
+        parameters: function
+            .get("parameters")
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+    })
+}
+
+/// The assistant's message a turn's text makes: its tool calls read out of it in `format`
+/// when `parse_calls` (each given the id `{id_prefix}_{k}`), the rest its content. A turn with
+/// a call that cannot be read is all content (as vLLM's parsers leave it).
+pub(crate) fn assistant_message(
+    text: &str,
+    format: ToolCallFormat,
+    parse_calls: bool,
+    id_prefix: &str,
+) -> ChatMessage {
+    if !parse_calls {
+        return ChatMessage::new("assistant", text);
+    }
+    let ParsedTurn { content, calls } = parse_tool_calls(text, format);
+    if calls.is_empty() || calls.iter().any(Result::is_err) {
+        return ChatMessage::new("assistant", text);
+    }
+    let calls = calls
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(k, call)| {
+            json!({
+                "id": format!("{id_prefix}_{k}"),
+                "type": "function",
+                "function": { "name": call.name, "arguments": Value::Object(call.arguments) },
+            })
+        })
+        .collect();
+    ChatMessage::new("assistant", &content).with_tool_calls(calls)
+}
+
+/// `message` as OpenAI writes an assistant's message: `content` null when empty beside calls,
+/// each call's `arguments` as JSON text.
+pub(crate) fn message_json(message: &ChatMessage) -> Value {
+    let mut out = json!({ "role": message.role });
+    out["content"] = if message.content.is_empty() && !message.tool_calls.is_empty() {
+        Value::Null
+    } else {
+        Value::String(message.content.clone())
+    };
+    if !message.tool_calls.is_empty() {
+        out["tool_calls"] = Value::Array(message.tool_calls.iter().map(call_json).collect());
+    }
+    out
+}
+
+/// A call with its `arguments` as JSON text.
+fn call_json(call: &Value) -> Value {
+    let mut call = call.clone();
+    if let Some(arguments) = call.pointer_mut("/function/arguments")
+        && !arguments.is_string()
+    {
+        *arguments = Value::String(arguments.to_string());
+    }
+    call
+}
+
+/// Why a turn ended, as OpenAI says it.
+pub(crate) fn finish_reason(stopped: bool, message: &ChatMessage) -> &'static str {
+    match (stopped, message.tool_calls.is_empty()) {
+        (_, false) => "tool_calls",
+        (true, true) => "stop",
+        (false, true) => "length",
+    }
+}
+
+/// One answered turn, ready to be written as a completion or as chunks.
+#[derive(Clone, Debug)]
+pub(crate) struct Answer {
+    /// `chatcmpl-…`: the interaction's id (what `/rl/set_reward` names).
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    pub(crate) message: ChatMessage,
+    pub(crate) finish_reason: &'static str,
+    pub(crate) prompt_tokens: usize,
+    pub(crate) completion_tokens: usize,
+    /// Each sampled token's text and behaviour logprob, when asked for.
+    pub(crate) logprobs: Option<Vec<(String, f32)>>,
+}
+
+impl Answer {
+    fn usage(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        })
+    }
+
+    fn logprobs_json(&self) -> Value {
+        match &self.logprobs {
+            None => Value::Null,
+            Some(tokens) => json!({
+                "content": tokens
+                    .iter()
+                    .map(|(t, lp)| json!({
+                        "token": t,
+                        "logprob": lp,
+                        "bytes": t.as_bytes(),
+                        "top_logprobs": [],
+                    }))
+                    .collect::<Vec<_>>(),
+            }),
+        }
+    }
+
+    /// The `chat.completion` object.
+    pub(crate) fn completion(&self) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": message_json(&self.message),
+                "logprobs": self.logprobs_json(),
+                "finish_reason": self.finish_reason,
+            }],
+            "usage": self.usage(),
+        })
+    }
+
+    /// The `chat.completion.chunk` objects of a streamed answer (each a server-sent event's
+    /// data, `[DONE]` after them): the role, the content, each call whole, the finish reason,
+    /// then the usage when `include_usage`.
+    pub(crate) fn chunks(&self, include_usage: bool) -> Vec<Value> {
+        let chunk = |delta: Value, finish: Value, logprobs: Value| {
+            let mut c = json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                }],
+            });
+            if include_usage {
+                c["usage"] = Value::Null;
+            }
+            c
+        };
+        let mut out = vec![chunk(
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+            Value::Null,
+        )];
+        if !self.message.content.is_empty() {
+            out.push(chunk(
+                json!({"content": self.message.content}),
+                Value::Null,
+                self.logprobs_json(),
+            ));
+        }
+        for (k, call) in self.message.tool_calls.iter().enumerate() {
+            let mut call = call_json(call);
+            call["index"] = json!(k);
+            out.push(chunk(
+                json!({"tool_calls": [call]}),
+                Value::Null,
+                Value::Null,
+            ));
+        }
+        out.push(chunk(json!({}), json!(self.finish_reason), Value::Null));
+        if include_usage {
+            out.push(json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": self.usage(),
+            }));
+        }
+        out
+    }
+}
+
+/// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
+pub(crate) fn error_body(message: &str, kind: &str, param: Option<&str>) -> Value {
+    json!({
+        "error": {
+            "message": message,
+            "type": kind,
+            "param": param,
+            "code": Value::Null,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> Result<Asked, BadField> {
+        serde_json::from_value::<ChatRequest>(body).unwrap().check()
+    }
+
+    #[test]
+    fn messages_are_read_as_templates_take_them() {
+        let asked = request(json!({
+            "model": "x",
+            "messages": [
+                {"role": "system", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "c1", "content": "2"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}],
+            "max_completion_tokens": 7,
+        }))
+        .unwrap();
+        assert_eq!(asked.messages[0].content, "be brief");
+        assert_eq!(asked.messages[2].content, "");
+        assert_eq!(
+            asked.messages[2].tool_calls[0]["function"]["arguments"],
+            json!({"a": 1})
+        );
+        assert_eq!(asked.messages[3].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(asked.tools[0].name, "f");
+        assert_eq!(asked.max_tokens, Some(7));
+        assert!(asked.parse_calls);
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_refused_by_name() {
+        let base = |extra: Value| {
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            request(body).unwrap_err().param
+        };
+        assert_eq!(base(json!({"n": 2})), "n");
+        assert_eq!(base(json!({"stop": ["\n"]})), "stop");
+        assert_eq!(base(json!({"tool_choice": "required"})), "tool_choice");
+        assert_eq!(base(json!({"max_tokens": 0})), "max_tokens");
+        assert_eq!(
+            base(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
+            "messages[0]"
+        );
+        assert!(request(json!({"messages": []})).is_err());
+        // an empty stop list and n = 1 are fine
+        assert!(
+            request(json!({"messages": [{"role": "user", "content": "hi"}], "stop": [], "n": 1}))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_turn_with_calls_becomes_openais_message() {
+        let text = "let me compute\n<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"6*7\"}}\n</tool_call>";
+        let m = assistant_message(text, ToolCallFormat::Hermes, true, "call_x");
+        assert_eq!(m.content, "let me compute");
+        let json = message_json(&m);
+        assert_eq!(json["tool_calls"][0]["id"], "call_x_0");
+        assert_eq!(
+            json["tool_calls"][0]["function"]["arguments"],
+            "{\"code\":\"6*7\"}"
+        );
+        // read back as a client sends it, it is the same message
+        assert_eq!(message(&json).unwrap(), m);
+        assert_eq!(finish_reason(true, &m), "tool_calls");
+        // tool_choice none: all text
+        let plain = assistant_message(text, ToolCallFormat::Hermes, false, "c");
+        assert_eq!(plain.content, text);
+        // a call that cannot be read leaves the text whole
+        let broken = assistant_message(
+            "<tool_call>{oops</tool_call>",
+            ToolCallFormat::Hermes,
+            true,
+            "c",
+        );
+        assert!(broken.tool_calls.is_empty());
+        assert_eq!(finish_reason(false, &broken), "length");
+    }
+}

@@ -1,0 +1,215 @@
+//! One session's turns in its episode: the client's messages made into the episode's one
+//! token sequence, exactly.
+//!
+//! A request whose messages extend what the client has seen so far (the last request's
+//! messages and the answer to it, compared as messages) and whose tools are the same adds only
+//! the new messages: [`EpisodeContext::append_messages`] writes them in the chat template's
+//! markup after the tokens so far, and the policy's earlier tokens stay as sampled. A request
+//! that does not (the client rewrote the history: Qwen3's template drops earlier `<think>`
+//! blocks, an agent retried a turn, changed its tools) cannot continue that sequence: the
+//! sample so far is split off ([`EpisodeContext::split`]) and the request starts a new one.
+
+use areal_sdk::tool_calls::ToolCallFormat;
+use areal_sdk::{
+    ChatMessage, EpisodeContext, FinishReason, PluginError, Reward, ToolSchema, TurnOptions,
+};
+
+use super::hub::Refusal;
+use super::openai::{Answer, Asked, assistant_message, finish_reason};
+
+/// What a session has done, for the episode's reward and the run's metrics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Tally {
+    /// Turns answered.
+    pub(crate) turns: usize,
+    /// Times a request did not extend the history and the sample was split.
+    pub(crate) splits: usize,
+}
+
+/// The state of one session over its episode's context.
+pub(crate) struct Session {
+    format: ToolCallFormat,
+    max_turns: usize,
+    /// The messages the client has seen: the last request's and the answer to it.
+    seen: Option<Vec<ChatMessage>>,
+    /// The tools of the requests of the current sample.
+    tools: Vec<ToolSchema>,
+    /// The interactions of the current sample, in order (their ids).
+    interactions: Vec<String>,
+    /// Every interaction's id so far, to tell a stale id from an unknown one.
+    earlier: Vec<String>,
+    /// The reward set on the last interaction, not yet given to its turn.
+    pending: Option<f64>,
+    /// The last answer's content (what `without_reward = "grade"` grades).
+    last_content: String,
+    session_id: String,
+    pub(crate) tally: Tally,
+}
+
+impl Session {
+    pub(crate) fn new(session_id: &str, format: ToolCallFormat, max_turns: usize) -> Self {
+        Self {
+            format,
+            max_turns,
+            seen: None,
+            tools: Vec::new(),
+            interactions: Vec::new(),
+            earlier: Vec::new(),
+            pending: None,
+            last_content: String::new(),
+            session_id: session_id.to_owned(),
+            tally: Tally::default(),
+        }
+    }
+
+    /// Answer one request with a turn of the policy.
+    pub(crate) async fn chat(
+        &mut self,
+        ctx: &mut dyn EpisodeContext,
+        asked: Asked,
+    ) -> Result<Answer, Refusal> {
+        if self.tally.turns >= self.max_turns {
+            return Err(Refusal::new(
+                429,
+                format!(
+                    "this session has had its {} turns (the episode's max_turns)",
+                    self.max_turns
+                ),
+            ));
+        }
+        let extends = self.seen.as_ref().filter(|seen| {
+            asked.tools == self.tools
+                && asked.messages.len() > seen.len()
+                && asked.messages[..seen.len()] == seen[..]
+        });
+        let new = match extends {
+            Some(seen) => asked.messages[seen.len()..].to_vec(),
+            None => {
+                if self.seen.is_some() {
+                    self.flush_reward(ctx)?;
+                    ctx.split().map_err(internal)?;
+                    self.tally.splits += 1;
+                    self.interactions.clear();
+                }
+                ctx.set_tools(asked.tools.clone());
+                self.tools = asked.tools.clone();
+                asked.messages.clone()
+            }
+        };
+        self.flush_reward(ctx)?;
+        ctx.append_messages(&new).map_err(|e| {
+            Refusal::new(
+                400,
+                format!("the messages cannot be rendered with the model's chat template: {e}"),
+            )
+        })?;
+        let prompt_tokens = ctx.prompt_ids().len() + ctx.completion().len();
+        let mut options = TurnOptions::default();
+        options.max_tokens = asked.max_tokens;
+        options.temperature = asked.temperature;
+        options.top_p = asked.top_p;
+        let before = ctx.completion().len();
+        let turn = ctx
+            .generate_with(&options)
+            .await
+            .map_err(|e| Refusal::new(400, e.to_string()))?;
+        let id = format!("chatcmpl-{}-{}", self.session_id, self.tally.turns);
+        let message = assistant_message(&turn.text, self.format, asked.parse_calls, &id);
+        let logprobs = if asked.logprobs {
+            let c = ctx.completion();
+            let tokenizer = ctx.tokenizer();
+            Some(
+                (before..c.len())
+                    .map(|i| {
+                        let text = tokenizer
+                            .decode_verbatim(&c.token_ids[i..=i])
+                            .unwrap_or_default();
+                        (text, c.behaviour_logprobs[i])
+                    })
+                    .collect(),
+            )
+        } else {
+            None
+        };
+        let mut seen = asked.messages;
+        seen.push(message.clone());
+        self.seen = Some(seen);
+        self.tally.turns += 1;
+        self.interactions.push(id.clone());
+        self.earlier.push(id.clone());
+        self.last_content = message.content.clone();
+        Ok(Answer {
+            id,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model: asked.model,
+            finish_reason: finish_reason(turn.finish_reason == FinishReason::Stop, &message),
+            message,
+            prompt_tokens,
+            completion_tokens: turn.token_ids.len(),
+            logprobs,
+        })
+    }
+
+    /// `/rl/set_reward`: `reward` for interaction `id` (the last when `None`).
+    pub(crate) fn set_reward(&mut self, reward: f64, id: Option<&str>) -> Result<(), Refusal> {
+        Reward::check_value(reward).map_err(|e| Refusal {
+            status: 400,
+            message: e.to_string(),
+            param: Some("reward".into()),
+        })?;
+        let Some(last) = self.interactions.last() else {
+            return Err(Refusal::new(
+                400,
+                "set_reward before any completion of this session (or of its current sample)",
+            ));
+        };
+        match id {
+            None => {}
+            Some(id) if id == last => {}
+            Some(id) if self.earlier.iter().any(|e| e == id) => {
+                return Err(Refusal {
+                    status: 409,
+                    message: format!(
+                        "{id} is not the session's last interaction ({last}): a reward is set \
+                         on the last one, before the next request"
+                    ),
+                    param: Some("interaction_id".into()),
+                });
+            }
+            Some(id) => {
+                return Err(Refusal {
+                    status: 404,
+                    message: format!("this session has no interaction {id}"),
+                    param: Some("interaction_id".into()),
+                });
+            }
+        }
+        self.pending = Some(reward);
+        Ok(())
+    }
+
+    /// A reward set on the last interaction becomes its turn's reward, once another request
+    /// comes.
+    fn flush_reward(&mut self, ctx: &mut dyn EpisodeContext) -> Result<(), Refusal> {
+        if let Some(value) = self.pending.take() {
+            ctx.reward_turn(value).map_err(internal)?;
+        }
+        Ok(())
+    }
+
+    /// The reward set on the session's last interaction, if any.
+    pub(crate) fn final_reward(&self) -> Option<f64> {
+        self.pending
+    }
+
+    /// The last answer's content.
+    pub(crate) fn last_content(&self) -> &str {
+        &self.last_content
+    }
+}
+
+fn internal(e: PluginError) -> Refusal {
+    Refusal::new(500, e.to_string())
+}

@@ -1,0 +1,499 @@
+//! The agent proxy over real sockets: agent programs (Python, standard library) run by the
+//! `agent` episode for each sample of a group, a scripted policy behind it, and every route
+//! called as clients call it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use areal_core::{GroupRunner, GroupSpec, RewardService};
+use areal_sdk::{
+    BuildContext, Completion, Episode, EpisodePlugin, FinishReason, GenerateRequest, Generator,
+    PluginConfig, PluginError, Reward, RewardInput, RewardVerifier, SamplingParams, TaskItem,
+    Tokenizer, TrajectoryGroup, Verdict, VerifyContext, WeightUpdate,
+};
+use serde_json::{Value, json};
+
+/// Says the turns of `script` in order, per sample, each ending with the stop token.
+struct Scripted {
+    script: Vec<String>,
+    said: Mutex<HashMap<u64, usize>>,
+    tokenizer: Arc<dyn Tokenizer>,
+}
+
+#[areal_sdk::async_trait]
+impl Generator for Scripted {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError> {
+        let turn = {
+            let mut said = self.said.lock().unwrap();
+            let n = said.entry(request.sample_id).or_default();
+            *n += 1;
+            self.script[(*n - 1).min(self.script.len() - 1)].clone()
+        };
+        let mut c = Completion::empty(FinishReason::Stop);
+        let stop = self.tokenizer.stop_token_ids()[0];
+        for id in self.tokenizer.encode(&turn)?.into_iter().chain([stop]) {
+            if c.len() == request.max_new_tokens {
+                c.finish_reason = FinishReason::Length;
+                break;
+            }
+            c.push(id, -0.5, 3);
+        }
+        Ok(c)
+    }
+    async fn update_weights(&self, _: WeightUpdate) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// Accepted when the text graded says 42.
+struct SaysFortyTwo;
+
+impl RewardVerifier for SaysFortyTwo {
+    fn name(&self) -> &str {
+        "says-42"
+    }
+    fn verify(&self, input: &RewardInput, _: &VerifyContext) -> Result<Reward, PluginError> {
+        Ok(if input.completion.contains("42") {
+            Reward::new(1.0, Verdict::Accepted)
+        } else {
+            Reward::new(0.0, Verdict::WrongAnswer)
+        })
+    }
+}
+
+/// ChatML-like markup for a character tokenizer: the tools named in a system turn, tool
+/// answers in `<tool_response>` blocks, assistant turns ended by `eos_token`; an assistant
+/// message's calls written as the policy writes them.
+const TEMPLATE: &str = "{%- if tools %}system: tools{% for t in tools %} {{ t.function.name }}{% endfor %}{{ '\n' }}{% endif %}\
+{%- for message in messages %}\
+{%- if message.role == 'tool' %}\
+{%- if messages[loop.index0 - 1].role != 'tool' %}user:{% endif %}\
+{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}\
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '\\n' }}{% endif %}\
+{%- elif message.role == 'assistant' %}{{- 'assistant:\\n' + message.content }}\
+{%- for call in message.tool_calls or [] %}{{ '\\n<tool_call>\\n' + (call.function | tojson) + '\\n</tool_call>' }}{% endfor %}\
+{{- eos_token + '\\n' }}\
+{%- else %}{{- message.role + ':\\n' + message.content + '\\n' }}\
+{%- endif %}\
+{%- endfor %}\
+{%- if add_generation_prompt %}{{- 'assistant:\\n' }}{% endif %}";
+
+fn tokenizer() -> Arc<dyn Tokenizer> {
+    let alphabet: String = (' '..='~').chain(['\n']).collect();
+    let mut tokenizer = areal_model::char_tokenizer(&alphabet).unwrap();
+    tokenizer.set_chat_template(TEMPLATE).unwrap();
+    Arc::new(tokenizer)
+}
+
+fn call(a: u32, b: u32) -> String {
+    let call = json!({"name": "python", "arguments": {"code": format!("print({a} * {b})")}});
+    format!("<tool_call>\n{call}\n</tool_call>")
+}
+
+fn agent_file(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/agents")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The `agent` episode with `options`.
+fn agent(options: Value) -> Arc<dyn Episode> {
+    let mut config = PluginConfig::new("episode", "agent");
+    for (k, v) in options.as_object().unwrap().clone() {
+        config = config.with(&k, v);
+    }
+    EpisodePlugin::build_from(&config, &BuildContext::new(0, 1)).expect("the agent episode")
+}
+
+/// A runner of `episode` on a policy that says `script`.
+fn runner(script: &[String], episode: Arc<dyn Episode>) -> Arc<GroupRunner> {
+    let tokenizer = tokenizer();
+    let generator = Arc::new(Scripted {
+        script: script.to_vec(),
+        said: Mutex::new(HashMap::new()),
+        tokenizer: tokenizer.clone(),
+    });
+    let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
+    Arc::new(GroupRunner::new(generator, tokenizer, rewards).with_episode(episode, Vec::new()))
+}
+
+fn spec(group_size: usize) -> GroupSpec {
+    GroupSpec {
+        group_id: 0,
+        group_size,
+        max_new_tokens: 4096,
+        sampling: SamplingParams::greedy(),
+        admitted_at: 3,
+    }
+}
+
+fn item() -> TaskItem {
+    TaskItem {
+        id: "q".into(),
+        prompt: "What is 6 * 7?".into(),
+        reference: Value::Null,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `group_size` episodes of `episode` on a policy that says `script`.
+fn run(
+    script: &[String],
+    episode: Arc<dyn Episode>,
+    group_size: usize,
+) -> (Result<TrajectoryGroup, PluginError>, Arc<GroupRunner>) {
+    let runner = runner(script, episode);
+    let group = runtime().block_on(runner.run_group(spec(group_size), item()));
+    (group, runner)
+}
+
+fn counted(runner: &GroupRunner) -> (u64, u64, u64) {
+    let c = &runner.counters;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::SeqCst);
+    (
+        load(&c.retokenization_checked),
+        load(&c.retokenization_mismatches),
+        load(&c.retokenization_drift),
+    )
+}
+
+fn program(flags: &[&str]) -> Value {
+    let mut command = vec!["python3".to_owned(), agent_file("stdlib_agent.py")];
+    command.extend(flags.iter().map(|f| (*f).to_owned()));
+    json!(command)
+}
+
+/// Every sample is the program's session: its messages rendered with the chat template, the
+/// policy's turns sampled in them, nothing rendered twice; the reward the program set.
+#[test]
+fn an_agent_program_is_trained_on_exactly_what_the_policy_sampled() {
+    let tokenizer = tokenizer();
+    let script = vec![call(6, 7), "It is 42.".to_owned()];
+    for flags in [&[][..], &["--stream"][..]] {
+        let episode = agent(json!({"command": program(flags)}));
+        let (group, runner) = run(&script, episode, 2);
+        let group = group.expect("the group");
+        assert!(group.prompt_ids.is_empty(), "the program writes the prompt");
+        assert_eq!(group.samples.len(), 2);
+        assert_eq!(counted(&runner), (2, 0, 0), "checked, mismatched, drifted");
+        for sample in &group.samples {
+            assert_eq!(sample.reward.value, 1.0, "{:?}", sample.reward);
+            assert_eq!(sample.reward.verdict, Verdict::Accepted);
+            assert_eq!(sample.reward.provenance.details["turns"], 2);
+            assert_eq!(sample.reward.provenance.details["splits"], 0);
+            let c = &sample.completion;
+            let text = tokenizer.decode_verbatim(&c.token_ids).unwrap();
+            assert_eq!(
+                text,
+                format!(
+                    "system: tools python\nuser:\nWhat is 6 * 7?\nassistant:\n{}<eos>\nuser:\n\
+                     <tool_response>\n42\n\n</tool_response>\nassistant:\nIt is 42.<eos>",
+                    call(6, 7)
+                )
+            );
+            // exactly the policy's two turns are trained on, with their logprobs and version
+            let sampled: String = (0..c.len())
+                .filter(|&i| c.is_sampled(i))
+                .map(|i| tokenizer.decode_verbatim(&c.token_ids[i..=i]).unwrap())
+                .collect();
+            assert_eq!(sampled, format!("{}<eos>It is 42.<eos>", call(6, 7)));
+            assert!(
+                (0..c.len())
+                    .filter(|&i| c.is_sampled(i))
+                    .all(|i| { c.versions[i] == 3 && c.behaviour_logprobs[i] == -0.5 })
+            );
+        }
+    }
+}
+
+/// Without `/rl/set_reward` the run's verifier grades the last answer; with
+/// `without_reward = "zero"` it counts 0.
+#[test]
+fn a_session_without_a_reward_is_graded_by_the_runs_verifier() {
+    let script = vec![call(6, 7), "It is 42.".to_owned()];
+    let graded = agent(json!({"command": program(&["--no-reward"])}));
+    let group = run(&script, graded, 1).0.unwrap();
+    assert_eq!(group.samples[0].reward.verdict, Verdict::Accepted);
+    assert_eq!(group.samples[0].reward.provenance.verifier, "says-42");
+    let zero = agent(json!({"command": program(&["--no-reward"]), "without_reward": "zero"}));
+    let group = run(&script, zero, 1).0.unwrap();
+    assert_eq!(group.samples[0].reward.value, 0.0);
+    assert_eq!(group.samples[0].reward.verdict, Verdict::NoAnswer);
+}
+
+/// A client that rewrites the history its next turn reads splits its session: the sample so
+/// far is one sample, the rest another, both with the episode's id and reward; no token is
+/// rendered twice and the template check still holds for each.
+#[test]
+fn a_rewritten_history_splits_the_session_into_samples() {
+    let tokenizer = tokenizer();
+    let script = vec![call(6, 7), "It is 42.".to_owned()];
+    let episode = agent(json!({"command": program(&["--rewrite"])}));
+    let (group, runner) = run(&script, episode, 1);
+    let group = group.unwrap();
+    assert_eq!(group.samples.len(), 2, "one episode, split in two");
+    assert_eq!(group.samples[0].sample_id, group.samples[1].sample_id);
+    let first = tokenizer
+        .decode_verbatim(&group.samples[0].completion.token_ids)
+        .unwrap();
+    let second = tokenizer
+        .decode_verbatim(&group.samples[1].completion.token_ids)
+        .unwrap();
+    assert_eq!(
+        first,
+        format!(
+            "system: tools python\nuser:\nWhat is 6 * 7?\nassistant:\n{}<eos>",
+            call(6, 7)
+        )
+    );
+    assert!(
+        second
+            .starts_with("system: tools python\nuser:\nWhat is 6 * 7? Use the tool.\nassistant:\n"),
+        "{second}"
+    );
+    assert!(second.ends_with("assistant:\nIt is 42.<eos>"), "{second}");
+    for sample in &group.samples {
+        assert_eq!(sample.reward.value, 1.0);
+        assert_eq!(sample.reward.provenance.details["splits"], 1);
+    }
+    assert_eq!(counted(&runner), (1, 0, 0));
+}
+
+/// A program that crashes, hangs, or eats memory costs its own episode, with the reason and
+/// the end of its output; the run (here, the group's call) goes on.
+#[test]
+fn crashing_hanging_and_hoarding_programs_cost_only_their_episode() {
+    let script = vec!["It is 42.".to_owned()];
+    let cases = [
+        (
+            json!({"command": ["python3", "-c", "import sys; print('bad things'); sys.exit(3)"]}),
+            "exited with status 3",
+            Some("bad things"),
+        ),
+        (
+            json!({"command": ["python3", "-c", "import time; time.sleep(600)"], "idle_s": 1.0}),
+            "did nothing for 1 s (idle_s) and was killed",
+            None,
+        ),
+        (
+            json!({
+                "command": ["python3", "-c", "x = bytearray(2 << 30)"],
+                "memory_mb": 256,
+            }),
+            "exited with status 1",
+            Some("MemoryError"),
+        ),
+    ];
+    for (options, why, output) in cases {
+        let (group, _) = run(&script, agent(options), 1);
+        let e = group.expect_err("the episode is lost").to_string();
+        assert!(e.contains(why), "{e}");
+        if let Some(output) = output {
+            let (_, said) = e.split_once("its output ends: ").expect("the output's end");
+            assert!(said.contains(output), "{e}");
+        }
+    }
+    // the same episode plugin goes on serving: a good program after a bad one
+    let episode = agent(json!({"command": program(&[]), "idle_s": 30.0}));
+    let group = run(&[call(6, 7), "It is 42.".to_owned()], episode, 1)
+        .0
+        .unwrap();
+    assert_eq!(group.samples[0].reward.value, 1.0);
+}
+
+/// A program that floods (megabytes on its output, requests past its turns) is bounded: the
+/// output is drained and cut, the requests past `max_turns` refused, the episode ends.
+#[test]
+fn a_flooding_program_is_bounded() {
+    let flood = r#"
+import json, os, sys, urllib.request, urllib.error
+sys.stdout.write("x" * (20 << 20)); sys.stdout.flush()
+base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+codes = []
+for _ in range(5):
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+    req = urllib.request.Request(base + "/chat/completions", data=body,
+        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(req).read(); codes.append(200)
+    except urllib.error.HTTPError as e:
+        codes.append(e.code)
+print("codes", codes, file=sys.stderr)
+sys.exit(0 if codes == [200, 200, 429, 429, 429] else 9)
+"#;
+    let episode = agent(json!({"command": ["python3", "-c", flood], "max_turns": 2}));
+    let group = run(&["It is 42.".to_owned()], episode, 1).0.unwrap();
+    // each request repeated the same history: the second split the sample
+    assert_eq!(group.samples.len(), 2);
+    assert_eq!(group.samples[1].reward.verdict, Verdict::Accepted);
+}
+
+/// A bare HTTP/1.1 call with `key`: the status, the headers and the body.
+async fn http(url: &str, key: Option<&str>, body: Option<&str>) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    let head = match body {
+        Some(b) => format!(
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{b}",
+            b.len()
+        ),
+        None => format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n"),
+    };
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let split = answer.find("\r\n\r\n").unwrap();
+    (
+        status,
+        answer[..split].to_ascii_lowercase(),
+        answer[split + 4..].to_owned(),
+    )
+}
+
+fn json_of(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// Agents from elsewhere (no `command`): `/rl/start_session` hands out the episodes the run
+/// admitted, 429 with `Retry-After` when none waits; every route as a client calls it; a key
+/// opens only its own session; an ended session is refused.
+#[test]
+fn agents_from_elsewhere_take_the_sessions_the_run_admits() {
+    let token = "admin-secret";
+    let options = areal_serve::AgentOptions {
+        idle_s: 30.0,
+        ..Default::default()
+    };
+    let started = areal_serve::Agent::start(options, Some(token.to_owned())).unwrap();
+    let proxy = format!("http://{}", started.addr());
+    let episode: Arc<dyn Episode> = Arc::new(started);
+    let script = vec![call(6, 7), "It is 42.".to_owned()];
+    let runner = runner(&script, episode);
+    let rt = runtime();
+    rt.block_on(async {
+        let start = format!("{proxy}/rl/start_session");
+        // nothing admitted yet: 429, Retry-After
+        let (status, head, body) = http(&start, Some(token), Some("{\"task_id\": \"t\"}")).await;
+        assert_eq!(status, 429, "{body}");
+        assert!(head.contains("retry-after: 1"), "{head}");
+        assert_eq!(json_of(&body)["error"]["type"], "rate_limit_error");
+        // the admin key is needed
+        let (status, _, _) = http(&start, None, Some("{}")).await;
+        assert_eq!(status, 401);
+
+        let group = tokio::spawn({
+            let runner = runner.clone();
+            async move { runner.run_group(spec(2), item()).await }
+        });
+        let mut keys = Vec::new();
+        while keys.len() < 2 {
+            let (status, _, body) = http(&start, Some(token), Some("{\"task_id\": \"t\"}")).await;
+            if status == 200 {
+                let answer = json_of(&body);
+                assert!(answer["session_id"].as_str().unwrap().starts_with("sess-"));
+                keys.push(answer["api_key"].as_str().unwrap().to_owned());
+            } else {
+                assert_eq!(status, 429);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        assert!(keys[0].starts_with("sk-sess-") && keys[0] != keys[1]);
+        // both admitted episodes are taken: the next is refused
+        let (status, _, _) = http(&start, Some(token), Some("{}")).await;
+        assert_eq!(status, 429);
+
+        let chat = format!("{proxy}/v1/chat/completions");
+        let first = json!({
+            "model": "policy",
+            "messages": [{"role": "user", "content": "What is 6 * 7?"}],
+            "tools": [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
+        });
+        // no key, a wrong key, the admin key: refused
+        for key in [None, Some("sk-sess-nope"), Some(token)] {
+            let (status, _, body) = http(&chat, key, Some(&first.to_string())).await;
+            assert_eq!(status, 401, "{body}");
+        }
+        // a field that cannot be honoured is named
+        let mut bad = first.clone();
+        bad["n"] = json!(3);
+        let (status, _, body) = http(&chat, Some(&keys[0]), Some(&bad.to_string())).await;
+        assert_eq!((status, json_of(&body)["error"]["param"].clone()), (400, json!("n")));
+        // a body past the bound
+        let huge = format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "x".repeat(3 << 20));
+        let (status, _, _) = http(&chat, Some(&keys[0]), Some(&huge)).await;
+        assert_eq!(status, 413);
+
+        for (k, key) in keys.iter().enumerate() {
+            let (status, _, body) = http(&chat, Some(key), Some(&first.to_string())).await;
+            assert_eq!(status, 200, "{body}");
+            let answer = json_of(&body);
+            assert_eq!(answer["object"], "chat.completion");
+            let choice = &answer["choices"][0];
+            assert_eq!(choice["finish_reason"], "tool_calls");
+            let calls = &choice["message"]["tool_calls"];
+            assert_eq!(calls[0]["function"]["name"], "python");
+            assert_eq!(calls[0]["function"]["arguments"], "{\"code\":\"print(6 * 7)\"}");
+            assert_eq!(answer["usage"]["completion_tokens"], call(6, 7).len() + 1);
+            let mut next = first.clone();
+            let messages = next["messages"].as_array_mut().unwrap();
+            messages.push(choice["message"].clone());
+            messages.push(json!({"role": "tool", "tool_call_id": calls[0]["id"], "content": "42\n"}));
+            next["stream"] = json!(k == 1);
+            let (status, head, body) = http(&chat, Some(key), Some(&next.to_string())).await;
+            assert_eq!(status, 200, "{body}");
+            let content = if k == 1 {
+                assert!(head.contains("text/event-stream"), "{head}");
+                assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+                body.lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .filter(|d| *d != "[DONE]")
+                    .filter_map(|d| json_of(d)["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+                    .collect::<String>()
+            } else {
+                json_of(&body)["choices"][0]["message"]["content"].as_str().unwrap().to_owned()
+            };
+            assert_eq!(content, "It is 42.");
+        }
+        // rewards: a bad value and an unknown interaction are named
+        let reward = format!("{proxy}/rl/set_reward");
+        let (status, _, body) = http(&reward, Some(&keys[0]), Some("{\"reward\": 1e300}")).await;
+        assert_eq!((status, json_of(&body)["error"]["param"].clone()), (400, json!("reward")));
+        let (status, _, _) = http(&reward, Some(&keys[0]), Some("{\"reward\": 1, \"interaction_id\": \"chatcmpl-x\"}")).await;
+        assert_eq!(status, 404);
+        let (status, _, body) = http(&reward, Some(&keys[0]), Some("{\"reward\": 0.5}")).await;
+        assert_eq!(status, 200, "{body}");
+        // ending one session leaves the other open; an ended one is refused
+        let end = format!("{proxy}/rl/end_session");
+        let (status, _, _) = http(&end, Some(&keys[0]), Some("{}")).await;
+        assert_eq!(status, 200);
+        let (status, _, _) = http(&chat, Some(&keys[0]), Some(&first.to_string())).await;
+        assert_eq!(status, 410);
+        let (status, _, _) = http(&end, Some(&keys[1]), Some("{}")).await;
+        assert_eq!(status, 200);
+        let group = group.await.unwrap().unwrap();
+        let mut values: Vec<f64> = group.samples.iter().map(|s| s.reward.value).collect();
+        values.sort_by(f64::total_cmp);
+        // one set 0.5; the other had none and was graded by the run's verifier
+        assert_eq!(values, [0.5, 1.0]);
+        let (status, _, body) = http(&format!("{proxy}/health"), None, None).await;
+        assert_eq!((status, json_of(&body)["sessions"].clone()), (200, json!(0)));
+    });
+}
