@@ -14,6 +14,7 @@ mod handover;
 mod heavy;
 mod math;
 mod model;
+mod proxy;
 mod resume;
 mod reward;
 mod sandbox;
@@ -71,6 +72,10 @@ enum BenchCommand {
     /// interpreter kept alive, its names persisting to the next call) against a fresh
     /// `python3` process per call, for a trivial call and a ~50 ms computation: p50, p99.
     Tools(tools::BenchToolsArgs),
+    /// What the agent proxy costs: a turn's latency over loopback against the generator
+    /// alone, sessions per second at 1, 8 and 64 concurrent agents, and a burst of
+    /// `/rl/start_session` past what the run admits (429s with Retry-After).
+    Proxy(proxy::BenchProxyArgs),
 }
 
 fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -86,6 +91,7 @@ fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Resume(args) => resume::run(args),
         BenchCommand::Reward(args) => reward::run(args),
         BenchCommand::Tools(args) => tools::run(args),
+        BenchCommand::Proxy(args) => proxy::run(args),
     }
 }
 

@@ -115,8 +115,28 @@ pub async fn evaluate(
         max => total.min(max),
     };
     let samples = spec.samples.max(1);
+    check_rounds(runner.episode().as_ref(), spec.batched)?;
     let graded = grade_episodes(task, runner, spec, items, samples).await?;
     summarise(task, spec, graded)
+}
+
+/// Refuse to run `episode` in rounds (deterministic mode) when it drives an outside program:
+/// a round waits for every episode to ask for a turn or end, which an agent waiting for a
+/// program (or for one to take its session) may never do, and a program's turns do not come
+/// the same way each time.
+pub(crate) fn check_rounds(
+    episode: &dyn areal_sdk::Episode,
+    in_rounds: bool,
+) -> Result<(), EngineError> {
+    if in_rounds && episode.traits().not_replayable {
+        return Err(EngineError::setup(format!(
+            "deterministic = true: the {} episode drives an outside program, whose turns do not \
+             come the same way each time; deterministic mode needs episodes that do (set \
+             deterministic = false)",
+            episode.name()
+        )));
+    }
+    Ok(())
 }
 
 /// Item `index` of `split`, or an error naming it.

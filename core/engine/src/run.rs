@@ -44,6 +44,7 @@ pub async fn run(
         tools,
     } = plugins;
     check_task(task.as_ref(), &config)?;
+    crate::eval::check_rounds(episode.as_ref(), config.deterministic)?;
     let task_fingerprint = crate::fingerprint::task_fingerprint(task.as_ref(), &config);
     let out_dir = options.out_dir.as_deref();
     let (found, log, resumes) = match (out_dir, options.resume) {

@@ -61,6 +61,8 @@ pub(crate) struct Fleet<C> {
     /// Since when no member has been ready; the verdict once that passed the grace period.
     gone: Mutex<(Option<Instant>, Option<FleetError>)>,
     routing: Routing,
+    /// Where each recent sample went ([`Routing::Sticky`]).
+    pins: Mutex<Pins>,
     next: AtomicUsize,
     reissued: AtomicU64,
     failures: AtomicU64,
@@ -275,10 +277,17 @@ impl<C> Fleet<C> {
             changed: Notify::new(),
             gone: Mutex::new((Some(Instant::now()), None)),
             routing: Routing::default(),
+            pins: Mutex::new(Pins::default()),
             next: AtomicUsize::new(0),
             reissued: AtomicU64::new(0),
             failures: AtomicU64::new(0),
         }
+    }
+
+    /// This fleet routes as `routing` says.
+    pub(crate) fn with_routing(mut self, routing: Routing) -> Self {
+        self.routing = routing;
+        self
     }
 
     /// This fleet's servers load weights, each load taking at most `load_time`.
@@ -428,16 +437,26 @@ impl<C> Fleet<C> {
         self.changed.notify_waiters();
     }
 
-    /// The member the routing picks for one sample, waiting for one while none takes work;
-    /// an error once none has for the grace period (for good) or every one refuses us.
-    pub(crate) async fn acquire(&self) -> Result<Lease<'_, C>, FleetError> {
-        self.acquire_up_to(1).await
+    /// The member the routing picks for sample `sample_id` (with [`Routing::Sticky`], the one
+    /// its earlier calls went to while that one takes work and has room), waiting for one
+    /// while none takes work; an error once none has for the grace period (for good) or every
+    /// one refuses us.
+    pub(crate) async fn acquire_for(&self, sample_id: u64) -> Result<Lease<'_, C>, FleetError> {
+        self.acquire_routed(1, Some(sample_id)).await
     }
 
-    /// [`acquire`](Self::acquire) for up to `want` samples: the lease's weight is what the
+    /// [`acquire_for`](Self::acquire_for) any sample, for up to `want` samples: the lease's weight is what the
     /// member picked has room for (its capacity less what it has), at least one. While every
     /// member that takes work is full, it waits for room.
     pub(crate) async fn acquire_up_to(&self, want: usize) -> Result<Lease<'_, C>, FleetError> {
+        self.acquire_routed(want, None).await
+    }
+
+    async fn acquire_routed(
+        &self,
+        want: usize,
+        sample_id: Option<u64>,
+    ) -> Result<Lease<'_, C>, FleetError> {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -447,7 +466,7 @@ impl<C> Fleet<C> {
                 if let Some(verdict) = &gone.1 {
                     return Err(verdict.clone());
                 }
-                if let Some(lease) = self.route(want.max(1)) {
+                if let Some(lease) = self.route(want.max(1), sample_id) {
                     return Ok(lease);
                 }
                 if (0..self.members.len()).any(|i| self.state(i).ready) {
@@ -513,7 +532,7 @@ impl<C> Fleet<C> {
         let mut failures: Vec<String> = Vec::new();
         let why = loop {
             before().await;
-            let lease = match self.acquire().await {
+            let lease = match self.acquire_for(sample_id).await {
                 Ok(lease) => lease,
                 Err(gone) => break SampleFailure::from(gone),
             };
@@ -547,8 +566,8 @@ impl<C> Fleet<C> {
     }
 
     /// The member the routing policy picks among those that take work and have room, leased
-    /// for up to `want` samples.
-    fn route(&self, want: usize) -> Option<Lease<'_, C>> {
+    /// for up to `want` samples (of sample `sample_id`, when for one).
+    fn route(&self, want: usize, sample_id: Option<u64>) -> Option<Lease<'_, C>> {
         let n = self.members.len();
         let room = |i: usize| match self.members[i].capacity.load(Ordering::Relaxed) {
             0 => want,
@@ -556,22 +575,34 @@ impl<C> Fleet<C> {
                 .saturating_sub(self.members[i].in_flight())
                 .min(want),
         };
-        let index = match self.routing {
-            Routing::LeastLoaded => {
-                let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-                let mut best: Option<(usize, usize)> = None;
-                for k in 0..n {
-                    let i = (start + k) % n;
-                    if !self.state(i).ready || room(i) == 0 {
-                        continue;
-                    }
-                    let load = self.members[i].in_flight();
-                    if best.is_none_or(|(_, b)| load < b) {
-                        best = Some((i, load));
+        let least_loaded = || {
+            let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+            let mut best: Option<(usize, usize)> = None;
+            for k in 0..n {
+                let i = (start + k) % n;
+                if !self.state(i).ready || room(i) == 0 {
+                    continue;
+                }
+                let load = self.members[i].in_flight();
+                if best.is_none_or(|(_, b)| load < b) {
+                    best = Some((i, load));
+                }
+            }
+            best.map(|(i, _)| i)
+        };
+        let index = match (self.routing, sample_id) {
+            (Routing::Sticky, Some(sample_id)) => {
+                let mut pins = self.pins.lock().expect("pins lock");
+                match pins.get(sample_id) {
+                    Some(i) if i < n && self.state(i).ready && room(i) > 0 => i,
+                    _ => {
+                        let i = least_loaded()?;
+                        pins.pin(sample_id, i);
+                        i
                     }
                 }
-                best?.0
             }
+            _ => least_loaded()?,
         };
         let weight = room(index);
         let member = &self.members[index];
@@ -585,14 +616,45 @@ impl<C> Fleet<C> {
     }
 }
 
-/// How a fleet picks the server of a call among those that take work. Least-loaded is the one
-/// policy today; sessions that must stay on one server (an agent's turns, for its prefix
-/// cache) are the next.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum Routing {
+/// How a fleet picks the server of a call among those that take work.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Routing {
     /// The fewest calls in flight; ties taken in turn.
     #[default]
     LeastLoaded,
+    /// Every call of a sample (an episode's turns, an agent session's, a sample continued
+    /// after a weight update) to the server its first went to, while that one takes work and
+    /// has room, so that its prefix cache holds the sample's tokens so far; a sample's first
+    /// call, and one whose server is gone or full, to the least loaded.
+    Sticky,
+}
+
+/// Where recent samples went: the last [`Pins::KEPT`] samples' servers.
+#[derive(Default)]
+struct Pins {
+    to: std::collections::HashMap<u64, usize>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl Pins {
+    /// How many samples' servers are remembered (far more than are in flight at once).
+    const KEPT: usize = 1 << 16;
+
+    fn get(&self, sample_id: u64) -> Option<usize> {
+        self.to.get(&sample_id).copied()
+    }
+
+    fn pin(&mut self, sample_id: u64, index: usize) {
+        if self.to.insert(sample_id, index).is_none() {
+            self.order.push_back(sample_id);
+            if self.order.len() > Self::KEPT
+                && let Some(old) = self.order.pop_front()
+            {
+                self.to.remove(&old);
+            }
+        }
+    }
 }
 
 /// A tokio runtime of a client's own (its channels and probes), shut down without waiting
@@ -718,7 +780,69 @@ pub(crate) fn check_options(
 
 #[cfg(test)]
 mod tests {
-    use super::redacted;
+    use super::{Fleet, Routing, redacted};
+
+    fn fleet(routing: Routing, n: usize) -> Fleet<()> {
+        let members = (0..n).map(|i| (format!("http://s{i}"), ())).collect();
+        let fleet = Fleet::new("generator", members, std::time::Duration::from_secs(1))
+            .with_routing(routing);
+        for i in 0..n {
+            fleet.set_ready(i, None);
+        }
+        fleet
+    }
+
+    /// Sticky routing keeps each sample on the server its first call went to, spreads new
+    /// samples by load, and moves a sample whose server is gone or full.
+    #[test]
+    fn sticky_routing_keeps_a_samples_calls_on_one_server() {
+        let fleet = fleet(Routing::Sticky, 3);
+        // 30 samples, each with a call in flight: spread 10 to a server
+        let leases: Vec<_> = (0..30).map(|s| fleet.route(1, Some(s)).unwrap()).collect();
+        let first: Vec<usize> = leases.iter().map(|l| l.index).collect();
+        for i in 0..3 {
+            assert_eq!(first.iter().filter(|&&x| x == i).count(), 10);
+        }
+        drop(leases);
+        // every later call of a sample goes where its first did, whatever the load
+        for round in 0..4 {
+            let again: Vec<usize> = (0..30)
+                .map(|s| fleet.route(1, Some(s)).unwrap().index)
+                .collect();
+            assert_eq!(again, first, "round {round}");
+        }
+        // a server gone: its samples move once, and stay where they moved
+        fleet.set_down(0, "gone".into());
+        let moved: Vec<usize> = (0..30)
+            .map(|s| fleet.route(1, Some(s)).unwrap().index)
+            .collect();
+        for (s, (&before, &after)) in first.iter().zip(&moved).enumerate() {
+            if before == 0 {
+                assert_ne!(after, 0, "sample {s}");
+            } else {
+                assert_eq!(after, before, "sample {s}");
+            }
+        }
+        fleet.set_ready(0, None);
+        let back: Vec<usize> = (0..30)
+            .map(|s| fleet.route(1, Some(s)).unwrap().index)
+            .collect();
+        assert_eq!(back, moved, "a sample stays where it moved");
+        // a full server: its sample goes elsewhere, and stays there
+        let pinned_to_1 = (0..30).find(|&s| moved[s as usize] == 1).unwrap();
+        let hold = fleet.route(1, Some(pinned_to_1)).unwrap();
+        assert_eq!(hold.index, 1);
+        fleet.set_capacity(1, 1);
+        let elsewhere = fleet.route(1, Some(pinned_to_1)).unwrap().index;
+        assert_ne!(elsewhere, 1);
+        drop(hold);
+        assert_eq!(fleet.route(1, Some(pinned_to_1)).unwrap().index, elsewhere);
+        // least-loaded routing ignores the sample
+        let fleet = super::tests::fleet(Routing::LeastLoaded, 2);
+        let a = fleet.route(1, Some(7)).unwrap();
+        let b = fleet.route(1, Some(7)).unwrap();
+        assert_ne!(a.index, b.index);
+    }
 
     /// Issue 32: a password in an endpoint URL was echoed in logs and errors.
     #[test]

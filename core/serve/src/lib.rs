@@ -32,6 +32,7 @@ mod tool_server;
 mod weights_folder;
 
 pub use errors::OptionError;
+pub use fleet::Routing;
 pub use generator_server::serve_generator;
 pub use generators::{GeneratorFleet, GeneratorFleetOptions};
 pub use inference_api::InferenceApi;

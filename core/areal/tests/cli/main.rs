@@ -1189,6 +1189,27 @@ fn the_multi_turn_job_learns_through_an_openai_client_agent_as_in_process() {
         )
     };
     let service = format!("episode.service=[{:?}, {:?}]", python, agent);
+    // an outside program's turns are not the same each time: no deterministic mode
+    let config = root.join("plugins/tools/examples/tool-mul-agent.toml");
+    let out = areal(&[
+        "train",
+        "-q",
+        "--config",
+        config.to_str().unwrap(),
+        "--set",
+        &service,
+        "--set",
+        "deterministic=true",
+        "--out",
+        dir.path().join("deterministic").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr)
+            .contains("deterministic = true: the agent episode drives an outside program"),
+        "{}",
+        text(&out.stderr)
+    );
     let (with_agent, before, after) = run("agent", "tool-mul-agent.toml", &["--set", &service]);
     let (_, in_before, in_after) = run("in-process", "tool-mul.toml", &[]);
     assert!(

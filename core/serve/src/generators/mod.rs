@@ -34,7 +34,7 @@ use futures_util::future::join_all;
 use serde::Deserialize;
 
 use crate::fleet::{
-    CallError, ClientRuntime, Connect, Fleet, OptionError, PauseGate, check_options,
+    CallError, ClientRuntime, Connect, Fleet, OptionError, PauseGate, Routing, check_options,
     default_connect_timeout_s, default_grace_s, default_probe_interval_s,
 };
 use crate::security::token_from_env;
@@ -77,6 +77,16 @@ pub struct GeneratorFleetOptions {
     /// can tokenize (`sglang`, `vllm`: `/tokenize`). By default true.
     #[serde(default = "yes")]
     pub check_tokenizer: bool,
+    /// Which server a sample's call goes to: `sticky` (every call of a sample, an episode's
+    /// turns and an agent session's included, to the server its first went to, for that
+    /// server's prefix cache; the default) or `least-loaded` (each call to the server with
+    /// the fewest in flight).
+    #[serde(default = "sticky")]
+    pub routing: Routing,
+}
+
+fn sticky() -> Routing {
+    Routing::Sticky
 }
 
 fn default_call_timeout_s() -> f64 {
@@ -205,7 +215,8 @@ impl GeneratorFleet {
                 members,
                 Duration::from_secs_f64(options.grace_s),
             )
-            .with_load_time(timeouts.weights),
+            .with_load_time(timeouts.weights)
+            .with_routing(options.routing),
             held: (0..n).map(|_| Mutex::new(None)).collect(),
             current: Mutex::new(None),
             sync: tokio::sync::Mutex::new(()),

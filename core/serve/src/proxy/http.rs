@@ -257,7 +257,8 @@ async fn models() -> Response {
 }
 
 async fn health(State(s): State<Arc<Served>>) -> Response {
-    axum::Json(json!({ "status": "ok", "sessions": s.hub.open_sessions() })).into_response()
+    let (sessions, waiting) = s.hub.counts();
+    axum::Json(json!({ "status": "ok", "sessions": sessions, "waiting": waiting })).into_response()
 }
 
 async fn not_found() -> Response {

@@ -213,8 +213,9 @@ impl Hub {
         None
     }
 
-    /// Sessions open now.
-    pub(crate) fn open_sessions(&self) -> usize {
-        self.lock().by_key.len()
+    /// Sessions open now, and of them those waiting for an agent from elsewhere.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.by_key.len(), state.waiting.len())
     }
 }
