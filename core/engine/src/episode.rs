@@ -519,6 +519,7 @@ impl EpisodeContext for EpisodeRun<'_> {
             ));
         }
         self.compare_with_template(false);
+        self.stats.splits += 1;
         let turn_rewards = std::mem::take(&mut self.turn_rewards);
         self.progress.split(self.j, &turn_rewards);
         self.segments.push(Segment {

@@ -48,6 +48,11 @@ pub struct GroupCounters {
     pub retokenization_mismatches: AtomicU64,
     /// Of which spelled the rendering in other tokens than tokenizing it gives.
     pub retokenization_drift: AtomicU64,
+    /// Times an episode split its sample ([`EpisodeContext::split`]: a client that rewrote
+    /// the history its next turn reads).
+    ///
+    /// [`EpisodeContext::split`]: areal_sdk::EpisodeContext::split
+    pub episode_splits: AtomicU64,
 }
 
 impl GroupCounters {
@@ -59,6 +64,8 @@ impl GroupCounters {
             .fetch_add(stats.tool_calls, Ordering::Relaxed);
         self.tool_errors
             .fetch_add(stats.tool_errors, Ordering::Relaxed);
+        self.episode_splits
+            .fetch_add(stats.splits, Ordering::Relaxed);
         if stats.tool_calls > 0 {
             self.episodes_calling_tools.fetch_add(1, Ordering::Relaxed);
         }
@@ -447,6 +454,8 @@ pub(crate) struct EpisodeStats {
     pub(crate) tool_calls: u64,
     /// Of which came back as errors.
     pub(crate) tool_errors: u64,
+    /// Times the episode split its sample.
+    pub(crate) splits: u64,
     /// How the episode's tokens compare with its conversation rendered by the chat template.
     pub(crate) retokenization: Retokenization,
 }

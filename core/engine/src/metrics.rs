@@ -149,6 +149,11 @@ pub struct StepMetrics {
     /// system that decodes and tokenizes again would have trained on instead.
     #[serde(default)]
     pub retokenization_drift: u64,
+    /// Times an episode split its sample in two, where a client rewrote the history its
+    /// next turn reads (the agent proxy): each part is a sample of its own, nothing is
+    /// tokenized again.
+    #[serde(default)]
+    pub episode_splits: u64,
     /// Loss summed over mini-batches.
     pub loss: f64,
     /// Gradient norm before clipping (last mini-batch).

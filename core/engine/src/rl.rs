@@ -194,14 +194,17 @@ fn progress(
 
 /// Record the sample ids of `groups`, refusing one already trained on: a sample re-issued
 /// after a server failed, resubmitted after an interruption, or restored by a resume, must
-/// come back once.
+/// come back once. (The samples an episode split into share its id, in its group.)
 fn check_once(trained: &mut IdRanges, groups: &[TrajectoryGroup]) -> Result<(), EngineError> {
-    for sample in groups.iter().flat_map(|g| &g.samples) {
-        if !trained.insert(sample.sample_id) {
-            return Err(EngineError::internal(format!(
-                "sample {} came back to be trained a second time",
-                sample.sample_id
-            )));
+    for group in groups {
+        let ids: std::collections::BTreeSet<u64> =
+            group.samples.iter().map(|s| s.sample_id).collect();
+        for id in ids {
+            if !trained.insert(id) {
+                return Err(EngineError::internal(format!(
+                    "sample {id} came back to be trained a second time"
+                )));
+            }
         }
     }
     Ok(())
@@ -346,6 +349,7 @@ pub(crate) fn step_metrics(
             .retokenization_mismatches
             .swap(0, Ordering::Relaxed),
         retokenization_drift: counters.retokenization_drift.swap(0, Ordering::Relaxed),
+        episode_splits: counters.episode_splits.swap(0, Ordering::Relaxed),
         loss: report.loss,
         grad_norm: report.grad_norm,
         microbatches: report.microbatches,

@@ -1237,4 +1237,143 @@ fn the_multi_turn_job_learns_through_an_openai_client_agent_as_in_process() {
         .map(|s| s["turns_per_episode"].as_f64().unwrap() * s["episodes"].as_f64().unwrap())
         .sum();
     assert!(turns / episodes > 1.5, "{last:?}");
+    assert_eq!(
+        total("episode_splits"),
+        0.0,
+        "the agent never rewrites its history"
+    );
+
+    // the same agent rewriting its first message before its second request: every episode
+    // with a tool call splits in two samples, both trained, none re-tokenized
+    let rewriting = format!(
+        "import json, sys\n\
+         sys.path.insert(0, {:?})\n\
+         import tool_mul_agent as a\n\
+         def episode(client, item, max_turns=2):\n\
+         \x20   messages = [{{'role': 'user', 'content': item['prompt']}}]\n\
+         \x20   for turn in range(max_turns):\n\
+         \x20       reply = client.chat.completions.create(model='policy', messages=messages, tools=a.TOOLS)\n\
+         \x20       message = reply.choices[0].message\n\
+         \x20       messages.append(message.model_dump(exclude_none=True))\n\
+         \x20       if not message.tool_calls or turn + 1 == max_turns:\n\
+         \x20           return message.content\n\
+         \x20       for call in message.tool_calls:\n\
+         \x20           output = a.run_python(json.loads(call.function.arguments)['code'])\n\
+         \x20           messages.append({{'role': 'tool', 'tool_call_id': call.id, 'content': output}})\n\
+         \x20       messages[0] = {{'role': 'user', 'content': item['prompt'] + ' '}}\n\
+         a.episode = episode\n\
+         a.serve(8)\n",
+        agent.parent().unwrap()
+    );
+    let service = format!("episode.service=[{:?}, \"-c\", {:?}]", python, rewriting);
+    let (split, _, _) = run(
+        "split",
+        "tool-mul-agent.toml",
+        &["--set", &service, "--set", "train.steps=5"],
+    );
+    let steps = records(&split, "step");
+    let total = |key: &str| steps.iter().map(|s| s[key].as_f64().unwrap()).sum::<f64>();
+    let summary = summary(&split);
+    assert!(total("episode_splits") > 0.0, "{steps:?}");
+    assert_eq!(total("retokenization_mismatches"), 0.0);
+    // a split episode is two samples of one id: more samples trained than episodes
+    let samples = total("samples");
+    assert!(
+        samples > summary["samples_trained"].as_f64().unwrap(),
+        "{samples} samples, {summary}"
+    );
+}
+
+/// A bare HTTP/1.1 POST of `body` with `key`: the status and the JSON answer.
+fn post(addr: &str, path: &str, key: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    use std::io::{Read as _, Write as _};
+    let body = body.to_string();
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let json = answer
+        .find("\r\n\r\n")
+        .and_then(|at| serde_json::from_str(&answer[at + 4..]).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (status, json)
+}
+
+/// `areal serve proxy` serves the agent proxy without training: an agent from elsewhere takes
+/// a session (with the task item), asks for a turn, ends it, and the session's sample is
+/// written to the records (token ids, loss mask on the policy's tokens, logprobs, reward).
+#[test]
+fn serve_proxy_serves_agents_and_records_their_sessions() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let config = root.join("plugins/tools/examples/tool-mul-agent.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records.jsonl");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_areal"))
+        .args(["serve", "proxy", "--config"])
+        .arg(&config)
+        .args([
+            "--set",
+            "episode.service=[]",
+            "--sessions",
+            "2",
+            "--records",
+        ])
+        .arg(&records)
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let line = {
+        use std::io::BufRead as _;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line
+    };
+    let addr = line
+        .strip_prefix("serving the agent proxy on ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    let (status, session) = post(
+        &addr,
+        "/rl/start_session",
+        "",
+        &serde_json::json!({"task_id": "t"}),
+    );
+    assert_eq!(status, 200, "{session}");
+    let key = session["api_key"].as_str().unwrap().to_owned();
+    let prompt = session["item"]["prompt"].as_str().unwrap().to_owned();
+    let (status, answer) = post(
+        &addr,
+        "/v1/chat/completions",
+        &key,
+        &serde_json::json!({"model": "policy", "messages": [{"role": "user", "content": prompt}]}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let completion_tokens = answer["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(completion_tokens > 0);
+    let (status, _) = post(&addr, "/rl/end_session", &key, &serde_json::json!({}));
+    assert_eq!(status, 200);
+    wait_for_line(&records, "\"session\"");
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&records).unwrap();
+    let record: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let input = record["input_ids"].as_array().unwrap();
+    let mask = record["loss_mask"].as_array().unwrap();
+    assert_eq!(input.len(), mask.len());
+    // the prompt the agent wrote, not trained; the policy's turn, trained
+    let trained = mask.iter().filter(|m| m.as_u64() == Some(1)).count() as u64;
+    assert_eq!(trained, completion_tokens);
+    assert_eq!(input.len() as u64, prompt.len() as u64 + completion_tokens);
+    assert!(record["verdict"].is_string() && record["reward"].is_number());
 }
