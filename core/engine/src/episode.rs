@@ -518,6 +518,15 @@ impl EpisodeContext for EpisodeRun<'_> {
                 "split before any turn was generated: there is no sample to end",
             ));
         }
+        // a resumed episode that split where the record goes on went another way
+        if let Some(record) = self.record.take()
+            && record.completion.len() > self.completion.len()
+        {
+            return Err(diverged(
+                self.completion.len(),
+                "the episode split its sample where the record goes on",
+            ));
+        }
         self.compare_with_template(false);
         self.stats.splits += 1;
         let turn_rewards = std::mem::take(&mut self.turn_rewards);

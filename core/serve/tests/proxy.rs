@@ -342,6 +342,49 @@ sys.exit(0 if codes == [200, 200, 429, 429, 429] else 9)
     assert_eq!(group.samples[1].reward.verdict, Verdict::Accepted);
 }
 
+/// A policy that cannot generate.
+struct Broken;
+
+#[areal_sdk::async_trait]
+impl Generator for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+    async fn generate(&self, _: GenerateRequest) -> Result<Completion, PluginError> {
+        Err(PluginError::failed("broken", "the device fell off"))
+    }
+    async fn update_weights(&self, _: WeightUpdate) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// A turn the policy cannot generate is answered 503 and ends the session with the
+/// generator's error, as a failed generation ends any episode (the messages already appended
+/// are answered by no turn: a retry cannot go on from there).
+#[test]
+fn a_turn_the_policy_cannot_generate_ends_the_session_with_its_error() {
+    let probe = r#"
+import json, os, sys, urllib.request, urllib.error
+body = json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode()
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+try:
+    urllib.request.urlopen(req)
+except urllib.error.HTTPError as e:
+    print(e.code, json.load(e)["error"]["message"])
+"#;
+    let episode = agent(json!({"command": ["python3", "-c", probe]}));
+    let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
+    let runner = Arc::new(
+        GroupRunner::new(Arc::new(Broken), tokenizer(), rewards).with_episode(episode, Vec::new()),
+    );
+    let e = runtime()
+        .block_on(runner.run_group(spec(1), item()))
+        .expect_err("the session ends with the error")
+        .to_string();
+    assert!(e.contains("the device fell off"), "{e}");
+}
+
 /// A bare HTTP/1.1 call with `key`: the status, the headers and the body.
 async fn http(url: &str, key: Option<&str>, body: Option<&str>) -> (u16, String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -274,6 +274,9 @@ impl Agent {
                     Some(Call::Chat { asked, reply }) => {
                         let answer = session.chat(ctx, asked).await;
                         let _ = reply.send(answer);
+                        if session.broken.is_some() {
+                            break Ended::Broken;
+                        }
                     }
                     Some(Call::SetReward { reward, interaction_id, reply }) => {
                         let _ = reply.send(session.set_reward(reward, interaction_id.as_deref()));
@@ -306,6 +309,12 @@ impl Agent {
                 .with_detail("splits", session.tally.splits)
         };
         match status {
+            Ended::Broken => {
+                if let Some(p) = &program {
+                    p.kill();
+                }
+                return Err(session.broken.take().expect("broken sessions say why"));
+            }
             Ended::Exited(None) | Ended::Closed => {}
             Ended::Exited(Some(Ok(s))) if s.success() => {}
             Ended::Exited(Some(Ok(s))) => {
@@ -376,6 +385,8 @@ enum Ended {
     Closed,
     /// Nothing came for `idle_s`.
     Idle,
+    /// The policy failed to generate a turn ([`Session::broken`]).
+    Broken,
 }
 
 /// `what` happened, with the end of the program's `output` (its last 400 characters).

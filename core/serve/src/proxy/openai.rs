@@ -126,6 +126,19 @@ impl ChatRequest {
             .enumerate()
             .map(|(i, t)| tool(t).map_err(|e| BadField::new(format!("tools[{i}]"), e)))
             .collect::<Result<Vec<_>, _>>()?;
+        if let Some(t) = self.temperature
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return Err(BadField::new(
+                "temperature",
+                format!("{t}: must be finite and ≥ 0"),
+            ));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(BadField::new("top_p", format!("{p}: must be in (0, 1]")));
+        }
         let max_tokens = self.max_completion_tokens.or(self.max_tokens);
         if max_tokens == Some(0) {
             return Err(BadField::new("max_tokens", "must be at least 1"));
@@ -508,6 +521,8 @@ mod tests {
         assert_eq!(base(json!({"stop": ["\n"]})), "stop");
         assert_eq!(base(json!({"tool_choice": "required"})), "tool_choice");
         assert_eq!(base(json!({"max_tokens": 0})), "max_tokens");
+        assert_eq!(base(json!({"temperature": -1.0})), "temperature");
+        assert_eq!(base(json!({"top_p": 0.0})), "top_p");
         assert_eq!(
             base(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
             "messages[0]"

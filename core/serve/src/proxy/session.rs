@@ -44,6 +44,9 @@ pub(crate) struct Session {
     last_content: String,
     session_id: String,
     pub(crate) tally: Tally,
+    /// Why the session cannot go on (the policy failed to generate after the request's
+    /// messages were appended): the episode ends with it.
+    pub(crate) broken: Option<PluginError>,
 }
 
 impl Session {
@@ -59,6 +62,7 @@ impl Session {
             last_content: String::new(),
             session_id: session_id.to_owned(),
             tally: Tally::default(),
+            broken: None,
         }
     }
 
@@ -109,10 +113,20 @@ impl Session {
         options.temperature = asked.temperature;
         options.top_p = asked.top_p;
         let before = ctx.completion().len();
-        let turn = ctx
-            .generate_with(&options)
-            .await
-            .map_err(|e| Refusal::new(400, e.to_string()))?;
+        // (what the request asks was checked: a failure here is the policy's side, and the
+        // session's tokens now hold messages no turn answers: it ends, as a failed generation
+        // ends any episode)
+        let turn = match ctx.generate_with(&options).await {
+            Ok(turn) => turn,
+            Err(e) => {
+                let refusal = Refusal::new(
+                    503,
+                    format!("the policy could not generate this turn, and the session ends: {e}"),
+                );
+                self.broken = Some(e);
+                return Err(refusal);
+            }
+        };
         let id = format!("chatcmpl-{}-{}", self.session_id, self.tally.turns);
         let message = assistant_message(&turn.text, self.format, asked.parse_calls, &id);
         let logprobs = if asked.logprobs {
