@@ -500,7 +500,13 @@ fn agents_from_elsewhere_take_the_sessions_the_run_admits() {
             messages.push(choice["message"].clone());
             messages.push(json!({"role": "tool", "tool_call_id": calls[0]["id"], "content": "42\n"}));
             next["stream"] = json!(k == 1);
-            let (status, head, body) = http(&chat, Some(key), Some(&next.to_string())).await;
+            // (AReaL's proxy serves the route without `/v1` too)
+            let route = if k == 1 {
+                format!("{proxy}/chat/completions")
+            } else {
+                chat.clone()
+            };
+            let (status, head, body) = http(&route, Some(key), Some(&next.to_string())).await;
             assert_eq!(status, 200, "{body}");
             let content = if k == 1 {
                 assert!(head.contains("text/event-stream"), "{head}");
@@ -538,5 +544,9 @@ fn agents_from_elsewhere_take_the_sessions_the_run_admits() {
         assert_eq!(values, [0.5, 1.0]);
         let (status, _, body) = http(&format!("{proxy}/health"), None, None).await;
         assert_eq!((status, json_of(&body)["sessions"].clone()), (200, json!(0)));
+        let (status, _, body) = http(&format!("{proxy}/v1/models"), None, None).await;
+        assert_eq!((status, json_of(&body)["data"][0]["id"].clone()), (200, json!("policy")));
+        let (status, _, body) = http(&format!("{proxy}/v1/embeddings"), None, Some("{}")).await;
+        assert_eq!(status, 404, "{body}");
     });
 }
