@@ -64,6 +64,11 @@ pub struct TurnOptions {
     pub temperature: Option<f32>,
     /// Nucleus sampling of this turn, in (0, 1].
     pub top_p: Option<f32>,
+    /// Texts that end the turn where it first writes one (OpenAI's `stop`): the turn keeps
+    /// its tokens up to the one that completes it (its text then holds the stop text; what
+    /// was sampled after it is dropped, never shown nor trained) and ends for `stop`. Not
+    /// empty strings.
+    pub stop: Vec<String>,
 }
 
 impl TurnOptions {
@@ -82,6 +87,12 @@ impl TurnOptions {
     /// With nucleus `top_p`.
     pub fn with_top_p(mut self, top_p: f32) -> Self {
         self.top_p = Some(top_p);
+        self
+    }
+
+    /// Ending where the turn first writes one of `stop`.
+    pub fn with_stop(mut self, stop: Vec<String>) -> Self {
+        self.stop = stop;
         self
     }
 }
@@ -115,8 +126,8 @@ pub trait EpisodeContext: Send {
     }
 
     /// [`generate`](Self::generate) with `options` for this turn: at most `max_tokens` of it
-    /// (the turn then ends for `length`, and the episode may go on), or another temperature or
-    /// `top_p` than the run's. An error for options the generator cannot take.
+    /// (the turn then ends for `length`, and the episode may go on), another temperature or
+    /// `top_p` than the run's, or stop texts. An error for options the generator cannot take.
     async fn generate_with(&mut self, options: &TurnOptions) -> Result<Turn, PluginError>;
 
     /// Append `text`, tokenized alone, as environment tokens (read by the policy, never

@@ -440,7 +440,9 @@ impl EpisodeContext for EpisodeRun<'_> {
     async fn generate_with(&mut self, options: &TurnOptions) -> Result<Turn, PluginError> {
         let sampling = self.turn_sampling(options)?;
         self.compare_with_template(true);
-        let turn = self.sample(options.max_tokens, &sampling).await?;
+        let turn = self
+            .sample(options.max_tokens, &sampling, &options.stop)
+            .await?;
         if self.conversation.is_some() {
             // the assistant's message is the text sampled, every token spelled (a special
             // token the policy sampled inside the turn too), its stop token left to the
@@ -613,6 +615,12 @@ impl EpisodeRun<'_> {
                 "generate_with: max_tokens must be at least 1",
             ));
         }
+        if options.stop.iter().any(String::is_empty) {
+            return Err(PluginError::failed(
+                "episode",
+                "generate_with: a stop text must not be empty",
+            ));
+        }
         let mut sampling = self.sampling.clone();
         if let Some(t) = options.temperature {
             sampling.temperature = t;
@@ -627,12 +635,13 @@ impl EpisodeRun<'_> {
     }
 
     /// The next turn, of at most `max_tokens` (counted from the turn's start, a replayed part
-    /// included) and within the budget: from the record on a replay, else sampled with
-    /// `sampling`.
+    /// included) and within the budget, ended where its text first holds one of `stop`: from
+    /// the record on a replay, else sampled with `sampling`.
     async fn sample(
         &mut self,
         max_tokens: Option<usize>,
         sampling: &SamplingParams,
+        stop: &[String],
     ) -> Result<Turn, PluginError> {
         let start = self.completion.len();
         let limit = self.limit();
@@ -651,18 +660,22 @@ impl EpisodeRun<'_> {
             self.completion.finish_reason = FinishReason::Length;
             return self.turn(start);
         }
-        let (progress, j) = (self.progress, self.j);
-        sample_turn(
-            self.runner,
-            self.sampler,
-            self.sample_id,
-            &mut self.input,
-            &mut self.completion,
-            cap,
-            sampling,
-            |part| progress.extended(j, part),
-        )
-        .await?;
+        if stop.is_empty() {
+            let (progress, j) = (self.progress, self.j);
+            sample_turn(
+                self.runner,
+                self.sampler,
+                self.sample_id,
+                &mut self.input,
+                &mut self.completion,
+                cap,
+                sampling,
+                |part| progress.extended(j, part),
+            )
+            .await?;
+        } else {
+            self.sample_until(start, cap, sampling, stop).await?;
+        }
         let end = TurnEnd {
             end: self.completion.len(),
             finish_reason: self.completion.finish_reason,
@@ -670,6 +683,59 @@ impl EpisodeRun<'_> {
         self.turns.push(end);
         self.progress.turn_ended(self.j, end);
         self.turn(start)
+    }
+
+    /// The rest of the turn that started at `start`, up to `cap`, ended where its text first
+    /// holds one of `stop`: sampled [`STOP_CHUNK`] tokens at a time, the text checked after
+    /// each part, the tokens after the one that completes the stop text dropped (never shown,
+    /// never trained). The turn's tokens are recorded for checkpoints once it has ended.
+    async fn sample_until(
+        &mut self,
+        start: usize,
+        cap: usize,
+        sampling: &SamplingParams,
+        stop: &[String],
+    ) -> Result<(), PluginError> {
+        let recorded = self.completion.len();
+        loop {
+            let step = cap.min(self.completion.len().saturating_add(STOP_CHUNK));
+            sample_turn(
+                self.runner,
+                self.sampler,
+                self.sample_id,
+                &mut self.input,
+                &mut self.completion,
+                step,
+                sampling,
+                |_| {},
+            )
+            .await?;
+            let ids = &self.completion.token_ids[start..];
+            if let Some(keep) = stop_end(self.runner.tokenizer().as_ref(), ids, stop)? {
+                let dropped = ids.len() - keep;
+                let c = &mut self.completion;
+                c.token_ids.truncate(start + keep);
+                c.behaviour_logprobs.truncate(start + keep);
+                c.versions.truncate(start + keep);
+                c.finish_reason = FinishReason::Stop;
+                self.input.truncate(self.input.len() - dropped);
+                break;
+            }
+            let n = self.completion.len();
+            // a stop token, the cap, or short of the part asked (the context is full)
+            if self.completion.finish_reason == FinishReason::Stop || n >= cap || n < step {
+                break;
+            }
+        }
+        let c = &self.completion;
+        if c.len() > recorded {
+            let mut part = Completion::empty(c.finish_reason);
+            for i in recorded..c.len() {
+                part.push(c.token_ids[i], c.behaviour_logprobs[i], c.versions[i]);
+            }
+            self.progress.extended(self.j, &part);
+        }
+        Ok(())
     }
 
     /// Append environment tokens, cut to the budget, checked against the record on a replay.
@@ -749,6 +815,32 @@ impl EpisodeRun<'_> {
         };
         self.stats.retokenization = self.stats.retokenization.max(found);
     }
+}
+
+/// Tokens a turn with stop texts is sampled in at a time, between checks of its text.
+const STOP_CHUNK: usize = 16;
+
+/// How many of `ids` (a turn so far) to keep when its text holds one of `stop`: the fewest
+/// whose text holds the stop text that comes first. `None` when it holds none.
+fn stop_end(
+    tokenizer: &dyn Tokenizer,
+    ids: &[u32],
+    stop: &[String],
+) -> Result<Option<usize>, PluginError> {
+    let text = tokenizer.decode(ids)?;
+    let Some((_, first)) = stop
+        .iter()
+        .filter_map(|s| text.find(s.as_str()).map(|at| (at, s)))
+        .min_by_key(|(at, _)| *at)
+    else {
+        return Ok(None);
+    };
+    for k in 1..=ids.len() {
+        if tokenizer.decode(&ids[..k])?.contains(first.as_str()) {
+            return Ok(Some(k));
+        }
+    }
+    Ok(Some(ids.len()))
 }
 
 /// The template's text for messages appended to a conversation: `rendered` (the whole

@@ -476,7 +476,7 @@ fn agents_from_elsewhere_take_the_sessions_the_run_admits() {
         }
         // a field that cannot be honoured is named
         let mut bad = first.clone();
-        bad["n"] = json!(3);
+        bad["n"] = json!(17);
         let (status, _, body) = http(&chat, Some(&keys[0]), Some(&bad.to_string())).await;
         assert_eq!((status, json_of(&body)["error"]["param"].clone()), (400, json!("n")));
         // a body past the bound
@@ -549,4 +549,141 @@ fn agents_from_elsewhere_take_the_sessions_the_run_admits() {
         let (status, _, body) = http(&format!("{proxy}/v1/embeddings"), None, Some("{}")).await;
         assert_eq!(status, 404, "{body}");
     });
+}
+
+/// `n` choices: each is a turn after the same messages, all but the one the session goes on
+/// with a sample of its own; the client reads that one first, and continues from it without
+/// another split.
+#[test]
+fn each_of_n_choices_is_a_sample_and_the_first_goes_on() {
+    let tokenizer = tokenizer();
+    let started = areal_serve::Agent::start(areal_serve::AgentOptions::default(), None).unwrap();
+    let proxy = format!("http://{}", started.addr());
+    // each call of the episode says the next line, whatever the choice
+    let script = vec![
+        "one".to_owned(),
+        "two".to_owned(),
+        "three".to_owned(),
+        "four".to_owned(),
+    ];
+    let runner = runner(&script, Arc::new(started));
+    let rt = runtime();
+    rt.block_on(async {
+        let group = tokio::spawn({
+            let runner = runner.clone();
+            async move { runner.run_group(spec(1), item()).await }
+        });
+        let key = loop {
+            let (status, _, body) =
+                http(&format!("{proxy}/rl/start_session"), None, Some("{}")).await;
+            if status == 200 {
+                break json_of(&body)["api_key"].as_str().unwrap().to_owned();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let chat = format!("{proxy}/v1/chat/completions");
+        let mut body = json!({"messages": [{"role": "user", "content": "count"}], "n": 3});
+        let (status, _, answer) = http(&chat, Some(&key), Some(&body.to_string())).await;
+        assert_eq!(status, 200, "{answer}");
+        let answer = json_of(&answer);
+        let said: Vec<&str> = (0..3)
+            .map(|i| answer["choices"][i]["message"]["content"].as_str().unwrap())
+            .collect();
+        // sampled in order one, two, three; the last stays in the session and comes first
+        assert_eq!(said, ["three", "two", "one"]);
+        // "one", "two", "three", each with its stop token
+        assert_eq!(answer["usage"]["completion_tokens"], 4 + 4 + 6);
+        // going on from choice 0 extends the session's sequence
+        body["n"] = json!(1);
+        let messages = body["messages"].as_array_mut().unwrap();
+        messages.push(answer["choices"][0]["message"].clone());
+        messages.push(json!({"role": "user", "content": "again"}));
+        let (status, _, next) = http(&chat, Some(&key), Some(&body.to_string())).await;
+        assert_eq!(status, 200, "{next}");
+        assert_eq!(json_of(&next)["choices"][0]["message"]["content"], "four");
+        let (status, _, _) = http(&format!("{proxy}/rl/end_session"), Some(&key), Some("{}")).await;
+        assert_eq!(status, 200);
+        let group = group.await.unwrap().unwrap();
+        let texts: Vec<String> = group
+            .samples
+            .iter()
+            .map(|s| tokenizer.decode_verbatim(&s.completion.token_ids).unwrap())
+            .collect();
+        assert_eq!(texts.len(), 3, "{texts:?}");
+        assert_eq!(texts[0], "user:\ncount\nassistant:\none<eos>");
+        assert_eq!(texts[1], "user:\ncount\nassistant:\ntwo<eos>");
+        assert_eq!(
+            texts[2],
+            "user:\ncount\nassistant:\nthree<eos>\nuser:\nagain\nassistant:\nfour<eos>"
+        );
+        assert!(
+            group
+                .samples
+                .iter()
+                .all(|s| s.sample_id == group.samples[0].sample_id)
+        );
+        assert_eq!(group.samples[0].reward.provenance.details["splits"], 2);
+    });
+}
+
+/// `stop` ends a turn where its text first holds a stop text: the turn's tokens end with the
+/// one that completes it (what was sampled after it is dropped), the answer leaves the stop
+/// text out, and the session goes on in the template's markup, its check intact.
+#[test]
+fn a_stop_text_ends_the_turn_and_what_follows_it_is_dropped() {
+    let tokenizer = tokenizer();
+    let started = areal_serve::Agent::start(areal_serve::AgentOptions::default(), None).unwrap();
+    let proxy = format!("http://{}", started.addr());
+    let script = vec!["one\ntwo\nthree".to_owned(), "four".to_owned()];
+    let runner = runner(&script, Arc::new(started));
+    let rt = runtime();
+    rt.block_on(async {
+        let group = tokio::spawn({
+            let runner = runner.clone();
+            async move { runner.run_group(spec(1), item()).await }
+        });
+        let key = loop {
+            let (status, _, body) =
+                http(&format!("{proxy}/rl/start_session"), None, Some("{}")).await;
+            if status == 200 {
+                break json_of(&body)["api_key"].as_str().unwrap().to_owned();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let chat = format!("{proxy}/v1/chat/completions");
+        let mut body = json!({"messages": [{"role": "user", "content": "count"}], "stop": "\n"});
+        let (status, _, answer) = http(&chat, Some(&key), Some(&body.to_string())).await;
+        assert_eq!(status, 200, "{answer}");
+        let answer = json_of(&answer);
+        let choice = &answer["choices"][0];
+        assert_eq!(choice["message"]["content"], "one");
+        assert_eq!(choice["finish_reason"], "stop");
+        assert_eq!(
+            answer["usage"]["completion_tokens"], 4,
+            "one and the newline"
+        );
+        let messages = body["messages"].as_array_mut().unwrap();
+        messages.push(choice["message"].clone());
+        messages.push(json!({"role": "user", "content": "again"}));
+        let (status, _, next) = http(&chat, Some(&key), Some(&body.to_string())).await;
+        assert_eq!(status, 200, "{next}");
+        assert_eq!(json_of(&next)["choices"][0]["message"]["content"], "four");
+        let (status, _, _) = http(&format!("{proxy}/rl/end_session"), Some(&key), Some("{}")).await;
+        assert_eq!(status, 200);
+        let group = group.await.unwrap().unwrap();
+        assert_eq!(group.samples.len(), 1);
+        let c = &group.samples[0].completion;
+        assert_eq!(
+            tokenizer.decode_verbatim(&c.token_ids).unwrap(),
+            "user:\ncount\nassistant:\none\n<eos>\nuser:\nagain\nassistant:\nfour<eos>"
+        );
+        // trained: "one\n" and "four<eos>"; the template's <eos> after the cut turn is the
+        // environment's
+        let sampled: String = (0..c.len())
+            .filter(|&i| c.is_sampled(i))
+            .map(|i| tokenizer.decode_verbatim(&c.token_ids[i..=i]).unwrap())
+            .collect();
+        assert_eq!(sampled, "one\nfour<eos>");
+    });
+    assert_eq!(counted(&runner), (1, 0, 0));
 }

@@ -70,7 +70,17 @@ pub(crate) struct Asked {
     pub(crate) include_usage: bool,
     pub(crate) logprobs: bool,
     pub(crate) model: String,
+    /// Choices to sample (`n`).
+    pub(crate) n: usize,
+    /// Texts that end a turn (`stop`).
+    pub(crate) stop: Vec<String>,
 }
+
+/// The most stop texts a request may give (OpenAI's bound).
+pub(crate) const MAX_STOP: usize = 4;
+
+/// The most choices one request may ask for (`n`).
+pub(crate) const MAX_CHOICES: usize = 16;
 
 impl ChatRequest {
     /// The request read and checked: every message and tool in the form templates take.
@@ -78,26 +88,32 @@ impl ChatRequest {
         if self.messages.is_empty() {
             return Err(BadField::new("messages", "at least one message is needed"));
         }
-        if let Some(n) = self.n
-            && n != 1
-        {
+        let n = self.n.unwrap_or(1);
+        if !(1..=MAX_CHOICES).contains(&n) {
             return Err(BadField::new(
                 "n",
-                format!(
-                    "n = {n}: this proxy samples one choice per request (a choice is a turn of \
-                     the session's one token sequence); send n requests"
-                ),
+                format!("n = {n}: from 1 to {MAX_CHOICES} choices"),
             ));
         }
-        if let Some(stop) = &self.stop
-            && !matches!(stop, Value::Null)
-            && stop.as_array().is_none_or(|a| !a.is_empty())
-        {
+        let stop = match &self.stop {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(list)) => list
+                .iter()
+                .map(|s| s.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| BadField::new("stop", "a string or a list of strings"))?,
+            Some(other) => {
+                return Err(BadField::new(
+                    "stop",
+                    format!("{other}: a string or a list of strings"),
+                ));
+            }
+        };
+        if stop.len() > MAX_STOP || stop.iter().any(String::is_empty) {
             return Err(BadField::new(
                 "stop",
-                "stop strings are not supported: a turn ends at the model's stop token or \
-                 max_tokens (cutting sampled tokens would train on an answer the client never \
-                 saw)",
+                format!("at most {MAX_STOP} texts, none empty"),
             ));
         }
         let parse_calls = match &self.tool_choice {
@@ -160,6 +176,8 @@ impl ChatRequest {
             include_usage,
             logprobs: self.logprobs.unwrap_or(false),
             model: self.model.unwrap_or_else(|| "policy".into()),
+            n,
+            stop,
         })
     }
 }
@@ -344,30 +362,17 @@ pub(crate) fn finish_reason(stopped: bool, message: &ChatMessage) -> &'static st
     }
 }
 
-/// One answered turn, ready to be written as a completion or as chunks.
+/// One choice of an answer: a turn of the policy.
 #[derive(Clone, Debug)]
-pub(crate) struct Answer {
-    /// `chatcmpl-…`: the interaction's id (what `/rl/set_reward` names).
-    pub(crate) id: String,
-    pub(crate) created: u64,
-    pub(crate) model: String,
+pub(crate) struct Choice {
     pub(crate) message: ChatMessage,
     pub(crate) finish_reason: &'static str,
-    pub(crate) prompt_tokens: usize,
     pub(crate) completion_tokens: usize,
     /// Each sampled token's text and behaviour logprob, when asked for.
     pub(crate) logprobs: Option<Vec<(String, f32)>>,
 }
 
-impl Answer {
-    fn usage(&self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        })
-    }
-
+impl Choice {
     fn logprobs_json(&self) -> Value {
         match &self.logprobs {
             None => Value::Null,
@@ -384,6 +389,29 @@ impl Answer {
             }),
         }
     }
+}
+
+/// An answered request, ready to be written as a completion or as chunks.
+#[derive(Clone, Debug)]
+pub(crate) struct Answer {
+    /// `chatcmpl-…`: the interaction's id (what `/rl/set_reward` names).
+    pub(crate) id: String,
+    pub(crate) created: u64,
+    pub(crate) model: String,
+    /// Its choices (one but for `n`), by index.
+    pub(crate) choices: Vec<Choice>,
+    pub(crate) prompt_tokens: usize,
+}
+
+impl Answer {
+    fn usage(&self) -> Value {
+        let completion: usize = self.choices.iter().map(|c| c.completion_tokens).sum();
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        })
+    }
 
     /// The `chat.completion` object.
     pub(crate) fn completion(&self) -> Value {
@@ -392,28 +420,28 @@ impl Answer {
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{
-                "index": 0,
-                "message": message_json(&self.message),
-                "logprobs": self.logprobs_json(),
-                "finish_reason": self.finish_reason,
-            }],
+            "choices": self.choices.iter().enumerate().map(|(index, c)| json!({
+                "index": index,
+                "message": message_json(&c.message),
+                "logprobs": c.logprobs_json(),
+                "finish_reason": c.finish_reason,
+            })).collect::<Vec<_>>(),
             "usage": self.usage(),
         })
     }
 
     /// The `chat.completion.chunk` objects of a streamed answer (each a server-sent event's
-    /// data, `[DONE]` after them): the role, the content, each call whole, the finish reason,
-    /// then the usage when `include_usage`.
+    /// data, `[DONE]` after them): for each choice the role, the content, each call whole, the
+    /// finish reason; then the usage when `include_usage`.
     pub(crate) fn chunks(&self, include_usage: bool) -> Vec<Value> {
-        let chunk = |delta: Value, finish: Value, logprobs: Value| {
+        let chunk = |index: usize, delta: Value, finish: Value, logprobs: Value| {
             let mut c = json!({
                 "id": self.id,
                 "object": "chat.completion.chunk",
                 "created": self.created,
                 "model": self.model,
                 "choices": [{
-                    "index": 0,
+                    "index": index,
                     "delta": delta,
                     "logprobs": logprobs,
                     "finish_reason": finish,
@@ -424,28 +452,39 @@ impl Answer {
             }
             c
         };
-        let mut out = vec![chunk(
-            json!({"role": "assistant", "content": ""}),
-            Value::Null,
-            Value::Null,
-        )];
-        if !self.message.content.is_empty() {
+        let mut out = Vec::new();
+        for (index, choice) in self.choices.iter().enumerate() {
             out.push(chunk(
-                json!({"content": self.message.content}),
-                Value::Null,
-                self.logprobs_json(),
-            ));
-        }
-        for (k, call) in self.message.tool_calls.iter().enumerate() {
-            let mut call = call_json(call);
-            call["index"] = json!(k);
-            out.push(chunk(
-                json!({"tool_calls": [call]}),
+                index,
+                json!({"role": "assistant", "content": ""}),
                 Value::Null,
                 Value::Null,
             ));
+            if !choice.message.content.is_empty() {
+                out.push(chunk(
+                    index,
+                    json!({"content": choice.message.content}),
+                    Value::Null,
+                    choice.logprobs_json(),
+                ));
+            }
+            for (k, call) in choice.message.tool_calls.iter().enumerate() {
+                let mut call = call_json(call);
+                call["index"] = json!(k);
+                out.push(chunk(
+                    index,
+                    json!({"tool_calls": [call]}),
+                    Value::Null,
+                    Value::Null,
+                ));
+            }
+            out.push(chunk(
+                index,
+                json!({}),
+                json!(choice.finish_reason),
+                Value::Null,
+            ));
         }
-        out.push(chunk(json!({}), json!(self.finish_reason), Value::Null));
         if include_usage {
             out.push(json!({
                 "id": self.id,
@@ -517,8 +556,11 @@ mod tests {
             }
             request(body).unwrap_err().param
         };
-        assert_eq!(base(json!({"n": 2})), "n");
-        assert_eq!(base(json!({"stop": ["\n"]})), "stop");
+        assert_eq!(base(json!({"n": 0})), "n");
+        assert_eq!(base(json!({"n": 17})), "n");
+        assert_eq!(base(json!({"stop": [""]})), "stop");
+        assert_eq!(base(json!({"stop": ["a", "b", "c", "d", "e"]})), "stop");
+        assert_eq!(base(json!({"stop": [1]})), "stop");
         assert_eq!(base(json!({"tool_choice": "required"})), "tool_choice");
         assert_eq!(base(json!({"max_tokens": 0})), "max_tokens");
         assert_eq!(base(json!({"temperature": -1.0})), "temperature");
@@ -528,11 +570,14 @@ mod tests {
             "messages[0]"
         );
         assert!(request(json!({"messages": []})).is_err());
-        // an empty stop list and n = 1 are fine
+        // an empty stop list, a stop text, and n up to 16 are fine
         assert!(
-            request(json!({"messages": [{"role": "user", "content": "hi"}], "stop": [], "n": 1}))
+            request(json!({"messages": [{"role": "user", "content": "hi"}], "stop": [], "n": 16}))
                 .is_ok()
         );
+        let asked = request(json!({"messages": [{"role": "user", "content": "hi"}], "stop": "\n"}))
+            .unwrap();
+        assert_eq!(asked.stop, ["\n"]);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use areal_sdk::{
 };
 
 use super::hub::Refusal;
-use super::openai::{Answer, Asked, assistant_message, finish_reason};
+use super::openai::{Answer, Asked, Choice, assistant_message, finish_reason};
 
 /// What a session has done, for the episode's reward and the run's metrics.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -66,18 +66,20 @@ impl Session {
         }
     }
 
-    /// Answer one request with a turn of the policy.
+    /// Answer one request with a turn of the policy (`n` turns: each choice but the one the
+    /// session goes on with is a sample of its own, from the same messages).
     pub(crate) async fn chat(
         &mut self,
         ctx: &mut dyn EpisodeContext,
         asked: Asked,
     ) -> Result<Answer, Refusal> {
-        if self.tally.turns >= self.max_turns {
+        if self.tally.turns + asked.n > self.max_turns {
             return Err(Refusal::new(
                 429,
                 format!(
-                    "this session has had its {} turns (the episode's max_turns)",
-                    self.max_turns
+                    "this session has had {} of its {} turns (the episode's max_turns), and \
+                     this request asks for {}",
+                    self.tally.turns, self.max_turns, asked.n
                 ),
             ));
         }
@@ -86,32 +88,87 @@ impl Session {
                 && asked.messages.len() > seen.len()
                 && asked.messages[..seen.len()] == seen[..]
         });
-        let new = match extends {
+        let mut new = match extends {
             Some(seen) => asked.messages[seen.len()..].to_vec(),
             None => {
                 if self.seen.is_some() {
-                    self.flush_reward(ctx)?;
-                    ctx.split().map_err(internal)?;
-                    self.tally.splits += 1;
-                    self.interactions.clear();
+                    self.split(ctx)?;
                 }
-                ctx.set_tools(asked.tools.clone());
-                self.tools = asked.tools.clone();
+                self.start(ctx, &asked);
                 asked.messages.clone()
             }
         };
+        let id = format!("chatcmpl-{}-{}", self.session_id, self.tally.turns);
+        let mut prompt_tokens = 0;
+        // the choices in the order sampled: the last stays in the session's sequence
+        let mut sampled = Vec::with_capacity(asked.n);
+        for k in 0..asked.n {
+            if k > 0 {
+                // another choice after the same messages: a sample of its own
+                self.split(ctx)?;
+                self.start(ctx, &asked);
+                new = asked.messages.clone();
+            }
+            self.flush_reward(ctx)?;
+            ctx.append_messages(&new).map_err(|e| {
+                Refusal::new(
+                    400,
+                    format!("the messages cannot be rendered with the model's chat template: {e}"),
+                )
+            })?;
+            if k == 0 {
+                prompt_tokens = ctx.prompt_ids().len() + ctx.completion().len();
+            }
+            sampled.push(self.turn(ctx, &asked, &format!("{id}_{k}")).await?);
+            self.tally.turns += 1;
+        }
+        // the choice the session goes on with is the first the client reads
+        let choices: Vec<Choice> = sampled.into_iter().rev().collect();
+        let mut seen = asked.messages;
+        seen.push(choices[0].message.clone());
+        self.seen = Some(seen);
+        self.interactions.push(id.clone());
+        self.earlier.push(id.clone());
+        self.last_content = choices[0].message.content.clone();
+        Ok(Answer {
+            id,
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model: asked.model,
+            choices,
+            prompt_tokens,
+        })
+    }
+
+    /// End the current sample: what follows starts a new one.
+    fn split(&mut self, ctx: &mut dyn EpisodeContext) -> Result<(), Refusal> {
         self.flush_reward(ctx)?;
-        ctx.append_messages(&new).map_err(|e| {
-            Refusal::new(
-                400,
-                format!("the messages cannot be rendered with the model's chat template: {e}"),
-            )
-        })?;
-        let prompt_tokens = ctx.prompt_ids().len() + ctx.completion().len();
+        ctx.split().map_err(internal)?;
+        self.tally.splits += 1;
+        self.interactions.clear();
+        Ok(())
+    }
+
+    /// A new sample begins with `asked`'s messages and tools.
+    fn start(&mut self, ctx: &mut dyn EpisodeContext, asked: &Asked) {
+        ctx.set_tools(asked.tools.clone());
+        self.tools = asked.tools.clone();
+    }
+
+    /// One turn of the policy after the messages appended, as choice `call_ids` names its
+    /// calls.
+    async fn turn(
+        &mut self,
+        ctx: &mut dyn EpisodeContext,
+        asked: &Asked,
+        call_ids: &str,
+    ) -> Result<Choice, Refusal> {
         let mut options = TurnOptions::default();
         options.max_tokens = asked.max_tokens;
         options.temperature = asked.temperature;
         options.top_p = asked.top_p;
+        options.stop = asked.stop.clone();
         let before = ctx.completion().len();
         // (what the request asks was checked: a failure here is the policy's side, and the
         // session's tokens now hold messages no turn answers: it ends, as a failed generation
@@ -127,40 +184,29 @@ impl Session {
                 return Err(refusal);
             }
         };
-        let id = format!("chatcmpl-{}-{}", self.session_id, self.tally.turns);
-        let message = assistant_message(&turn.text, self.format, asked.parse_calls, &id);
-        let logprobs = if asked.logprobs {
+        // a turn ended by a stop text is read up to it (OpenAI leaves the stop text out)
+        let text = asked
+            .stop
+            .iter()
+            .filter_map(|s| turn.text.find(s.as_str()))
+            .min()
+            .map_or(turn.text.as_str(), |at| &turn.text[..at]);
+        let message = assistant_message(text, self.format, asked.parse_calls, call_ids);
+        let logprobs = asked.logprobs.then(|| {
             let c = ctx.completion();
             let tokenizer = ctx.tokenizer();
-            Some(
-                (before..c.len())
-                    .map(|i| {
-                        let text = tokenizer
-                            .decode_verbatim(&c.token_ids[i..=i])
-                            .unwrap_or_default();
-                        (text, c.behaviour_logprobs[i])
-                    })
-                    .collect(),
-            )
-        } else {
-            None
-        };
-        let mut seen = asked.messages;
-        seen.push(message.clone());
-        self.seen = Some(seen);
-        self.tally.turns += 1;
-        self.interactions.push(id.clone());
-        self.earlier.push(id.clone());
-        self.last_content = message.content.clone();
-        Ok(Answer {
-            id,
-            created: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            model: asked.model,
+            (before..c.len())
+                .map(|i| {
+                    let text = tokenizer
+                        .decode_verbatim(&c.token_ids[i..=i])
+                        .unwrap_or_default();
+                    (text, c.behaviour_logprobs[i])
+                })
+                .collect()
+        });
+        Ok(Choice {
             finish_reason: finish_reason(turn.finish_reason == FinishReason::Stop, &message),
             message,
-            prompt_tokens,
             completion_tokens: turn.token_ids.len(),
             logprobs,
         })
