@@ -141,12 +141,14 @@ impl Session {
         })
     }
 
-    /// End the current sample: what follows starts a new one.
+    /// End the current sample: what follows starts a new one, from all its messages (a
+    /// request refused after this renders them all again).
     fn split(&mut self, ctx: &mut dyn EpisodeContext) -> Result<(), Refusal> {
         self.flush_reward(ctx)?;
         ctx.split().map_err(internal)?;
         self.tally.splits += 1;
         self.interactions.clear();
+        self.seen = None;
         Ok(())
     }
 
