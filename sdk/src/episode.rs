@@ -229,6 +229,18 @@ impl EpisodeTraits {
         own_prompt: true,
         not_replayable: true,
     };
+
+    /// With [`own_prompt`](Self::own_prompt).
+    pub fn with_own_prompt(mut self) -> Self {
+        self.own_prompt = true;
+        self
+    }
+
+    /// With [`not_replayable`](Self::not_replayable).
+    pub fn without_replay(mut self) -> Self {
+        self.not_replayable = true;
+        self
+    }
 }
 
 /// A workflow for one task item: several generations and environment steps, one reward.
