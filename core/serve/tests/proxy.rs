@@ -687,3 +687,19 @@ fn a_stop_text_ends_the_turn_and_what_follows_it_is_dropped() {
     });
     assert_eq!(counted(&runner), (1, 0, 0));
 }
+
+/// An agent service that exits fails the episodes waiting for it with its status and output
+/// (a run then stops on its failures, naming it, instead of waiting for agents that will
+/// not come).
+#[test]
+fn a_service_that_exits_fails_the_episodes_waiting_for_it() {
+    let episode = agent(json!({
+        "service": ["python3", "-c", "import sys; print('no agents today'); sys.exit(2)"],
+    }));
+    let (group, _) = run(&["It is 42.".to_owned()], episode, 2);
+    let e = group.expect_err("no agent came").to_string();
+    assert!(
+        e.contains("the agent service exited with status 2; its output ends: no agents today"),
+        "{e}"
+    );
+}

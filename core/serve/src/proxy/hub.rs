@@ -190,11 +190,15 @@ impl Hub {
     }
 
     /// No agent will come any more, because of `why`: the episodes waiting and to come fail
-    /// with it.
-    pub(crate) fn shut(&self, why: String) {
+    /// with it. False when that was so already (the first reason stands).
+    pub(crate) fn shut(&self, why: String) -> bool {
         let mut state = self.lock();
-        state.shut = Some(why);
         state.waiting.clear();
+        if state.shut.is_some() {
+            return false;
+        }
+        state.shut = Some(why);
+        true
     }
 
     /// Give an agent from elsewhere the oldest waiting session, or `None` when no episode

@@ -218,10 +218,12 @@ impl Agent {
                         Ok(Err(e)) => format!("could not be waited for: {e}"),
                         Err(_) => "is gone".into(),
                     };
-                    let output = output.lock().expect("output lock poisoned").text();
+                    let output = program::final_output(&output);
                     let why = with_output(format!("the agent service {how}"), &output);
-                    tracing::error!(target: "areal::proxy", "{why}");
-                    hub.shut(why);
+                    // (not when the proxy stopped it)
+                    if hub.shut(why.clone()) {
+                        tracing::error!(target: "areal::proxy", "{why}");
+                    }
                 });
                 Some(service)
             }
@@ -374,6 +376,13 @@ impl Agent {
             .with_detail("turns", session.tally.turns)
             .with_detail("splits", session.tally.splits);
         Ok(reward)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // the service is stopped with the proxy, not gone wrong
+        self.hub.shut("the proxy stopped".into());
     }
 }
 

@@ -16,6 +16,8 @@ const TAIL_BYTES: usize = 4096;
 pub(crate) struct Tail {
     bytes: Vec<u8>,
     pub(crate) total: u64,
+    /// Its output pipes not yet at their end.
+    open: usize,
 }
 
 impl Tail {
@@ -34,6 +36,21 @@ impl Tail {
         String::from_utf8_lossy(&self.bytes[start..])
             .trim()
             .to_owned()
+    }
+}
+
+/// The end of what a program that has exited wrote: once its pipes are read to their end, or
+/// after a second (a process it started may hold them open).
+pub(crate) fn final_output(output: &Mutex<Tail>) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        {
+            let tail = output.lock().expect("output lock poisoned");
+            if tail.open == 0 || std::time::Instant::now() >= deadline {
+                return tail.text();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 
@@ -100,6 +117,7 @@ impl Program {
         .flatten()
         {
             let output = output.clone();
+            output.lock().expect("output lock poisoned").open += 1;
             std::thread::Builder::new()
                 .name("areal-agent-out".into())
                 .spawn(move || drain(pipe, &output))?;
@@ -136,9 +154,9 @@ impl Program {
         self.output.clone()
     }
 
-    /// The end of what it wrote.
+    /// The end of what it wrote, once it has exited ([`final_output`]).
     pub(crate) fn output(&self) -> String {
-        self.output.lock().expect("output lock poisoned").text()
+        final_output(&self.output)
     }
 }
 
@@ -153,10 +171,11 @@ fn drain(mut pipe: Box<dyn Read + Send>, output: &Mutex<Tail>) {
     let mut buf = [0u8; 8192];
     loop {
         match pipe.read(&mut buf) {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => break,
             Ok(n) => output.lock().expect("output lock poisoned").push(&buf[..n]),
         }
     }
+    output.lock().expect("output lock poisoned").open -= 1;
 }
 
 /// How a program ended, in words.
