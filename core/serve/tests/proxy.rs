@@ -411,6 +411,17 @@ async fn http(url: &str, key: Option<&str>, body: Option<&str>) -> (u16, String,
     )
 }
 
+/// A session of the proxy at `proxy`, once the run has admitted an episode: its key.
+async fn take_session(proxy: &str) -> String {
+    loop {
+        let (status, _, body) = http(&format!("{proxy}/rl/start_session"), None, Some("{}")).await;
+        if status == 200 {
+            return json_of(&body)["api_key"].as_str().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn json_of(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
@@ -573,14 +584,7 @@ fn each_of_n_choices_is_a_sample_and_the_first_goes_on() {
             let runner = runner.clone();
             async move { runner.run_group(spec(1), item()).await }
         });
-        let key = loop {
-            let (status, _, body) =
-                http(&format!("{proxy}/rl/start_session"), None, Some("{}")).await;
-            if status == 200 {
-                break json_of(&body)["api_key"].as_str().unwrap().to_owned();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let key = take_session(&proxy).await;
         let chat = format!("{proxy}/v1/chat/completions");
         let mut body = json!({"messages": [{"role": "user", "content": "count"}], "n": 3});
         let (status, _, answer) = http(&chat, Some(&key), Some(&body.to_string())).await;
@@ -642,14 +646,7 @@ fn a_stop_text_ends_the_turn_and_what_follows_it_is_dropped() {
             let runner = runner.clone();
             async move { runner.run_group(spec(1), item()).await }
         });
-        let key = loop {
-            let (status, _, body) =
-                http(&format!("{proxy}/rl/start_session"), None, Some("{}")).await;
-            if status == 200 {
-                break json_of(&body)["api_key"].as_str().unwrap().to_owned();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+        let key = take_session(&proxy).await;
         let chat = format!("{proxy}/v1/chat/completions");
         let mut body = json!({"messages": [{"role": "user", "content": "count"}], "stop": "\n"});
         let (status, _, answer) = http(&chat, Some(&key), Some(&body.to_string())).await;
