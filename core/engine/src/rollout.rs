@@ -229,13 +229,7 @@ impl RolloutState {
         };
         let accepted = match outcome {
             Outcome::Accepted(trained) => {
-                // (counted by episode: the samples an episode split into share its id)
-                let episodes = trained
-                    .samples
-                    .iter()
-                    .map(|s| s.sample_id)
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .len();
+                let episodes = episodes(&trained);
                 self.dropped_samples += group.spec.group_size.saturating_sub(episodes) as u64;
                 self.buffer.push(trained);
                 self.consecutive_failures = 0;
@@ -272,7 +266,7 @@ impl RolloutState {
                 .collect();
             for group_id in stale {
                 let group = self.buffer.remove(group_id).expect("a buffered group");
-                let samples = group.samples.len() as u64;
+                let samples = episodes(&group) as u64;
                 tracing::warn!(target: "areal::rollout", group_id, max_lag = bound, "group left out: its oldest token would be trained with a lag past rollout.max_lag");
                 // (its samples whose reward was lost were counted when it was accepted)
                 self.dropped_samples += samples;
@@ -310,7 +304,7 @@ impl RolloutState {
 
     /// What became of every sample admitted so far.
     pub(crate) fn ledger(&self) -> SampleLedger {
-        let buffered: usize = self.buffer.groups().map(|g| g.samples.len()).sum();
+        let buffered: usize = self.buffer.groups().map(episodes).sum();
         SampleLedger {
             admitted: self.next_group * self.group_size as u64,
             dropped: self.dropped_samples,
@@ -318,6 +312,17 @@ impl RolloutState {
             pending: (self.running.len() * self.group_size + buffered) as u64,
         }
     }
+}
+
+/// The episodes of `group`, what the ledger counts as its samples (the samples an episode
+/// split into share its id).
+fn episodes(group: &TrajectoryGroup) -> usize {
+    group
+        .samples
+        .iter()
+        .map(|s| s.sample_id)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
 }
 
 /// Whether a token of `completions`, trained at version `at`, would have a lag past `bound`.

@@ -1281,6 +1281,15 @@ fn the_multi_turn_job_learns_through_an_openai_client_agent_as_in_process() {
         samples > summary["samples_trained"].as_f64().unwrap(),
         "{samples} samples, {summary}"
     );
+    // the ledger counts episodes: each trained, dropped or pending
+    assert_eq!(
+        summary["samples_admitted"].as_u64().unwrap(),
+        ["samples_trained", "samples_dropped", "samples_pending"]
+            .iter()
+            .map(|k| summary[k].as_u64().unwrap())
+            .sum::<u64>(),
+        "{summary}"
+    );
 }
 
 /// A bare HTTP/1.1 POST of `body` with `key`: the status and the JSON answer.
