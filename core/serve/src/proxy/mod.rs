@@ -298,37 +298,19 @@ impl Agent {
             }
         };
         self.hub.close(&opened.key);
-        let failed = |what: String, program: &Option<Program>| {
-            let output = program.as_ref().map(Program::output).unwrap_or_default();
-            let what = with_output(what, &output);
-            let mut reward = Reward::new(0.0, Verdict::Error).with_detail("error", what);
-            reward.provenance.verifier = AGENT.into();
-            if !output.is_empty() {
-                reward = reward.with_detail("output", output);
-            }
-            reward
-                .with_detail("turns", session.tally.turns)
-                .with_detail("splits", session.tally.splits)
-        };
-        match status {
+        let failure = match status {
             Ended::Broken => {
                 if let Some(p) = &program {
                     p.kill();
                 }
                 return Err(session.broken.take().expect("broken sessions say why"));
             }
-            Ended::Exited(None) | Ended::Closed => {}
-            Ended::Exited(Some(Ok(s))) if s.success() => {}
+            Ended::Exited(None) | Ended::Closed => None,
+            Ended::Exited(Some(Ok(s))) if s.success() => None,
             Ended::Exited(Some(Ok(s))) => {
-                let why = format!("the agent program {}", program::describe(&s));
-                return Ok(failed(why, &program));
+                Some(format!("the agent program {}", program::describe(&s)))
             }
-            Ended::Exited(Some(Err(e))) => {
-                return Ok(failed(
-                    format!("waiting for the agent program: {e}"),
-                    &program,
-                ));
-            }
+            Ended::Exited(Some(Err(e))) => Some(format!("waiting for the agent program: {e}")),
             Ended::Idle => {
                 if let Some(p) = &program {
                     p.kill();
@@ -338,16 +320,25 @@ impl Agent {
                 } else {
                     "the agent program"
                 };
-                let why = format!(
+                Some(format!(
                     "{who} did nothing for {} s (idle_s) and was {}",
                     self.options.idle_s,
                     if online { "dropped" } else { "killed" }
-                );
-                return Ok(failed(why, &program));
+                ))
             }
-        }
-        let mut reward = match (session.final_reward(), self.options.without_reward) {
-            (Some(value), _) => {
+        };
+        let reward = match (failure, session.final_reward(), self.options.without_reward) {
+            (Some(what), _, _) => {
+                let output = program.as_ref().map(Program::output).unwrap_or_default();
+                let reward =
+                    by_agent(0.0, Verdict::Error).with_detail("error", with_output(what, &output));
+                if output.is_empty() {
+                    reward
+                } else {
+                    reward.with_detail("output", output)
+                }
+            }
+            (None, Some(value), _) => {
                 let verdict = if value >= 1.0 {
                     Verdict::Accepted
                 } else if value > 0.0 {
@@ -355,28 +346,26 @@ impl Agent {
                 } else {
                     Verdict::WrongAnswer
                 };
-                let mut reward = Reward::new(value, verdict);
-                reward.provenance.verifier = AGENT.into();
-                reward
+                by_agent(value, verdict)
             }
-            (None, WithoutReward::Zero) => {
-                let mut reward = Reward::new(0.0, Verdict::NoAnswer);
-                reward.provenance.verifier = AGENT.into();
-                reward
+            (None, None, WithoutReward::Zero) => by_agent(0.0, Verdict::NoAnswer),
+            (None, None, WithoutReward::Grade) if session.tally.turns == 0 => {
+                by_agent(0.0, Verdict::NoAnswer)
+                    .with_detail("message", "the agent asked for no completion")
             }
-            (None, WithoutReward::Grade) if session.tally.turns == 0 => {
-                let mut reward = Reward::new(0.0, Verdict::NoAnswer)
-                    .with_detail("message", "the agent asked for no completion");
-                reward.provenance.verifier = AGENT.into();
-                reward
-            }
-            (None, WithoutReward::Grade) => ctx.verify(session.last_content()).await?,
+            (None, None, WithoutReward::Grade) => ctx.verify(session.last_content()).await?,
         };
-        reward = reward
+        Ok(reward
             .with_detail("turns", session.tally.turns)
-            .with_detail("splits", session.tally.splits);
-        Ok(reward)
+            .with_detail("splits", session.tally.splits))
     }
+}
+
+/// A reward of `value` with `verdict` that the agent episode itself gives.
+fn by_agent(value: f64, verdict: Verdict) -> Reward {
+    let mut reward = Reward::new(value, verdict);
+    reward.provenance.verifier = AGENT.into();
+    reward
 }
 
 impl Drop for Agent {
