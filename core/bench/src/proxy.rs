@@ -99,21 +99,30 @@ impl RewardVerifier for Right {
     }
 }
 
-/// One HTTP/1.1 call: the status, whether a `Retry-After` came, the JSON body.
+/// One HTTP/1.1 call, a POST of `body` (a GET without one): the status, whether a
+/// `Retry-After` came, the JSON body.
 fn http(
     addr: SocketAddr,
     path: &str,
     key: &str,
-    body: &Value,
+    body: Option<&Value>,
 ) -> anyhow::Result<(u16, bool, Value)> {
-    let body = body.to_string();
     let mut stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
+    match body {
+        Some(body) => {
+            let body = body.to_string();
+            write!(
+                stream,
+                "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )?;
+        }
+        None => write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?,
+    }
     let mut answer = Vec::new();
     stream.read_to_end(&mut answer)?;
     let answer = String::from_utf8_lossy(&answer);
@@ -207,8 +216,12 @@ impl Rig {
 /// latency in ms.
 fn session(addr: SocketAddr, retry: Duration) -> anyhow::Result<Vec<f64>> {
     let key = loop {
-        let (status, _, answer) =
-            http(addr, "/rl/start_session", "", &json!({"task_id": "bench"}))?;
+        let (status, _, answer) = http(
+            addr,
+            "/rl/start_session",
+            "",
+            Some(&json!({"task_id": "bench"})),
+        )?;
         match status {
             200 => break answer["api_key"].as_str().context("a key")?.to_owned(),
             429 => std::thread::sleep(retry),
@@ -221,7 +234,7 @@ fn session(addr: SocketAddr, retry: Duration) -> anyhow::Result<Vec<f64>> {
     for _ in 0..2 {
         let body = json!({"model": "policy", "messages": messages, "tools": tools});
         let start = Instant::now();
-        let (status, _, answer) = http(addr, "/v1/chat/completions", &key, &body)?;
+        let (status, _, answer) = http(addr, "/v1/chat/completions", &key, Some(&body))?;
         latencies.push(start.elapsed().as_secs_f64() * 1e3);
         anyhow::ensure!(status == 200, "a turn answered {status}: {answer}");
         let message = answer["choices"][0]["message"].clone();
@@ -229,7 +242,7 @@ fn session(addr: SocketAddr, retry: Duration) -> anyhow::Result<Vec<f64>> {
         messages.push(message);
         messages.push(json!({"role": "tool", "tool_call_id": id, "content": "42\n"}));
     }
-    let (status, _, answer) = http(addr, "/rl/end_session", &key, &json!({}))?;
+    let (status, _, answer) = http(addr, "/rl/end_session", &key, Some(&json!({})))?;
     anyhow::ensure!(status == 200, "end_session answered {status}: {answer}");
     Ok(latencies)
 }
@@ -350,12 +363,12 @@ pub(super) fn run(args: BenchProxyArgs) -> anyhow::Result<()> {
     );
     // the episodes left waiting by the last measurement are ended first
     loop {
-        let (status, _, answer) = http(rig.addr, "/rl/start_session", "", &json!({}))?;
+        let (status, _, answer) = http(rig.addr, "/rl/start_session", "", Some(&json!({})))?;
         if status != 200 {
             break;
         }
         let key = answer["api_key"].as_str().unwrap_or_default();
-        http(rig.addr, "/rl/end_session", key, &json!({}))?;
+        http(rig.addr, "/rl/end_session", key, Some(&json!({})))?;
     }
     let stop = Arc::new(AtomicBool::new(false));
     let _ended = rig.feed(64, stop.clone(), first_id);
@@ -373,7 +386,12 @@ pub(super) fn run(args: BenchProxyArgs) -> anyhow::Result<()> {
             let (gate, addr) = (gate.clone(), rig.addr);
             std::thread::spawn(move || {
                 gate.wait();
-                http(addr, "/rl/start_session", "", &json!({"task_id": "burst"}))
+                http(
+                    addr,
+                    "/rl/start_session",
+                    "",
+                    Some(&json!({"task_id": "burst"})),
+                )
             })
         })
         .collect();
@@ -397,7 +415,7 @@ pub(super) fn run(args: BenchProxyArgs) -> anyhow::Result<()> {
     }
     let burst_ms = started.elapsed().as_secs_f64() * 1e3;
     for key in keys {
-        let _ = http(rig.addr, "/rl/end_session", &key, &json!({}));
+        let _ = http(rig.addr, "/rl/end_session", &key, Some(&json!({})));
     }
     report.push_str(&format!(
         "\n| episodes admitted | start_session calls at once | sessions given | 429 | 429 with Retry-After | other | all answered in ms |\n\
@@ -409,15 +427,7 @@ pub(super) fn run(args: BenchProxyArgs) -> anyhow::Result<()> {
 
 /// Episodes waiting for an agent now (the proxy's `/health`).
 fn rig_waiting(rig: &Rig) -> anyhow::Result<u64> {
-    let mut stream = TcpStream::connect(rig.addr)?;
-    write!(
-        stream,
-        "GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        rig.addr
-    )?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    let body = &answer[answer.find("\r\n\r\n").context("no body")? + 4..];
-    let health: Value = serde_json::from_str(body)?;
+    let (status, _, health) = http(rig.addr, "/health", "", None)?;
+    anyhow::ensure!(status == 200, "/health answered {status}: {health}");
     Ok(health["waiting"].as_u64().unwrap_or(0))
 }

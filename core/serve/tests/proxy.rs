@@ -411,6 +411,22 @@ async fn http(url: &str, key: Option<&str>, body: Option<&str>) -> (u16, String,
     )
 }
 
+/// An `agent` episode for agents from elsewhere on a policy that says `script`: the proxy's
+/// URL and the runner.
+fn online(script: &[String]) -> (String, Arc<GroupRunner>) {
+    let started = areal_serve::Agent::start(areal_serve::AgentOptions::default(), None).unwrap();
+    let proxy = format!("http://{}", started.addr());
+    (proxy, runner(script, Arc::new(started)))
+}
+
+/// A group of one episode of `runner`, running (inside a runtime).
+fn one_episode(
+    runner: &Arc<GroupRunner>,
+) -> tokio::task::JoinHandle<Result<TrajectoryGroup, PluginError>> {
+    let runner = runner.clone();
+    tokio::spawn(async move { runner.run_group(spec(1), item()).await })
+}
+
 /// A session of the proxy at `proxy`, once the run has admitted an episode: its key.
 async fn take_session(proxy: &str) -> String {
     loop {
@@ -568,8 +584,6 @@ fn agents_from_elsewhere_take_the_sessions_the_run_admits() {
 #[test]
 fn each_of_n_choices_is_a_sample_and_the_first_goes_on() {
     let tokenizer = tokenizer();
-    let started = areal_serve::Agent::start(areal_serve::AgentOptions::default(), None).unwrap();
-    let proxy = format!("http://{}", started.addr());
     // each call of the episode says the next line, whatever the choice
     let script = vec![
         "one".to_owned(),
@@ -577,13 +591,9 @@ fn each_of_n_choices_is_a_sample_and_the_first_goes_on() {
         "three".to_owned(),
         "four".to_owned(),
     ];
-    let runner = runner(&script, Arc::new(started));
-    let rt = runtime();
-    rt.block_on(async {
-        let group = tokio::spawn({
-            let runner = runner.clone();
-            async move { runner.run_group(spec(1), item()).await }
-        });
+    let (proxy, runner) = online(&script);
+    runtime().block_on(async {
+        let group = one_episode(&runner);
         let key = take_session(&proxy).await;
         let chat = format!("{proxy}/v1/chat/completions");
         let mut body = json!({"messages": [{"role": "user", "content": "count"}], "n": 3});
@@ -636,16 +646,10 @@ fn each_of_n_choices_is_a_sample_and_the_first_goes_on() {
 #[test]
 fn a_stop_text_ends_the_turn_and_what_follows_it_is_dropped() {
     let tokenizer = tokenizer();
-    let started = areal_serve::Agent::start(areal_serve::AgentOptions::default(), None).unwrap();
-    let proxy = format!("http://{}", started.addr());
     let script = vec!["one\ntwo\nthree".to_owned(), "four".to_owned()];
-    let runner = runner(&script, Arc::new(started));
-    let rt = runtime();
-    rt.block_on(async {
-        let group = tokio::spawn({
-            let runner = runner.clone();
-            async move { runner.run_group(spec(1), item()).await }
-        });
+    let (proxy, runner) = online(&script);
+    runtime().block_on(async {
+        let group = one_episode(&runner);
         let key = take_session(&proxy).await;
         let chat = format!("{proxy}/v1/chat/completions");
         let mut body = json!({"messages": [{"role": "user", "content": "count"}], "stop": "\n"});
