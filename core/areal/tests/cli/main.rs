@@ -1063,6 +1063,36 @@ fn summary(run: &std::path::Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
 }
 
+/// Every episode of `steps` (a run's step records) was compared with its conversation as the
+/// job's chat template renders it, and its tokens spell the rendering.
+fn assert_every_episode_matches_the_template(steps: &[serde_json::Value]) {
+    let total = |key: &str| steps.iter().map(|s| s[key].as_f64().unwrap()).sum::<f64>();
+    assert!(total("episodes") > 0.0);
+    assert_eq!(total("retokenization_checked"), total("episodes"));
+    assert_eq!(total("retokenization_mismatches"), 0.0);
+    // drift is the policy's doing, not the run's: a sampled split the tokenizer would not make
+    // (a special token's name spelled letter by letter); rare, and timing decides which
+    // samples an asynchronous run draws
+    assert!(
+        total("retokenization_drift") <= total("episodes") / 100.0,
+        "{} of {} episodes drifted",
+        total("retokenization_drift"),
+        total("episodes")
+    );
+}
+
+/// A run's `summary` accounts for every sample admitted: each trained, dropped or pending.
+fn assert_ledger_balances(summary: &serde_json::Value) {
+    assert_eq!(
+        summary["samples_admitted"].as_u64().unwrap(),
+        ["samples_trained", "samples_dropped", "samples_pending"]
+            .iter()
+            .map(|k| summary[k].as_u64().unwrap())
+            .sum::<u64>(),
+        "{summary}"
+    );
+}
+
 /// `areal train` of `config` into `run` for 40 steps (evaluated at the end on 100 held-out
 /// items) with `extra` arguments: the run folder, and the held-out accuracy before and after.
 fn short_run(
@@ -1131,21 +1161,7 @@ fn the_multi_turn_job_learns_to_call_the_tool_and_without_it_does_not() {
     assert!(share("tool_call_fraction") > 0.5, "{last:?}");
     assert!(share("turns_per_episode") > 1.5, "{last:?}");
     assert!(with.join("tools.png").exists(), "the plot of tool use");
-    // every episode was compared with its conversation as the job's chat template renders
-    // it, and its tokens are the rendering's
-    let total = |key: &str| steps.iter().map(|s| number(s, key)).sum::<f64>();
-    assert!(total("episodes") > 0.0);
-    assert_eq!(total("retokenization_checked"), total("episodes"));
-    assert_eq!(total("retokenization_mismatches"), 0.0);
-    // drift is the policy's doing, not the run's: a sampled split the tokenizer would not make
-    // (a special token's name spelled letter by letter); rare, and timing decides which
-    // samples an asynchronous run draws
-    assert!(
-        total("retokenization_drift") <= total("episodes") / 100.0,
-        "{} of {} episodes drifted",
-        total("retokenization_drift"),
-        total("episodes")
-    );
+    assert_every_episode_matches_the_template(&steps);
 
     let (_, alone_before, alone_after) = run("none", &["--set", "tools=[]"]);
     assert!(
@@ -1216,18 +1232,7 @@ fn the_multi_turn_job_learns_through_an_openai_client_agent_as_in_process() {
     );
     let steps = records(&with_agent, "step");
     let total = |key: &str| steps.iter().map(|s| s[key].as_f64().unwrap()).sum::<f64>();
-    assert!(total("episodes") > 0.0);
-    assert_eq!(total("retokenization_checked"), total("episodes"));
-    assert_eq!(total("retokenization_mismatches"), 0.0);
-    // drift is the policy's doing, not the run's: a sampled split the tokenizer would not make
-    // (a special token's name spelled letter by letter); rare, and timing decides which
-    // samples an asynchronous run draws
-    assert!(
-        total("retokenization_drift") <= total("episodes") / 100.0,
-        "{} of {} episodes drifted",
-        total("retokenization_drift"),
-        total("episodes")
-    );
+    assert_every_episode_matches_the_template(&steps);
     // the agent called its tool: more than one turn per episode on average at the end
     let last = &steps[steps.len() - 10..];
     let episodes: f64 = last.iter().map(|s| s["episodes"].as_f64().unwrap()).sum();
@@ -1282,14 +1287,7 @@ fn the_multi_turn_job_learns_through_an_openai_client_agent_as_in_process() {
         "{samples} samples, {summary}"
     );
     // the ledger counts episodes: each trained, dropped or pending
-    assert_eq!(
-        summary["samples_admitted"].as_u64().unwrap(),
-        ["samples_trained", "samples_dropped", "samples_pending"]
-            .iter()
-            .map(|k| summary[k].as_u64().unwrap())
-            .sum::<u64>(),
-        "{summary}"
-    );
+    assert_ledger_balances(&summary);
 }
 
 /// A bare HTTP/1.1 POST of `body` with `key`: the status and the JSON answer.
@@ -1351,13 +1349,22 @@ fn serve_proxy_serves_agents_and_records_their_sessions() {
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("{line}"))
         .to_owned();
-    let (status, session) = post(
-        &addr,
-        "/rl/start_session",
-        "",
-        &serde_json::json!({"task_id": "t"}),
-    );
-    assert_eq!(status, 200, "{session}");
+    // the proxy listens before its episodes are admitted: a 429 says later, as to any client
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let session = loop {
+        let (status, session) = post(
+            &addr,
+            "/rl/start_session",
+            "",
+            &serde_json::json!({"task_id": "t"}),
+        );
+        if status == 200 {
+            break session;
+        }
+        assert_eq!(status, 429, "{session}");
+        assert!(std::time::Instant::now() < deadline, "no session came");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     let key = session["api_key"].as_str().unwrap().to_owned();
     let prompt = session["item"]["prompt"].as_str().unwrap().to_owned();
     let (status, answer) = post(

@@ -8,7 +8,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use super::{Background, records, summary, testkit_config, text, wait_for_line};
+use super::{
+    Background, assert_ledger_balances, records, summary, testkit_config, text, wait_for_line,
+};
 
 /// `areal train -q ARGS`, killed at `failpoint` when given.
 fn train(args: &[&str], failpoint: Option<&str>) -> Output {
@@ -332,14 +334,7 @@ fn a_killed_run_trains_each_sample_once_within_the_staleness_bound() {
     }
     let summary = summary(&run);
     assert_eq!(summary["samples_trained"], seen.len() as u64);
-    assert_eq!(
-        summary["samples_admitted"].as_u64().unwrap(),
-        ["samples_trained", "samples_dropped", "samples_pending"]
-            .iter()
-            .map(|k| summary[k].as_u64().unwrap())
-            .sum::<u64>(),
-        "{summary}"
-    );
+    assert_ledger_balances(&summary);
     assert_eq!(summary["resumes"], 4);
 }
 
