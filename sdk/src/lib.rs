@@ -78,7 +78,7 @@ pub use reward::{MAX_REWARD, Provenance, Reward, TurnReward, Verdict};
 pub use task::{ChatMessage, DemoTurn, Split, Task, TaskItem, Tokenizer};
 pub use tool::{Tool, ToolOutput, ToolSchema, ToolSession};
 pub use trajectory::{
-    Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,
+    Adapter, Completion, FinishReason, GenerateRequest, NamedTensor, PROMPT_VERSION, PolicyVersion,
     SamplingParams, Trajectory, TrajectoryGroup, WeightUpdate,
 };
 pub use verifier::{AsyncVerifier, RewardInput, RewardVerifier, VerifyContext};

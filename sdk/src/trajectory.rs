@@ -302,16 +302,48 @@ impl NamedTensor {
 }
 
 /// New policy weights for the generators.
+///
+/// With [`adapter`](Self::adapter) set, the policy trains low-rank adapters over frozen
+/// weights: `tensors` are those frozen weights (the base), the same `Arc` for every version,
+/// so that a generator holding them already (`Arc::ptr_eq`) takes only the adapter; the model
+/// to generate with is the base with the adapter applied.
 #[derive(Clone, Debug)]
 pub struct WeightUpdate {
     /// Version these weights are.
     pub version: PolicyVersion,
-    /// The parameters; shared, so that several generators receive them without copies.
+    /// The parameters (the base, with an adapter); shared, so that several generators receive
+    /// them without copies.
     pub tensors: Arc<Vec<NamedTensor>>,
     /// What the tensors are: the model's architecture as its `config.json` would say it
     /// (`Null` when the policy does not describe itself). A generator that builds its own copy
     /// of the model reads the shapes from here.
     pub architecture: Arc<serde_json::Value>,
+    /// The adapter of this version over `tensors`, when the policy trains one.
+    pub adapter: Option<Arc<Adapter>>,
+}
+
+/// Low-rank adapters (LoRA) in PEFT's format: its `adapter_config.json` and the tensors of
+/// `adapter_model.safetensors` under its names
+/// (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`, `[rank, in]`;
+/// `lora_B`, `[out, rank]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adapter {
+    /// PEFT's `adapter_config.json` (`r`, `lora_alpha`, `target_modules`, ...).
+    pub config: serde_json::Value,
+    /// The adapter's tensors.
+    pub tensors: Vec<NamedTensor>,
+}
+
+impl Adapter {
+    /// Values in all its tensors.
+    pub fn len(&self) -> usize {
+        self.tensors.iter().map(|t| t.data.len()).sum()
+    }
+
+    /// Whether it holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl WeightUpdate {
@@ -321,6 +353,21 @@ impl WeightUpdate {
             version,
             tensors: Arc::new(tensors),
             architecture: Arc::new(serde_json::Value::Null),
+            adapter: None,
+        }
+    }
+
+    /// Weights of `version` that are the shared base `tensors` with `adapter` applied.
+    pub fn adapted(
+        version: PolicyVersion,
+        tensors: Arc<Vec<NamedTensor>>,
+        adapter: Adapter,
+    ) -> Self {
+        Self {
+            version,
+            tensors,
+            architecture: Arc::new(serde_json::Value::Null),
+            adapter: Some(Arc::new(adapter)),
         }
     }
 

@@ -263,6 +263,7 @@ fn push(
             version: 1,
             tensors: tensors.clone(),
             architecture: Arc::new(serde_json::Value::Null),
+            adapter: None,
         };
         let started = Instant::now();
         remote.update_weights(update).await?;

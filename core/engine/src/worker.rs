@@ -267,7 +267,7 @@ fn adamw(t: &TrainConfig) -> ModuleOptimizer {
 
 /// The policy's current weights as version `version`, with its architecture.
 pub(crate) fn weight_update(policy: &dyn Policy, version: PolicyVersion) -> WeightUpdate {
-    WeightUpdate::new(version, policy.weights()).with_architecture(policy.architecture())
+    policy.weight_update(version)
 }
 
 impl State {
@@ -370,6 +370,9 @@ impl State {
     }
 
     fn start_rl(&mut self) -> Result<(), EngineError> {
+        self.policy
+            .start_rl()
+            .map_err(|e| EngineError::plugin("starting reinforcement learning", e))?;
         // The reference policy of a KL penalty: the weights RL starts from.
         if self.algorithm.requirements().reference {
             let reference = self.policy.snapshot().map_err(|e| {

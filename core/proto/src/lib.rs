@@ -734,6 +734,7 @@ impl WeightAssembler {
             version: header.version,
             tensors: Arc::new(self.tensors),
             architecture: Arc::new(architecture),
+            adapter: None,
         })
     }
 }

@@ -159,6 +159,7 @@ pub(crate) fn read(path: &Path, version: u64, sha256: &str) -> Result<WeightUpda
         version,
         tensors: Arc::new(tensors),
         architecture: Arc::new(architecture),
+        adapter: None,
     })
 }
 

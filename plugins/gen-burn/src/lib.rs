@@ -30,6 +30,7 @@ use burn::tensor::Device;
 use serde::Deserialize;
 use tokio::sync::oneshot;
 
+pub use crate::worker::AdapterMode;
 use crate::worker::{Command, Stats, Worker};
 
 /// Options of the `burn` generator.
@@ -47,6 +48,10 @@ pub struct BurnGeneratorOptions {
     /// generation and training do not fight over the same cores. 0 shares the process-wide
     /// pool (as many threads as cores). By default 0.
     pub threads: usize,
+    /// How an adapter the policy trains (`[policy.lora]`) is applied: `merged` into the
+    /// weights once per version, or `unmerged`, beside them at every step. By default
+    /// `merged` (faster here: `docs/benchmarks.md`).
+    pub adapters: AdapterMode,
 }
 
 impl Default for BurnGeneratorOptions {
@@ -56,6 +61,7 @@ impl Default for BurnGeneratorOptions {
             max_len: None,
             device: "cpu".into(),
             threads: 0,
+            adapters: AdapterMode::Merged,
         }
     }
 }
@@ -88,7 +94,12 @@ fn gone() -> PluginError {
 impl BurnGenerator {
     /// Start a generator on `device` (a plain device: no autodiff).
     pub fn new(options: &BurnGeneratorOptions, device: Device) -> Result<Self, PluginError> {
-        let worker = Worker::new(device, options.max_batch.max(1), options.max_len);
+        let worker = Worker::new(
+            device,
+            options.adapters,
+            options.max_batch.max(1),
+            options.max_len,
+        );
         let stats = worker.stats.clone();
         let (tx, rx) = mpsc::channel();
         let spawned = if options.threads == 0 {

@@ -42,8 +42,22 @@ pub(crate) struct Stats {
     pub(crate) resume: Duration,
 }
 
+/// How the decoding thread applies an adapter ([`WeightUpdate::adapter`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdapterMode {
+    /// Folded into the weights once per version (`W + scale · A·B`): decoding costs what the
+    /// base's does.
+    Merged,
+    /// Kept beside the weights: each projection adds `(x·A)·B` while decoding.
+    Unmerged,
+}
+
 struct Loaded {
     config: ModelConfig,
+    /// The frozen weights an adapter applies to, as the update shared them, and the model
+    /// built from them (so that a new adapter costs only the adapter).
+    base: Option<(std::sync::Arc<Vec<areal_sdk::NamedTensor>>, Transformer)>,
     model: Transformer,
     version: PolicyVersion,
     cache: Vec<LayerKv>,
@@ -73,6 +87,7 @@ struct Active {
 
 pub(crate) struct Worker {
     device: Device,
+    adapters: AdapterMode,
     max_batch: usize,
     max_len: Option<usize>,
     loaded: Option<Loaded>,
@@ -89,9 +104,15 @@ fn failed(message: impl Into<String>) -> PluginError {
 }
 
 impl Worker {
-    pub(crate) fn new(device: Device, max_batch: usize, max_len: Option<usize>) -> Self {
+    pub(crate) fn new(
+        device: Device,
+        adapters: AdapterMode,
+        max_batch: usize,
+        max_len: Option<usize>,
+    ) -> Self {
         Self {
             device,
+            adapters,
             max_batch,
             max_len,
             loaded: None,
@@ -170,7 +191,38 @@ impl Worker {
                     update.version
                 ))
             })?;
-        let model = import(&config, update.tensors.as_ref().clone(), &self.device)?;
+        // the base is built once: later versions bring only their adapter
+        let held = self.loaded.as_mut().and_then(|l| l.base.take());
+        let base = match held {
+            Some((tensors, model))
+                if update.adapter.is_some()
+                    && std::sync::Arc::ptr_eq(&tensors, &update.tensors) =>
+            {
+                Some((tensors, model))
+            }
+            _ => None,
+        };
+        let (model, base) = match (&update.adapter, base) {
+            (None, _) => (
+                import(&config, update.tensors.as_ref().clone(), &self.device)?,
+                None,
+            ),
+            (Some(adapter), held) => {
+                let (tensors, base) = match held {
+                    Some(held) => held,
+                    None => (
+                        update.tensors.clone(),
+                        import(&config, update.tensors.as_ref().clone(), &self.device)?,
+                    ),
+                };
+                let adapted = base.adapted(adapter)?;
+                let model = match self.adapters {
+                    AdapterMode::Merged => adapted.merged(),
+                    AdapterMode::Unmerged => adapted,
+                };
+                (model, Some((tensors, base)))
+            }
+        };
         let capacity = self
             .max_len
             .unwrap_or(config.max_position_embeddings)
@@ -198,6 +250,7 @@ impl Worker {
         };
         self.loaded = Some(Loaded {
             config,
+            base,
             model,
             version: update.version,
             cache,

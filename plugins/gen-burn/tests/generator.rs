@@ -378,3 +378,93 @@ async fn a_batch_handed_over_together_is_the_same_bit_for_bit_every_time() {
         assert_eq!(single.token_ids, c.token_ids, "sample {i} decoded alone");
     }
 }
+
+/// A policy whose adapters (on every projection, rank 2) are random: `B` too, so that the
+/// adapted model differs from the base.
+fn adapted_policy(seed: u64, adapter_seed: u64) -> TransformerPolicy {
+    use areal_model::{AdapterConfig, LoraOptions};
+    let config = AdapterConfig::from_options(&LoraOptions {
+        rank: 2,
+        ..LoraOptions::default()
+    })
+    .unwrap();
+    let mut p = policy(seed);
+    p.set_lora(config.clone(), None, adapter_seed);
+    p.start_rl().unwrap();
+    let mut tensors = p.adapter().unwrap().tensors;
+    let mut x = adapter_seed as f32;
+    for t in &mut tensors {
+        for v in &mut t.data {
+            x = (x * 1.7 + 0.3).fract();
+            *v = (x - 0.5) * 0.2;
+        }
+    }
+    let mut p = policy(seed);
+    p.set_lora(config, Some(tensors), 0);
+    p.start_rl().unwrap();
+    p
+}
+
+/// Merged or not, the generator samples from the adapted model: its logprobs are the
+/// trainer's, and a new adapter over the same base (the same `Arc`) is taken alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapters_merged_or_not_sample_the_adapted_model() {
+    use areal_gen_burn::AdapterMode;
+    for mode in [AdapterMode::Merged, AdapterMode::Unmerged] {
+        let g = BurnGenerator::new(
+            &BurnGeneratorOptions {
+                max_batch: 4,
+                adapters: mode,
+                ..BurnGeneratorOptions::default()
+            },
+            Device::flex(),
+        )
+        .unwrap();
+        let first = adapted_policy(4, 1);
+        let base = first.weight_update(0).tensors;
+        for (version, adapter_seed) in [(0u64, 1u64), (1, 2)] {
+            let p = adapted_policy(4, adapter_seed);
+            let mut update = p.weight_update(version);
+            assert!(update.adapter.is_some());
+            // the run sends its one base every time
+            update.tensors = base.clone();
+            g.update_weights(update).await.unwrap();
+            let tokenizer = p.tokenizer();
+            let prompt = tokenizer.encode("12+34=").unwrap();
+            let sampling = SamplingParams {
+                temperature: 1.0,
+                top_p: 1.0,
+                seed: 5,
+            };
+            let c = g
+                .generate(request(version, prompt.clone(), 12, sampling, vec![]))
+                .await
+                .unwrap();
+            assert!(c.versions.iter().all(|&v| v == version));
+            let mut batch = PackedBatch::new(1.0);
+            batch.push(&[prompt.clone(), c.token_ids.clone()].concat());
+            let lp: Vec<f32> = p
+                .logprobs_no_grad(&batch)
+                .unwrap()
+                .into_data()
+                .try_to_vec()
+                .unwrap();
+            let base_lp: Vec<f32> = policy(4)
+                .logprobs_no_grad(&batch)
+                .unwrap()
+                .into_data()
+                .try_to_vec()
+                .unwrap();
+            let mut moved = 0.0f32;
+            for (j, behaviour) in c.behaviour_logprobs.iter().enumerate() {
+                let trainer = lp[prompt.len() + j];
+                assert!(
+                    (trainer - behaviour).abs() < 1e-4,
+                    "{mode:?}, token {j}: generator {behaviour}, trainer {trainer}"
+                );
+                moved = moved.max((base_lp[prompt.len() + j] - behaviour).abs());
+            }
+            assert!(moved > 1e-3, "{mode:?}: the adapter changed nothing");
+        }
+    }
+}

@@ -19,8 +19,8 @@ if [ "${1:-}" = "--no-torch" ]; then
     packages=('transformers==4.57.6' 'jinja2')
 else
     venv="${AREAL_TRANSFORMERS_VENV:-.cache/transformers}"
-    ready() { "$venv/bin/python" -c 'import torch, transformers, safetensors, jinja2' 2>/dev/null; }
-    packages=('torch==2.9.1' 'transformers==4.57.6' 'safetensors' 'jinja2' 'numpy')
+    ready() { "$venv/bin/python" -c 'import torch, transformers, peft, safetensors, jinja2' 2>/dev/null; }
+    packages=('torch==2.9.1' 'transformers==4.57.6' 'peft==0.17.1' 'safetensors' 'jinja2' 'numpy')
 fi
 if [ -x "$venv/bin/python" ] && ready; then
     echo "transformers is ready in $venv"

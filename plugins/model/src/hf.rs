@@ -11,7 +11,7 @@ use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::{Device, Tensor, TensorData};
 
 use crate::config::ModelConfig;
-use crate::model::{Attention, DecoderLayer, Mlp, Transformer};
+use crate::model::{Attention, DecoderLayer, Mlp, Proj, Transformer};
 use crate::tokenizer::HfTokenizer;
 
 fn failed(message: impl Into<String>) -> PluginError {
@@ -30,7 +30,8 @@ fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
         .expect("converted to f32")
 }
 
-/// Every parameter of `model` under its Hugging Face name, linear weights as `[out, in]`.
+/// Every parameter of `model` under its Hugging Face name, linear weights as `[out, in]`;
+/// adapters, if any, folded into the weights they adapt.
 pub fn export(model: &Transformer) -> Vec<NamedTensor> {
     let mut out = Vec::new();
     let mut push = |name: String, t: Tensor<2>| {
@@ -57,7 +58,7 @@ pub fn export(model: &Transformer) -> Vec<NamedTensor> {
         ] {
             push(
                 format!("{p}.self_attn.{name}.weight"),
-                lin.weight.val().transpose(),
+                lin.merged_weight().transpose(),
             );
             if let Some(bias) = &lin.bias {
                 vectors.push((format!("{p}.self_attn.{name}.bias"), bias.val()));
@@ -76,7 +77,7 @@ pub fn export(model: &Transformer) -> Vec<NamedTensor> {
         ] {
             push(
                 format!("{p}.mlp.{name}.weight"),
-                lin.weight.val().transpose(),
+                lin.merged_weight().transpose(),
             );
         }
         vectors.push((
@@ -140,28 +141,23 @@ impl Source {
         ))
     }
 
-    /// A linear layer from an `[out, in]` weight (and a bias if `bias`).
+    /// A projection from an `[out, in]` weight (and a bias if `bias`).
     fn linear(
         &mut self,
         prefix: &str,
         d_in: usize,
         d_out: usize,
         bias: bool,
-    ) -> Result<Linear, PluginError> {
+    ) -> Result<Proj, PluginError> {
         let weight = self
             .matrix(&format!("{prefix}.weight"), d_out, d_in)?
             .transpose();
         let bias = if bias {
-            Some(Param::from_tensor(
-                self.vector(&format!("{prefix}.bias"), d_out)?,
-            ))
+            Some(self.vector(&format!("{prefix}.bias"), d_out)?)
         } else {
             None
         };
-        Ok(Linear {
-            weight: Param::from_tensor(weight),
-            bias,
-        })
+        Ok(Proj::new(weight, bias))
     }
 
     fn norm(&mut self, name: &str, d: usize, eps: f64) -> Result<RmsNorm, PluginError> {
@@ -233,7 +229,11 @@ pub fn import(
         src.tensors.remove("lm_head.weight");
         None
     } else {
-        Some(src.linear("lm_head", d, v, false)?)
+        let head = src.linear("lm_head", d, v, false)?;
+        Some(Linear {
+            weight: head.weight,
+            bias: None,
+        })
     };
     if let Some(extra) = src.tensors.keys().next() {
         return Err(failed(format!(

@@ -32,6 +32,7 @@ mod chat;
 mod config;
 pub mod fused;
 pub mod hf;
+mod lora;
 mod model;
 mod policy;
 mod tokenizer;
@@ -39,8 +40,14 @@ mod tokenizer;
 pub use areal_sdk::ChatMessage;
 pub use chat::{CHAT_TEMPLATE_FILE, ChatTemplate, TOKENIZER_CONFIG_FILE};
 pub use config::{EosTokens, Llama3Scaling, ModelConfig};
-pub use model::{Attention, DecoderLayer, INIT_STD, LayerKv, Mlp, Rope, Transformer, rope_tables};
-pub use policy::{TransformerOptions, TransformerPolicy, packed_logprobs};
+pub use lora::{
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterConfig, LoraOptions, TARGET_MODULES,
+    is_adapter, load_adapter, save_adapter,
+};
+pub use model::{
+    Attention, DecoderLayer, INIT_STD, LayerKv, Lora, Mlp, Proj, Rope, Transformer, rope_tables,
+};
+pub use policy::{ADAPTER_DIR, TransformerOptions, TransformerPolicy, packed_logprobs};
 pub use tokenizer::{EOS, HfTokenizer, TOKENIZER_SIDE_FILES, UNK, char_tokenizer};
 
 /// The name the transformer policy is registered under (`[policy] kind = "transformer"`).

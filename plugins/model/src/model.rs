@@ -3,7 +3,7 @@
 //! Face's Qwen2/Llama modules, so parameter paths map one to one onto checkpoint names.
 
 use burn::module::{Module, Param};
-use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::nn::{Dropout, Embedding, Linear, RmsNorm};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
@@ -20,13 +20,13 @@ pub const INIT_STD: f32 = 0.02;
 #[derive(Module, Debug)]
 pub struct Attention {
     /// Query projection.
-    pub q_proj: Linear,
+    pub q_proj: Proj,
     /// Key projection.
-    pub k_proj: Linear,
+    pub k_proj: Proj,
     /// Value projection.
-    pub v_proj: Linear,
+    pub v_proj: Proj,
     /// Output projection.
-    pub o_proj: Linear,
+    pub o_proj: Proj,
     /// RMSNorm of each query head before RoPE (Qwen3).
     pub q_norm: Option<RmsNorm>,
     /// RMSNorm of each key head before RoPE (Qwen3).
@@ -87,11 +87,11 @@ impl Rope {
 #[derive(Module, Debug)]
 pub struct Mlp {
     /// Gate projection.
-    pub gate_proj: Linear,
+    pub gate_proj: Proj,
     /// Up projection.
-    pub up_proj: Linear,
+    pub up_proj: Proj,
     /// Down projection.
-    pub down_proj: Linear,
+    pub down_proj: Proj,
 }
 
 /// One pre-norm decoder layer.
@@ -164,6 +164,65 @@ impl LayerKv {
     }
 }
 
+/// A projection `x·W (+ b)` (PyTorch's `nn.Linear`, the weight kept `[in, out]`), with a
+/// low-rank adapter beside it when LoRA is on: `+ scale · (dropout(x)·A)·B`.
+#[derive(Module, Debug)]
+pub struct Proj {
+    /// `[in, out]`.
+    pub weight: Param<Tensor<2>>,
+    /// `[out]`, if the projection has one.
+    pub bias: Option<Param<Tensor<1>>>,
+    /// The adapter, when LoRA is on.
+    pub lora: Option<Lora>,
+}
+
+/// A low-rank adapter of a projection: `scale · (dropout(x)·A)·B`.
+#[derive(Module, Debug)]
+pub struct Lora {
+    /// `[in, rank]`: PEFT's `lora_A.weight` transposed.
+    pub a: Param<Tensor<2>>,
+    /// `[rank, out]`: PEFT's `lora_B.weight` transposed.
+    pub b: Param<Tensor<2>>,
+    /// Dropout on the adapter's input (training only).
+    pub dropout: Dropout,
+    /// `alpha / rank` (`alpha / √rank` with rsLoRA).
+    pub scale: f64,
+}
+
+impl Proj {
+    /// A projection without an adapter.
+    pub fn new(weight: Tensor<2>, bias: Option<Tensor<1>>) -> Self {
+        Self {
+            weight: Param::from_tensor(weight),
+            bias: bias.map(Param::from_tensor),
+            lora: None,
+        }
+    }
+
+    /// `x: [n, in]` → `[n, out]`.
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let bias = self.bias.as_ref().map(Param::val);
+        match &self.lora {
+            None => burn::tensor::module::linear(x, self.weight.val(), bias),
+            Some(lora) => {
+                let base = burn::tensor::module::linear(x.clone(), self.weight.val(), bias);
+                let low = lora.dropout.forward(x).matmul(lora.a.val());
+                base + low.matmul(lora.b.val()).mul_scalar(lora.scale)
+            }
+        }
+    }
+
+    /// The weight with the adapter folded in, `W + scale · A·B` (`W` without one).
+    pub fn merged_weight(&self) -> Tensor<2> {
+        match &self.lora {
+            None => self.weight.val(),
+            Some(lora) => {
+                self.weight.val() + lora.a.val().matmul(lora.b.val()).mul_scalar(lora.scale)
+            }
+        }
+    }
+}
+
 /// `layer` applied to every position of `x: [b, t, d_in]`, as one `[b·t, d_in]` product.
 ///
 /// burn's `Linear` on a rank-3 input runs as a batched product against the broadcast weight;
@@ -171,11 +230,28 @@ impl LayerKv {
 /// them, which made the backward pass of every projection three times its forward (a 256→688
 /// projection of 8 × 128 positions: 12 ms, against 2 ms for each plain product). Folding the
 /// positions into rows first gives one product each way (`docs/benchmarks.md`).
-fn dense(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
+fn dense(layer: &impl Dense, x: Tensor<3>) -> Tensor<3> {
     let [b, t, d] = x.dims();
-    let y = layer.forward(x.reshape([b * t, d]));
+    let y = layer.apply(x.reshape([b * t, d]));
     let out = y.dims()[1];
     y.reshape([b, t, out])
+}
+
+/// A layer applied to rows `[n, in]`.
+trait Dense {
+    fn apply(&self, x: Tensor<2>) -> Tensor<2>;
+}
+
+impl Dense for Linear {
+    fn apply(&self, x: Tensor<2>) -> Tensor<2> {
+        self.forward(x)
+    }
+}
+
+impl Dense for Proj {
+    fn apply(&self, x: Tensor<2>) -> Tensor<2> {
+        self.forward(x)
+    }
 }
 
 /// Normal(0, std) values from `rng`.
@@ -197,6 +273,15 @@ fn linear(rng: &mut StdRng, d_in: usize, d_out: usize, bias: bool, device: &Devi
     Linear {
         weight: Param::from_tensor(w),
         bias: bias.then(|| Param::from_tensor(Tensor::<1>::zeros([d_out], device))),
+    }
+}
+
+fn proj(rng: &mut StdRng, d_in: usize, d_out: usize, bias: bool, device: &Device) -> Proj {
+    let Linear { weight, bias } = linear(rng, d_in, d_out, bias, device);
+    Proj {
+        weight,
+        bias,
+        lora: None,
     }
 }
 
@@ -245,10 +330,10 @@ impl Attention {
     /// An attention block from its projections (and per-head query/key norms, for Qwen3),
     /// shaped by `config`, which must pass [`ModelConfig::check`].
     pub fn new(
-        q_proj: Linear,
-        k_proj: Linear,
-        v_proj: Linear,
-        o_proj: Linear,
+        q_proj: Proj,
+        k_proj: Proj,
+        v_proj: Proj,
+        o_proj: Proj,
         qk_norms: Option<(RmsNorm, RmsNorm)>,
         config: &ModelConfig,
     ) -> Self {
@@ -387,19 +472,19 @@ impl Transformer {
         let layers = (0..config.num_hidden_layers)
             .map(|_| DecoderLayer {
                 self_attn: Attention::new(
-                    linear(&mut rng, d, q, config.qkv_bias(), device),
-                    linear(&mut rng, d, kv, config.qkv_bias(), device),
-                    linear(&mut rng, d, kv, config.qkv_bias(), device),
-                    linear(&mut rng, q, d, false, device),
+                    proj(&mut rng, d, q, config.qkv_bias(), device),
+                    proj(&mut rng, d, kv, config.qkv_bias(), device),
+                    proj(&mut rng, d, kv, config.qkv_bias(), device),
+                    proj(&mut rng, q, d, false, device),
                     config
                         .qk_norm()
                         .then(|| (rms_norm(hd, eps, device), rms_norm(hd, eps, device))),
                     config,
                 ),
                 mlp: Mlp {
-                    gate_proj: linear(&mut rng, d, f, false, device),
-                    up_proj: linear(&mut rng, d, f, false, device),
-                    down_proj: linear(&mut rng, f, d, false, device),
+                    gate_proj: proj(&mut rng, d, f, false, device),
+                    up_proj: proj(&mut rng, d, f, false, device),
+                    down_proj: proj(&mut rng, f, d, false, device),
                 },
                 input_layernorm: rms_norm(d, config.rms_norm_eps, device),
                 post_attention_layernorm: rms_norm(d, config.rms_norm_eps, device),

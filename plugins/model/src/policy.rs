@@ -3,7 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use areal_sdk::{NamedTensor, PluginConfig, PluginError, Tokenizer};
+use areal_sdk::{
+    Adapter, NamedTensor, PluginConfig, PluginError, PolicyVersion, Tokenizer, WeightUpdate,
+};
 use areal_sdk_train::{PackedBatch, Policy, PolicyContext, StepStats, TrainableModule};
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
@@ -13,6 +15,7 @@ use serde::Deserialize;
 use crate::config::ModelConfig;
 use crate::fused::Fused;
 use crate::hf::{export, load_checkpoint, save_checkpoint};
+use crate::lora::{AdapterConfig, LoraOptions, is_adapter, load_adapter, save_adapter};
 use crate::model::Transformer;
 use crate::tokenizer::{HfTokenizer, char_tokenizer};
 
@@ -171,6 +174,9 @@ pub struct TransformerOptions {
     /// A chat template (Jinja, as transformers renders it) used instead of the checkpoint's,
     /// or given to a fresh model. A checkpoint the run saves keeps it.
     pub chat_template: Option<String>,
+    /// `[policy.lora]`: reinforcement learning trains low-rank adapters over the frozen
+    /// weights (those of `path`, or of the warm-up) instead of the weights themselves.
+    pub lora: Option<LoraOptions>,
 }
 
 impl Default for TransformerOptions {
@@ -184,8 +190,22 @@ impl Default for TransformerOptions {
             kv_heads: 2,
             max_positions: 256,
             chat_template: None,
+            lora: None,
         }
     }
+}
+
+/// The folder of a checkpoint that holds its adapter, in PEFT's format (the checkpoint's own
+/// weights have the adapter folded in).
+pub const ADAPTER_DIR: &str = "adapter";
+
+/// Adapters to put on when RL starts.
+#[derive(Clone, Debug)]
+struct LoraPlan {
+    config: AdapterConfig,
+    /// PEFT-named tensors to start from (`[policy.lora] path`); fresh adapters otherwise.
+    tensors: Option<Vec<NamedTensor>>,
+    seed: u64,
 }
 
 /// A transformer language model being trained.
@@ -197,6 +217,10 @@ pub struct TransformerPolicy {
     device: Device,
     /// Seed of a value head added later.
     value_seed: u64,
+    /// Adapters RL trains, if any.
+    lora: Option<LoraPlan>,
+    /// With adapters on: the frozen weights, as every weight update sends them.
+    base: Option<Arc<Vec<NamedTensor>>>,
 }
 
 impl TransformerPolicy {
@@ -213,6 +237,8 @@ impl TransformerPolicy {
             tokenizer: Arc::new(tokenizer),
             device,
             value_seed: 0,
+            lora: None,
+            base: None,
         }
     }
 
@@ -260,6 +286,43 @@ impl TransformerPolicy {
     pub fn hf_tokenizer(&self) -> &HfTokenizer {
         &self.tokenizer
     }
+
+    /// Train the adapters `config` describes from RL on (fresh ones drawn from `seed`, or
+    /// `tensors` in PEFT's names).
+    pub fn set_lora(
+        &mut self,
+        config: AdapterConfig,
+        tensors: Option<Vec<NamedTensor>>,
+        seed: u64,
+    ) {
+        self.lora = Some(LoraPlan {
+            config,
+            tensors,
+            seed,
+        });
+    }
+
+    /// The adapters' configuration, once they are on.
+    pub fn adapter_config(&self) -> Option<&AdapterConfig> {
+        self.base
+            .as_ref()
+            .and(self.lora.as_ref())
+            .map(|p| &p.config)
+    }
+
+    /// The adapters as PEFT saves them, once they are on.
+    pub fn adapter(&self) -> Option<Adapter> {
+        let config = self.adapter_config()?;
+        Some(Adapter {
+            config: config.to_json(),
+            tensors: self.module.module().adapter_tensors(),
+        })
+    }
+
+    /// The frozen weights, exported once for every weight update.
+    fn export_base(&mut self) {
+        self.base = Some(Arc::new(export(&self.module.module().without_lora())));
+    }
 }
 
 impl Policy for TransformerPolicy {
@@ -303,14 +366,45 @@ impl Policy for TransformerPolicy {
         packed_values(&self.module.module().valid(), batch, self.config.vocab_size)
     }
 
+    /// A copy sharing the weights (burn's tensors are shared, not copied); with adapters on,
+    /// the base alone: the reference of a KL penalty is the model RL started from.
     fn snapshot(&self) -> Result<Box<dyn Policy>, PluginError> {
         Ok(Box::new(Self {
             config: self.config.clone(),
-            module: TrainableModule::new(self.module.module().clone()),
+            module: TrainableModule::new(self.module.module().without_lora()),
             tokenizer: self.tokenizer.clone(),
             device: self.device.clone(),
             value_seed: self.value_seed,
+            lora: None,
+            base: None,
         }))
+    }
+
+    /// Put the adapters on: the weights so far become the frozen base.
+    fn start_rl(&mut self) -> Result<(), PluginError> {
+        let Some(plan) = &self.lora else {
+            return Ok(());
+        };
+        if self.base.is_some() {
+            return Ok(());
+        }
+        let model = self.module.module().clone().with_lora(
+            &plan.config,
+            plan.tensors.clone(),
+            plan.seed,
+        )?;
+        self.module.replace(model);
+        self.export_base();
+        Ok(())
+    }
+
+    fn weight_update(&self, version: PolicyVersion) -> WeightUpdate {
+        let architecture = self.architecture();
+        match (&self.base, self.adapter()) {
+            (Some(base), Some(adapter)) => WeightUpdate::adapted(version, base.clone(), adapter)
+                .with_architecture(architecture),
+            _ => WeightUpdate::new(version, self.weights()).with_architecture(architecture),
+        }
     }
 
     fn backward(&mut self, loss: Tensor<1>) -> Result<(), PluginError> {
@@ -348,14 +442,41 @@ impl Policy for TransformerPolicy {
         optimizer: Option<&mut ModuleOptimizer>,
         dir: &Path,
     ) -> Result<(), PluginError> {
-        self.module.load_state(crate::NAME, optimizer, dir)
+        self.module.load_state(crate::NAME, optimizer, dir)?;
+        if self.base.is_some() {
+            // the base is the state's, not the one the adapters were put on before
+            self.export_base();
+        }
+        Ok(())
     }
 
+    /// A checkpoint folder with the adapters folded into its weights and, with adapters on,
+    /// the adapters alone in PEFT's format under [`ADAPTER_DIR`].
     fn save(&self, dir: &Path) -> Result<(), PluginError> {
-        save_checkpoint(dir, &self.config, self.module.module(), &self.tokenizer)
+        save_checkpoint(dir, &self.config, self.module.module(), &self.tokenizer)?;
+        if let (Some(config), Some(adapter)) = (self.adapter_config(), self.adapter()) {
+            save_adapter(&dir.join(ADAPTER_DIR), config, &adapter.tensors)?;
+        }
+        Ok(())
     }
 
+    /// A checkpoint folder; or a PEFT adapter folder, folded into the weights held now (the
+    /// base it was trained on).
     fn load(&mut self, dir: &Path) -> Result<(), PluginError> {
+        if is_adapter(dir) {
+            let (config, tensors) = load_adapter(dir)?;
+            let model = self
+                .module
+                .module()
+                .without_lora()
+                .with_lora(&config, Some(tensors), 0)
+                .map_err(|e| {
+                    PluginError::caused_by(crate::NAME, format!("adapter {}", dir.display()), e)
+                })?
+                .merged();
+            self.module.replace(model);
+            return Ok(());
+        }
         let (config, model, tokenizer) = load_checkpoint(dir, &self.device)?;
         if config != self.config {
             return Err(PluginError::failed(
@@ -403,5 +524,21 @@ pub(crate) fn build(
             .map_err(|e| config.invalid("chat_template", e.to_string()))?;
     }
     policy.value_seed = ctx.build.seed ^ 0x7661_6c75_6521;
+    if let Some(lora) = &options.lora {
+        let (config, tensors) = match &lora.path {
+            Some(dir) => {
+                let (config, tensors) =
+                    load_adapter(dir).map_err(|e| config.invalid("lora.path", e.to_string()))?;
+                (config, Some(tensors))
+            }
+            None => {
+                let mut adapter = AdapterConfig::from_options(lora)
+                    .map_err(|(key, message)| config.invalid(&format!("lora.{key}"), message))?;
+                adapter.base_model = options.path.as_ref().map(|p| p.display().to_string());
+                (adapter, None)
+            }
+        };
+        policy.set_lora(config, tensors, ctx.build.seed ^ 0x6c6f_7261);
+    }
     Ok(Box::new(policy))
 }

@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use areal_sdk::{NamedTensor, PluginError, Tokenizer};
+use areal_sdk::{NamedTensor, PluginError, PolicyVersion, Tokenizer, WeightUpdate};
 use burn::optim::ModuleOptimizer;
 use burn::tensor::{Device, Tensor};
 
@@ -137,6 +137,23 @@ pub trait Policy: Send + 'static {
 
     /// Current weights as plain data, for the generators.
     fn weights(&self) -> Vec<NamedTensor>;
+
+    /// The current weights as version `version`, as generators are sent them: by default
+    /// [`weights`](Policy::weights) with the [`architecture`](Policy::architecture). A policy
+    /// that trains an adapter over frozen weights sends the frozen weights (the same `Arc`
+    /// every time) and the adapter ([`WeightUpdate::adapted`]).
+    fn weight_update(&self, version: PolicyVersion) -> WeightUpdate {
+        WeightUpdate::new(version, self.weights()).with_architecture(self.architecture())
+    }
+
+    /// Called once when reinforcement learning starts, after any warm-up (which trains every
+    /// weight) and before the reference policy is copied: a policy that trains only part of
+    /// itself in RL (low-rank adapters) sets that up here, the weights so far becoming its
+    /// frozen base. Called again, before [`load_state`](Policy::load_state), when a run
+    /// resumes in RL. Nothing by default.
+    fn start_rl(&mut self) -> Result<(), PluginError> {
+        Ok(())
+    }
 
     /// What the weights are, as the model's `config.json` would say it; sent to generators
     /// with every weight update. By default `Null` (a generator that needs it cannot be used).
