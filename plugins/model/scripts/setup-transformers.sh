@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Hugging Face transformers and PyTorch (CPU use) in a scratch virtual environment under
-# .cache/transformers, for the model plugin's parity fixtures and `areal bench model`'s PyTorch
-# rows:
+# Hugging Face transformers, PEFT and PyTorch (CPU use) in a scratch virtual environment under
+# .cache/transformers, for the model plugin's parity fixtures (LoRA's too) and `areal bench
+# model`'s PyTorch rows:
 #   .cache/transformers/bin/python plugins/model/scripts/make_parity_fixtures.py
+#   .cache/transformers/bin/python plugins/model/scripts/make_lora_fixtures.py
 # Nothing that `areal` needs to run or test comes from here: the fixtures it writes are
 # committed. Versions are pinned; PyPI's torch wheel brings its CUDA libraries along (about
 # 3 GB), which a CPU run never loads. transformers 5 needs a `kernels` release that is not

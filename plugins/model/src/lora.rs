@@ -224,22 +224,41 @@ impl AdapterConfig {
     }
 }
 
-/// `names` checked against [`TARGET_MODULES`], in that order, each once.
+/// `names` checked: each a projection of [`TARGET_MODULES`], or a module path ending in one
+/// (`model.layers.0.self_attn.q_proj`, as PEFT saves `"all-linear"`). Short names come out in
+/// [`TARGET_MODULES`] order, each once; paths as given.
 fn targets(names: &[String]) -> Result<Vec<String>, String> {
     if names.is_empty() {
         return Err("names no projection".into());
     }
-    if let Some(bad) = names.iter().find(|n| !TARGET_MODULES.contains(&n.as_str())) {
+    let projection = |n: &str| {
+        let last = n.rsplit('.').next().unwrap_or(n);
+        TARGET_MODULES.contains(&last)
+    };
+    if let Some(bad) = names.iter().find(|n| !projection(n)) {
         return Err(format!(
             "{bad:?} is not a projection of the model (one of {})",
             TARGET_MODULES.join(", ")
         ));
     }
-    Ok(TARGET_MODULES
+    let mut out: Vec<String> = TARGET_MODULES
         .iter()
         .filter(|t| names.iter().any(|n| n == *t))
         .map(|s| (*s).to_owned())
-        .collect())
+        .collect();
+    out.extend(names.iter().filter(|n| n.contains('.')).cloned());
+    Ok(out)
+}
+
+impl AdapterConfig {
+    /// Whether the projection `name` of layer `layer` (in block `kind`) gets an adapter, as
+    /// PEFT matches `target_modules`: the module's name, or its path, or a path it ends with.
+    pub fn targets(&self, layer: usize, kind: &str, name: &str) -> bool {
+        let path = format!("model.layers.{layer}.{kind}.{name}");
+        self.target_modules
+            .iter()
+            .any(|t| t == name || path == *t || path.ends_with(&format!(".{t}")))
+    }
 }
 
 impl DecoderLayer {
@@ -316,7 +335,7 @@ impl Transformer {
         let r = config.rank;
         for (i, layer) in model.layers.iter_mut().enumerate() {
             for (kind, name, proj) in layer.projections_mut() {
-                if !config.target_modules.iter().any(|t| t == name) {
+                if !config.targets(i, kind, name) {
                     continue;
                 }
                 let [d_in, d_out] = proj.weight.val().dims();

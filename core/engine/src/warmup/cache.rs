@@ -29,9 +29,15 @@ pub(super) fn path(config: &Config, task_data: &str, reward: Option<&str>) -> Op
     {
         section.retain(|key, _| key == "kind");
     }
+    // The warm-up trains every weight: what RL trains instead (`[policy.lora]`, adapters put
+    // on when RL starts, `Policy::start_rl`) is not part of it.
+    let mut policy = config.policy.clone();
+    if let Some(section) = policy.as_object_mut() {
+        section.remove("lora");
+    }
     // everything that decides the warmed-up weights and the plateau
     let mut key = serde_json::json!({
-        "policy": config.policy,
+        "policy": policy,
         "task": config.task,
         // the data itself: a dataset edited in place is another warm-up
         "task_data": task_data,
@@ -112,6 +118,14 @@ mod tests {
     fn path(sets: &[&str]) -> std::path::PathBuf {
         let config = ConfigLoader::new().set_all(sets).unwrap().load().unwrap();
         super::path(&config, "data", None).expect("caching is on by default")
+    }
+
+    /// Adapters are put on after the warm-up: a run with them reuses the warm-up of a run
+    /// without.
+    #[test]
+    fn adapters_do_not_change_the_key_but_the_model_does() {
+        assert_eq!(path(&["policy.lora.rank=4"]), path(&[]));
+        assert_ne!(path(&["policy.hidden_size=32"]), path(&[]));
     }
 
     /// A remote reward's endpoints change with every launch; what it grades does not.
