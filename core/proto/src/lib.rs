@@ -460,8 +460,12 @@ pub fn from_stats(s: &pb::GeneratorStats) -> GeneratorStats {
 /// name, its shape (u64 little-endian) and its values (f32 little-endian), in the order of
 /// their names (so that a safetensors file, which keeps its own order, has the same sum).
 pub fn weights_sha256(tensors: &[NamedTensor]) -> String {
+    sha256_of(tensors)
+}
+
+fn sha256_of<'a>(tensors: impl IntoIterator<Item = &'a NamedTensor>) -> String {
     let mut hash = Sha256::new();
-    let mut by_name: Vec<&NamedTensor> = tensors.iter().collect();
+    let mut by_name: Vec<&NamedTensor> = tensors.into_iter().collect();
     by_name.sort_by(|a, b| a.name.cmp(&b.name));
     let mut buffer = Vec::with_capacity(HASH_BLOCK * 4);
     for t in by_name {
@@ -504,18 +508,54 @@ fn hex(bytes: &[u8]) -> String {
 /// A weight update as the chunks of an `UpdateWeights` stream: the header, then each tensor in
 /// parts of at most `part_values` values.
 pub fn weight_chunks(update: &WeightUpdate, part_values: usize) -> Vec<pb::WeightChunk> {
+    match &update.adapter {
+        None => chunks(update, &[update.tensors.as_slice()], None, part_values),
+        Some(_) => adapter_chunks(update, &weights_sha256(&update.tensors), true, part_values),
+    }
+}
+
+/// The chunks of `update`, which has an adapter over the base of sha256 `base_sha256`: the
+/// adapter alone, or (`with_base`) the base and then the adapter.
+pub fn adapter_chunks(
+    update: &WeightUpdate,
+    base_sha256: &str,
+    with_base: bool,
+    part_values: usize,
+) -> Vec<pb::WeightChunk> {
+    let adapter = update
+        .adapter
+        .as_deref()
+        .expect("an update with an adapter");
+    let groups: Vec<&[NamedTensor]> = if with_base {
+        vec![update.tensors.as_slice(), adapter.tensors.as_slice()]
+    } else {
+        vec![adapter.tensors.as_slice()]
+    };
+    chunks(update, &groups, Some((adapter, base_sha256)), part_values)
+}
+
+fn chunks(
+    update: &WeightUpdate,
+    groups: &[&[NamedTensor]],
+    adapter: Option<(&areal_sdk::Adapter, &str)>,
+    part_values: usize,
+) -> Vec<pb::WeightChunk> {
     use pb::weight_chunk::Chunk;
     let part_values = part_values.max(1);
+    let sha256 = sha256_of(groups.iter().flat_map(|g| g.iter()));
     let mut chunks = vec![pb::WeightChunk {
         chunk: Some(Chunk::Header(pb::WeightsHeader {
             header: Some(header()),
             version: update.version,
             architecture_json: update.architecture.to_string(),
-            tensors: update.tensors.len() as u32,
-            sha256: weights_sha256(&update.tensors),
+            tensors: groups.iter().map(|g| g.len()).sum::<usize>() as u32,
+            sha256,
+            adapter_config_json: adapter.map_or(String::new(), |(a, _)| a.config.to_string()),
+            adapter_tensors: adapter.map_or(0, |(a, _)| a.tensors.len() as u32),
+            base_sha256: adapter.map_or(String::new(), |(_, sha)| sha.to_owned()),
         })),
     }];
-    for t in update.tensors.iter() {
+    for t in groups.iter().flat_map(|g| g.iter()) {
         let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
         let mut offset = 0;
         loop {
@@ -537,6 +577,16 @@ pub fn weight_chunks(update: &WeightUpdate, part_values: usize) -> Vec<pb::Weigh
         }
     }
     chunks
+}
+
+/// A weight update as it arrived: with an adapter and no base, the sha256 of the base it
+/// applies to (which the receiver must hold).
+#[derive(Debug)]
+pub struct Received {
+    /// The update; with an adapter and no base, its `tensors` are empty.
+    pub update: WeightUpdate,
+    /// With an adapter: the sha256 of its base.
+    pub base_sha256: Option<String>,
 }
 
 /// Reassembles a weight update from `UpdateWeights` chunks, checking as it goes: the header
@@ -698,7 +748,7 @@ impl WeightAssembler {
     }
 
     /// The update, once every chunk is in and the checksum agrees.
-    pub fn finish(self) -> Result<WeightUpdate, DecodeError> {
+    pub fn finish(mut self) -> Result<Received, DecodeError> {
         let Some(header) = &self.header else {
             return Err(self.error("no header"));
         };
@@ -730,11 +780,49 @@ impl WeightAssembler {
                     source,
                 }
             })?;
-        Ok(WeightUpdate {
-            version: header.version,
-            tensors: Arc::new(self.tensors),
-            architecture: Arc::new(architecture),
-            adapter: None,
+        let version = header.version;
+        if header.adapter_config_json.is_empty() {
+            return Ok(Received {
+                update: WeightUpdate::new(version, self.tensors).with_architecture(architecture),
+                base_sha256: None,
+            });
+        }
+        let config: Value =
+            serde_json::from_str(&header.adapter_config_json).map_err(|source| {
+                DecodeError::Json {
+                    field: "adapter_config_json",
+                    source,
+                }
+            })?;
+        let count = header.adapter_tensors as usize;
+        if count == 0 || count > self.tensors.len() {
+            return Err(self.error(format!(
+                "an adapter of {count} tensors in an update of {}",
+                self.tensors.len()
+            )));
+        }
+        let base_sha256 = header.base_sha256.clone();
+        let adapter = self.tensors.split_off(self.tensors.len() - count);
+        if !self.tensors.is_empty() {
+            let sum = weights_sha256(&self.tensors);
+            if sum != base_sha256 {
+                return Err(self.error(format!(
+                    "the base that arrived has sha256 {sum}, the sender's is {base_sha256}"
+                )));
+            }
+        }
+        let update = WeightUpdate::adapted(
+            version,
+            Arc::new(self.tensors),
+            areal_sdk::Adapter {
+                config,
+                tensors: adapter,
+            },
+        )
+        .with_architecture(architecture);
+        Ok(Received {
+            update,
+            base_sha256: Some(base_sha256),
         })
     }
 }

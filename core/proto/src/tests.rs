@@ -32,7 +32,7 @@ fn assemble(chunks: Vec<pb::WeightChunk>) -> Result<WeightUpdate, DecodeError> {
     for c in chunks {
         a.push(c)?;
     }
-    a.finish()
+    a.finish().map(|r| r.update)
 }
 
 #[test]
@@ -317,4 +317,42 @@ fn weights_that_are_not_finite_are_refused() {
             "{e}"
         );
     }
+}
+
+/// An adapter travels alone over a base the receiver holds, or with its base; either way it
+/// arrives bit for bit, with the sha256 of its base.
+#[test]
+fn an_adapter_arrives_alone_or_with_its_base() {
+    let adapter = areal_sdk::Adapter {
+        config: json!({"r": 2, "lora_alpha": 4}),
+        tensors: vec![NamedTensor {
+            name: "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight".into(),
+            shape: vec![2, 3],
+            data: vec![0.5, -1.0, 2.0, 0.25, 3.0, -0.125],
+        }],
+    };
+    let update = WeightUpdate::adapted(9, std::sync::Arc::new(tensors()), adapter.clone())
+        .with_architecture(json!({"hidden_size": 4}));
+    let base = crate::weights_sha256(&update.tensors);
+    let receive = |chunks: Vec<pb::WeightChunk>| {
+        let mut a = WeightAssembler::new();
+        for c in chunks {
+            a.push(c).unwrap();
+        }
+        a.finish()
+    };
+    let alone = receive(crate::adapter_chunks(&update, &base, false, 4)).unwrap();
+    assert_eq!(alone.base_sha256.as_deref(), Some(base.as_str()));
+    assert!(alone.update.tensors.is_empty());
+    assert_eq!(alone.update.adapter.as_deref(), Some(&adapter));
+    assert_eq!(alone.update.version, 9);
+    let whole = receive(crate::adapter_chunks(&update, &base, true, 4)).unwrap();
+    assert_eq!(*whole.update.tensors, tensors());
+    assert_eq!(whole.update.adapter.as_deref(), Some(&adapter));
+    // a base that is not the one named is refused
+    let e = receive(crate::adapter_chunks(&update, &"0".repeat(64), true, 4)).unwrap_err();
+    assert!(
+        e.to_string().contains("the base that arrived has sha256"),
+        "{e}"
+    );
 }

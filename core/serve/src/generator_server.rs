@@ -11,8 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use areal_proto::pb::generator_server::{
     Generator as GeneratorService, GeneratorServer as Service,
 };
-use areal_proto::{MAX_MESSAGE_BYTES, PROTOCOL_VERSION, WeightAssembler, check_header, pb};
-use areal_sdk::{Generator, PluginError, WeightUpdate};
+use areal_proto::{
+    MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Received, WeightAssembler, check_header, pb,
+};
+use areal_sdk::{Generator, NamedTensor, PluginError, WeightUpdate};
 use tokio::sync::Mutex;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
@@ -30,6 +32,8 @@ struct GeneratorServer {
     paused: AtomicBool,
     /// One weight update at a time.
     loading: Mutex<()>,
+    /// The frozen base of the last adapter, with its sha256: later adapters come alone.
+    base: std::sync::Mutex<Option<(String, Arc<Vec<NamedTensor>>)>>,
 }
 
 /// A plugin's failure, which the client does not send elsewhere (another server's plugin
@@ -44,6 +48,32 @@ fn plugin_failed(what: &str, e: &PluginError) -> Status {
 }
 
 impl GeneratorServer {
+    /// An update as it arrived, its adapter put over the base it names: the one that came
+    /// with it (then kept), or the one held (`FAILED_PRECONDITION` if another).
+    fn with_base(&self, received: Received) -> Result<WeightUpdate, Status> {
+        let Received {
+            mut update,
+            base_sha256,
+        } = received;
+        let Some(sha) = base_sha256 else {
+            return Ok(update);
+        };
+        let mut held = self.base.lock().expect("base lock");
+        if update.tensors.is_empty() {
+            match &*held {
+                Some((held_sha, base)) if *held_sha == sha => update.tensors = base.clone(),
+                _ => {
+                    return Err(Status::failed_precondition(format!(
+                        "an adapter over the base of sha256 {sha}, which this server does not hold: send the base with it"
+                    )));
+                }
+            }
+        } else {
+            *held = Some((sha, update.tensors.clone()));
+        }
+        Ok(update)
+    }
+
     async fn load(&self, update: WeightUpdate) -> Result<Response<pb::WeightsHeld>, Status> {
         let version = update.version;
         let _one_at_a_time = self.loading.lock().await;
@@ -133,9 +163,10 @@ impl GeneratorService for GeneratorServer {
             assembler.push(chunk)?;
         }
         let received = started.elapsed();
-        let update = tokio::task::spawn_blocking(move || assembler.finish())
+        let arrived = tokio::task::spawn_blocking(move || assembler.finish())
             .await
             .map_err(|e| Status::internal(format!("checking the weights failed: {e}")))??;
+        let update = self.with_base(arrived)?;
         tracing::debug!(target: "areal::serve", version = update.version, receive_ms = received.as_secs_f64() * 1e3, check_ms = (started.elapsed() - received).as_secs_f64() * 1e3, "weights received");
         self.load(update).await
     }
@@ -195,6 +226,7 @@ pub async fn serve_generator(
         held: std::sync::Mutex::new(None),
         paused: AtomicBool::new(false),
         loading: Mutex::new(()),
+        base: std::sync::Mutex::new(None),
     };
     let service = Service::new(server)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)

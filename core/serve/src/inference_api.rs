@@ -64,6 +64,16 @@ pub(crate) mod routes {
     pub(crate) const SGLANG_WEIGHT_VERSION: &str = "/get_weight_version";
     /// SGLang: what is served.
     pub(crate) const SGLANG_MODEL_INFO: &str = "/get_model_info";
+    /// SGLang: load a LoRA adapter (`--enable-lora`).
+    pub(crate) const SGLANG_LOAD_LORA: &str = "/load_lora_adapter";
+    /// SGLang: unload a LoRA adapter.
+    pub(crate) const SGLANG_UNLOAD_LORA: &str = "/unload_lora_adapter";
+    /// vLLM: load a LoRA adapter (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`).
+    pub(crate) const VLLM_LOAD_LORA: &str = "/v1/load_lora_adapter";
+    /// vLLM: unload a LoRA adapter.
+    pub(crate) const VLLM_UNLOAD_LORA: &str = "/v1/unload_lora_adapter";
+    /// Both APIs (OpenAI's): the models served, LoRA adapters included (`parent` set).
+    pub(crate) const MODELS: &str = "/v1/models";
 
     /// vLLM: tokens in, tokens out.
     pub(crate) const VLLM_GENERATE: &str = "/inference/v1/generate";
@@ -104,6 +114,9 @@ pub struct SglangGenerateRequest {
     /// The request id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rid: Option<String>,
+    /// The LoRA adapter to generate with, by the name it was loaded under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_path: Option<String>,
     /// Other fields of `GenerateReqInput`: a server refuses those it does not implement.
     #[serde(flatten, skip_serializing_if = "BTreeMap::is_empty")]
     pub other: BTreeMap<String, serde_json::Value>,
@@ -249,6 +262,62 @@ pub struct WeightVersion {
     pub weight_version: Option<String>,
 }
 
+/// `POST /load_lora_adapter` (SGLang) and `/v1/load_lora_adapter` (vLLM): an adapter folder
+/// in PEFT's format, loaded under a name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoadLoraRequest {
+    /// The name requests will give.
+    pub lora_name: String,
+    /// The folder, as the server sees it.
+    pub lora_path: String,
+    /// vLLM: replace an adapter already loaded under that name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_inplace: Option<bool>,
+    /// SGLang: keep it in GPU memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<bool>,
+}
+
+/// `POST /unload_lora_adapter` (SGLang) and `/v1/unload_lora_adapter` (vLLM).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnloadLoraRequest {
+    /// The name it was loaded under.
+    pub lora_name: String,
+}
+
+/// SGLang's answer to a LoRA load or unload (`LoRAUpdateOutput`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SglangLoraAnswer {
+    /// Whether it was done.
+    pub success: bool,
+    /// Why not.
+    #[serde(default)]
+    pub error_message: Option<String>,
+    /// The adapters loaded now, by name.
+    #[serde(default)]
+    pub loaded_adapters: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+/// `GET /v1/models`: OpenAI's model list, LoRA adapters with a `parent`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelList {
+    /// The models.
+    pub data: Vec<ModelCard>,
+}
+
+/// One model of [`ModelList`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    /// Its name (an adapter's `lora_name`).
+    pub id: String,
+    /// Where it came from (an adapter's folder).
+    #[serde(default)]
+    pub root: Option<String>,
+    /// The base model, for an adapter.
+    #[serde(default)]
+    pub parent: Option<String>,
+}
+
 // ---------------------------------------------------------------------------------------
 // vLLM
 
@@ -258,6 +327,9 @@ pub struct VllmGenerateRequest {
     /// The request id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// The model: a LoRA adapter's name to generate with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// The prompt (and any output before an interruption).
     pub token_ids: Vec<u32>,
     /// How to sample.

@@ -5,7 +5,11 @@
 //! Served (see [`crate::inference_api`] for the bodies): generation by token ids with
 //! per-token logprobs, pause in `abort` mode and resume, weights loaded from a checkpoint
 //! folder with the version the client names, the version held, health, and `/tokenize` when
-//! the config's policy gives a tokenizer. A request this server cannot honour exactly (a
+//! the config's policy gives a tokenizer; LoRA adapters in PEFT's format loaded and unloaded
+//! by name over the weights loaded last (`/load_lora_adapter`, `/unload_lora_adapter` for
+//! SGLang, `/v1/...` for vLLM), listed in `/v1/models`, and named by requests (`lora_path`,
+//! `model`). The generator holds one adapter at a time: a request naming another switches
+//! it, cutting what runs with the other (their answers end in `abort`). A request this server cannot honour exactly (a
 //! sampling parameter it does not implement, streaming, another pause mode) is refused with
 //! HTTP 400 naming the field, never served approximately.
 
@@ -17,8 +21,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use areal_sdk::{
-    Completion, FinishReason, GenerateRequest, Generator, PolicyVersion, SamplingParams, Tokenizer,
-    WeightUpdate,
+    Adapter, Completion, FinishReason, GenerateRequest, Generator, NamedTensor, PolicyVersion,
+    SamplingParams, Tokenizer, WeightUpdate,
 };
 use axum::Router;
 use axum::body::Bytes;
@@ -32,8 +36,9 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::inference_api::{
-    InferenceApi, SglangGenerateRequest, SglangPauseRequest, SglangUpdateFromDiskRequest,
-    TokenizeRequest, VllmFinishRequest, VllmGenerateRequest, VllmUpdateRequest, routes,
+    InferenceApi, LoadLoraRequest, SglangGenerateRequest, SglangPauseRequest,
+    SglangUpdateFromDiskRequest, TokenizeRequest, UnloadLoraRequest, VllmFinishRequest,
+    VllmGenerateRequest, VllmUpdateRequest, routes,
 };
 use crate::security::{Listen, ServeError, ServerTls, bind, constant_time_eq};
 use crate::server::{ErrorBody, refuse};
@@ -60,7 +65,17 @@ struct Served {
     /// vLLM: a weight update between `start` and `finish`, and what it loaded.
     vllm_update: Mutex<Option<Option<PolicyVersion>>>,
     requests: AtomicU64,
+    /// The weights loaded last, with their architecture: the base of any adapter.
+    base: Mutex<Option<(Arc<Vec<NamedTensor>>, Value)>>,
+    /// The adapters loaded, by name, with their folders.
+    adapters: Mutex<BTreeMap<String, (String, Arc<Adapter>)>>,
+    /// The adapter the generator holds (`None`: the base).
+    active: Mutex<Option<String>>,
 }
+
+/// Adapters one server holds at most (SGLang's default `--max-loras-per-batch`): past it, a
+/// load is refused until one is unloaded, so that a client that never unloads is noticed.
+pub(crate) const MAX_LOADED_ADAPTERS: usize = 8;
 
 type Answer = Result<Response, ErrorBody>;
 
@@ -136,6 +151,7 @@ impl Served {
         max_new_tokens: usize,
         sampling: SamplingParams,
         stop_token_ids: Vec<u32>,
+        adapter: Option<String>,
     ) -> Result<Completion, ErrorBody> {
         if input_ids.is_empty() {
             return Err(bad("the request has no input tokens"));
@@ -146,6 +162,7 @@ impl Served {
                 "no weights loaded yet: load a checkpoint folder first",
             ));
         }
+        self.activate(adapter).await?;
         sampling.check().map_err(bad)?;
         if max_new_tokens > self.max_new_tokens {
             return Err(bad(format!(
@@ -204,14 +221,152 @@ impl Served {
         areal_sdk::NamedTensor::check_finite(&tensors)
             .map_err(|e| bad(format!("cannot load {path}: {e}")))?;
         let version = self.loads.fetch_add(1, Ordering::SeqCst);
-        let update = WeightUpdate::new(version, tensors).with_architecture(architecture);
+        let update = WeightUpdate::new(version, tensors).with_architecture(architecture.clone());
+        let tensors = update.tensors.clone();
         self.generator
             .update_weights(update)
             .await
             .map_err(|e| bad(format!("cannot load {path}: {e}")))?;
         *self.model_path.lock().expect("path lock") = Some(folder);
+        *self.base.lock().expect("base lock") = Some((tensors, architecture));
+        // adapters of other weights mean nothing over these
+        self.adapters.lock().expect("adapters lock").clear();
+        *self.active.lock().expect("active lock") = None;
         tracing::info!(target: "areal::serve", path, "weights loaded");
         Ok(version)
+    }
+
+    /// Load the PEFT adapter folder at `path` under `name`, over the weights loaded last;
+    /// each of its matrices must fit the projection it adapts.
+    async fn load_adapter(&self, name: &str, path: &str, inplace: bool) -> Result<(), ErrorBody> {
+        if name.is_empty() {
+            return Err(bad("lora_name is empty"));
+        }
+        let folder = PathBuf::from(path);
+        if !folder.is_absolute() || !folder.is_dir() {
+            return Err(bad(format!(
+                "{path:?} is not an absolute path to a folder this server can read"
+            )));
+        }
+        let Some((base, _)) = self.base.lock().expect("base lock").clone() else {
+            return Err(bad("no weights loaded yet: an adapter needs its base"));
+        };
+        {
+            let adapters = self.adapters.lock().expect("adapters lock");
+            if adapters.contains_key(name) && !inplace {
+                return Err(bad(format!("the adapter {name:?} is already loaded")));
+            }
+            if !adapters.contains_key(name) && adapters.len() >= MAX_LOADED_ADAPTERS {
+                return Err(bad(format!(
+                    "this server holds {MAX_LOADED_ADAPTERS} adapters, its most: unload one first"
+                )));
+            }
+        }
+        let adapter = tokio::task::spawn_blocking(move || {
+            let adapter = weights_folder::read_adapter(&folder)
+                .map_err(|e| format!("cannot read the adapter: {}", crate::error_chain(&e)))?;
+            fits(&adapter, &base).map(|()| adapter)
+        })
+        .await
+        .map_err(|e| refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(bad)?;
+        let _one_at_a_time = self.loading.lock().await;
+        self.adapters
+            .lock()
+            .expect("adapters lock")
+            .insert(name.to_owned(), (path.to_owned(), Arc::new(adapter)));
+        let mut active = self.active.lock().expect("active lock");
+        if active.as_deref() == Some(name) {
+            // replaced in place: switched to again by the next request that names it
+            *active = Some(String::new());
+        }
+        tracing::info!(target: "areal::serve", name, path, "adapter loaded");
+        Ok(())
+    }
+
+    fn unload_adapter(&self, name: &str) -> Result<(), ErrorBody> {
+        if self
+            .adapters
+            .lock()
+            .expect("adapters lock")
+            .remove(name)
+            .is_none()
+        {
+            return Err(bad(format!("no adapter {name:?} is loaded")));
+        }
+        tracing::info!(target: "areal::serve", name, "adapter unloaded");
+        Ok(())
+    }
+
+    /// Have the generator hold `adapter` (by name; `None`: the base alone).
+    async fn activate(&self, adapter: Option<String>) -> Result<(), ErrorBody> {
+        if *self.active.lock().expect("active lock") == adapter {
+            return Ok(());
+        }
+        let _one_at_a_time = self.loading.lock().await;
+        if *self.active.lock().expect("active lock") == adapter {
+            return Ok(());
+        }
+        let Some((base, architecture)) = self.base.lock().expect("base lock").clone() else {
+            return Err(bad("no weights loaded yet"));
+        };
+        let version = self.loads.fetch_add(1, Ordering::SeqCst);
+        let update = match &adapter {
+            None => WeightUpdate {
+                tensors: base,
+                ..WeightUpdate::new(version, Vec::new())
+            },
+            Some(name) => {
+                let Some((_, loaded)) = self
+                    .adapters
+                    .lock()
+                    .expect("adapters lock")
+                    .get(name)
+                    .cloned()
+                else {
+                    return Err(refuse(
+                        StatusCode::NOT_FOUND,
+                        format!("no adapter {name:?} is loaded (load it first)"),
+                    ));
+                };
+                WeightUpdate::adapted(version, base, (*loaded).clone())
+            }
+        }
+        .with_architecture(architecture);
+        self.generator.update_weights(update).await.map_err(|e| {
+            refuse(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot switch to {adapter:?}: {e}"),
+            )
+        })?;
+        if let Some(label) = self.held_label() {
+            self.labels
+                .lock()
+                .expect("labels lock")
+                .insert(version, label);
+        }
+        *self.active.lock().expect("active lock") = adapter;
+        Ok(())
+    }
+
+    /// `GET /v1/models`: the weights loaded, and each adapter with them as its parent.
+    fn models(&self) -> Value {
+        let root = self
+            .model_path
+            .lock()
+            .expect("path lock")
+            .as_ref()
+            .map(|p| p.display().to_string());
+        let base = root.clone().unwrap_or_else(|| "default".into());
+        let mut data = vec![json!({
+            "id": base, "object": "model", "owned_by": "areal-rs", "root": root, "parent": null,
+        })];
+        for (name, (path, _)) in self.adapters.lock().expect("adapters lock").iter() {
+            data.push(json!({
+                "id": name, "object": "model", "owned_by": "areal-rs", "root": path, "parent": base,
+            }));
+        }
+        json!({ "object": "list", "data": data })
     }
 
     /// Weights `version` are held, reported as `label`.
@@ -267,6 +422,44 @@ impl Served {
             .map_err(|e| bad(e.to_string()))?;
         ok(json!({ "count": tokens.len(), "max_model_len": null, "tokens": tokens }))
     }
+}
+
+/// Whether every matrix of `adapter` fits the projection of `base` it adapts: PEFT's
+/// `…<module>.lora_A.weight` `[rank, in]` and `lora_B.weight` `[out, rank]` over
+/// `<module>.weight` `[out, in]`.
+fn fits(adapter: &Adapter, base: &[NamedTensor]) -> Result<(), String> {
+    if adapter.tensors.is_empty() {
+        return Err("the adapter holds no tensors".into());
+    }
+    for t in &adapter.tensors {
+        let module = t.name.strip_prefix("base_model.model.").and_then(|n| {
+            n.strip_suffix(".lora_A.weight")
+                .map(|m| (m, 'A'))
+                .or_else(|| n.strip_suffix(".lora_B.weight").map(|m| (m, 'B')))
+        });
+        let Some((module, matrix)) = module else {
+            return Err(format!("`{}` is not a LoRA matrix in PEFT's names", t.name));
+        };
+        let weight = format!("{module}.weight");
+        let Some(w) = base.iter().find(|b| b.name == weight) else {
+            return Err(format!(
+                "`{}` adapts `{weight}`, which the weights do not have",
+                t.name
+            ));
+        };
+        let ok = match (matrix, t.shape.as_slice(), w.shape.as_slice()) {
+            ('A', [_, i], [_, wi]) => i == wi,
+            ('B', [o, _], [wo, _]) => o == wo,
+            _ => false,
+        };
+        if !ok {
+            return Err(format!(
+                "`{}` has shape {:?}, which does not fit `{weight}` of shape {:?}",
+                t.name, t.shape, w.shape
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn finish_sglang(c: &Completion) -> Value {
@@ -339,7 +532,6 @@ fn neutral_sglang_request() -> Vec<(&'static str, Vec<Value>)> {
 /// Fields of vLLM's `GenerateRequest` besides those read, at values that change nothing here.
 fn neutral_vllm_request() -> Vec<(&'static str, Vec<Value>)> {
     vec![
-        ("model", vec![]),
         ("priority", vec![json!(0)]),
         ("cache_salt", vec![]),
         ("stream_options", vec![]),
@@ -367,6 +559,7 @@ async fn sglang_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
             p.max_new_tokens,
             sampling,
             p.stop_token_ids,
+            request.lora_path.clone(),
         )
         .await?;
     let text = match &s.tokenizer {
@@ -473,8 +666,18 @@ async fn vllm_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
         top_p: p.top_p,
         seed: p.seed.unwrap_or_else(|| s.requests.load(Ordering::Relaxed)),
     };
+    // a model that names a loaded adapter generates with it; any other is the weights loaded
+    let adapter = request
+        .model
+        .filter(|m| s.adapters.lock().expect("adapters lock").contains_key(m));
     let c = s
-        .generate(request.token_ids, p.max_tokens, sampling, p.stop_token_ids)
+        .generate(
+            request.token_ids,
+            p.max_tokens,
+            sampling,
+            p.stop_token_ids,
+            adapter,
+        )
         .await?;
     let logprobs = p.logprobs.map(|_| {
         let content: Vec<Value> = c
@@ -571,6 +774,66 @@ async fn vllm_finish_update(State(s): State<Arc<Served>>, body: Bytes) -> Answer
     }
 }
 
+async fn sglang_load_lora(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
+    let request: LoadLoraRequest = parse(&body, "load_lora_adapter")?;
+    let done = s
+        .load_adapter(&request.lora_name, &request.lora_path, false)
+        .await;
+    sglang_lora_answer(&s, done)
+}
+
+async fn sglang_unload_lora(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
+    let request: UnloadLoraRequest = parse(&body, "unload_lora_adapter")?;
+    let done = s.unload_adapter(&request.lora_name);
+    sglang_lora_answer(&s, done)
+}
+
+/// SGLang's `LoRAUpdateOutput`: 200 on success, 400 with `success: false` otherwise.
+fn sglang_lora_answer(s: &Served, done: Result<(), ErrorBody>) -> Answer {
+    let loaded: BTreeMap<String, String> = s
+        .adapters
+        .lock()
+        .expect("adapters lock")
+        .iter()
+        .map(|(name, (path, _))| (name.clone(), path.clone()))
+        .collect();
+    let (status, success, error) = match done {
+        Ok(()) => (StatusCode::OK, true, Value::Null),
+        Err(ErrorBody(status, error)) => (status, false, error["message"].clone()),
+    };
+    Ok((
+        status,
+        axum::Json(
+            json!({ "success": success, "error_message": error, "loaded_adapters": loaded }),
+        ),
+    )
+        .into_response())
+}
+
+async fn vllm_load_lora(State(s): State<Arc<Served>>, body: Bytes) -> Result<String, ErrorBody> {
+    let request: LoadLoraRequest = parse(&body, "load_lora_adapter")?;
+    let inplace = request.load_inplace.unwrap_or(false);
+    s.load_adapter(&request.lora_name, &request.lora_path, inplace)
+        .await?;
+    Ok(format!(
+        "Success: LoRA adapter '{}' added successfully.",
+        request.lora_name
+    ))
+}
+
+async fn vllm_unload_lora(State(s): State<Arc<Served>>, body: Bytes) -> Result<String, ErrorBody> {
+    let request: UnloadLoraRequest = parse(&body, "unload_lora_adapter")?;
+    s.unload_adapter(&request.lora_name)?;
+    Ok(format!(
+        "Success: LoRA adapter '{}' removed successfully.",
+        request.lora_name
+    ))
+}
+
+async fn models(State(s): State<Arc<Served>>) -> Answer {
+    ok(s.models())
+}
+
 /// Refuse calls without the bearer token, when there is one.
 async fn require_token(
     State(s): State<Arc<Served>>,
@@ -607,7 +870,9 @@ fn router(served: Arc<Served>) -> Router {
             .route(routes::SGLANG_WEIGHT_VERSION, get(weight_version))
             .route(routes::SGLANG_MODEL_INFO, get(sglang_model_info))
             .route("/health_generate", get(health))
-            .route("/v1/tokenize", post(tokenize)),
+            .route("/v1/tokenize", post(tokenize))
+            .route(routes::SGLANG_LOAD_LORA, post(sglang_load_lora))
+            .route(routes::SGLANG_UNLOAD_LORA, post(sglang_unload_lora)),
         InferenceApi::Vllm => Router::new()
             .route(routes::VLLM_GENERATE, post(vllm_generate))
             .route(routes::VLLM_PAUSE, post(vllm_pause))
@@ -617,10 +882,13 @@ fn router(served: Arc<Served>) -> Router {
             .route(routes::VLLM_START_UPDATE, post(vllm_start_update))
             .route(routes::VLLM_UPDATE, post(vllm_update))
             .route(routes::VLLM_FINISH_UPDATE, post(vllm_finish_update))
-            .route(routes::VLLM_WEIGHT_INFO, get(weight_version)),
+            .route(routes::VLLM_WEIGHT_INFO, get(weight_version))
+            .route(routes::VLLM_LOAD_LORA, post(vllm_load_lora))
+            .route(routes::VLLM_UNLOAD_LORA, post(vllm_unload_lora)),
     };
     router
         .route(routes::HEALTH, get(health))
+        .route(routes::MODELS, get(models))
         .route(routes::TOKENIZE, post(tokenize))
         // the body is read (bounded) only once the token is checked: layers added later run
         // first
@@ -666,6 +934,9 @@ pub async fn serve_inference_api(
         loading: tokio::sync::Mutex::new(()),
         vllm_update: Mutex::new(None),
         requests: AtomicU64::new(0),
+        base: Mutex::new(None),
+        adapters: Mutex::new(BTreeMap::new()),
+        active: Mutex::new(None),
     });
     if let Some(folder) = initial {
         let path = folder.display().to_string();

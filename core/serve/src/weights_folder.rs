@@ -3,6 +3,10 @@
 //! every server reads it: a generator server on `LoadWeights`, checking the version and the
 //! sha256 the client computed; an SGLang or vLLM server (or `areal serve generator --api`) on
 //! its load-from-disk route.
+//!
+//! With an adapter (LoRA), its frozen base is written once as `base-<sha256 prefix>/` (a
+//! checkpoint folder) and each version as `v<version>/adapter_config.json` and
+//! `adapter_model.safetensors`, PEFT's files, which the servers' load-adapter routes read.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -50,34 +54,114 @@ const CONFIG_FILE: &str = "config.json";
 /// The metadata key holding the version.
 const VERSION_KEY: &str = "areal.version";
 
+/// PEFT's adapter configuration file.
+pub(crate) const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
+/// PEFT's adapter weights file.
+pub(crate) const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
+
 /// The folder of `version` under `dir`.
 pub(crate) fn folder(dir: &Path, version: u64) -> PathBuf {
     dir.join(format!("v{version:010}"))
 }
 
-/// Write `update` under `dir` as `v<version>`, whole or not at all (staged in a hidden folder,
-/// then renamed); the folder written. Older versions stay: see [`remove_except`].
-pub(crate) fn write(dir: &Path, update: &WeightUpdate) -> Result<PathBuf, FolderError> {
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let folder = folder(dir, update.version);
+/// The name a base of sha256 `sha256` goes by: its folder, and the weight version a server
+/// holding it reports.
+pub(crate) fn base_tag(sha256: &str) -> String {
+    format!("base-{}", &sha256[..sha256.len().min(16)])
+}
+
+/// Where `update` was written.
+#[derive(Clone, Debug)]
+pub(crate) struct Written {
+    /// The version's folder: a checkpoint, or (with an adapter) PEFT's adapter files.
+    pub(crate) folder: PathBuf,
+    /// With an adapter: its base's folder and tag ([`base_tag`]).
+    pub(crate) base: Option<(PathBuf, String)>,
+}
+
+/// Write `files` into `folder`, whole or not at all (staged in a hidden folder of `dir`, then
+/// renamed over whatever was there).
+fn staged(
+    dir: &Path,
+    folder: &Path,
+    files: impl FnOnce(&Path) -> Result<(), FolderError>,
+) -> Result<(), FolderError> {
     let staged = tempfile::Builder::new()
         .prefix(".staging-")
         .tempdir_in(dir)
         .map_err(io(dir))?;
-    let metadata = HashMap::from([(VERSION_KEY.to_owned(), update.version.to_string())]);
-    write_safetensors(
-        &staged.path().join(WEIGHTS_FILE),
-        &update.tensors,
-        &metadata,
-    )?;
-    let config = staged.path().join(CONFIG_FILE);
-    std::fs::write(&config, update.architecture.to_string()).map_err(io(&config))?;
+    files(staged.path())?;
     if folder.exists() {
-        std::fs::remove_dir_all(&folder).map_err(io(&folder))?;
+        std::fs::remove_dir_all(folder).map_err(io(folder))?;
     }
     let staged = staged.keep();
-    std::fs::rename(&staged, &folder).map_err(io(&folder))?;
-    Ok(folder)
+    std::fs::rename(&staged, folder).map_err(io(folder))
+}
+
+/// Write `update` under `dir` as `v<version>`, whole or not at all; with an adapter, its base
+/// too unless it is there (`base_sha256` names it). Older versions stay: see
+/// [`remove_except`].
+pub(crate) fn write(
+    dir: &Path,
+    update: &WeightUpdate,
+    base_sha256: Option<&str>,
+) -> Result<Written, FolderError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let folder = folder(dir, update.version);
+    let metadata = HashMap::from([(VERSION_KEY.to_owned(), update.version.to_string())]);
+    let checkpoint = |path: &Path, metadata: &HashMap<String, String>| {
+        write_safetensors(&path.join(WEIGHTS_FILE), &update.tensors, metadata)?;
+        let config = path.join(CONFIG_FILE);
+        std::fs::write(&config, update.architecture.to_string()).map_err(io(&config))
+    };
+    let (Some(adapter), Some(sha)) = (&update.adapter, base_sha256) else {
+        staged(dir, &folder, |path| checkpoint(path, &metadata))?;
+        return Ok(Written { folder, base: None });
+    };
+    let tag = base_tag(sha);
+    let base = dir.join(&tag);
+    if !base.join(WEIGHTS_FILE).is_file() {
+        let metadata = HashMap::from([(BASE_KEY.to_owned(), sha.to_owned())]);
+        staged(dir, &base, |path| checkpoint(path, &metadata))?;
+    }
+    staged(dir, &folder, |path| {
+        let config = path.join(ADAPTER_CONFIG_FILE);
+        let text = serde_json::to_string_pretty(&adapter.config).expect("json");
+        std::fs::write(&config, text).map_err(io(&config))?;
+        write_safetensors(
+            &path.join(ADAPTER_WEIGHTS_FILE),
+            &adapter.tensors,
+            &metadata,
+        )?;
+        Ok(())
+    })?;
+    Ok(Written {
+        folder,
+        base: Some((base, tag)),
+    })
+}
+
+/// The metadata key holding a base's sha256.
+const BASE_KEY: &str = "areal.base_sha256";
+
+/// An adapter folder in PEFT's format: its configuration and tensors.
+pub(crate) fn read_adapter(path: &Path) -> Result<areal_sdk::Adapter, FolderError> {
+    let config = path.join(ADAPTER_CONFIG_FILE);
+    let text = areal_sdk::resources::read_file(&config, areal_sdk::resources::MAX_JSON_FILE_BYTES)
+        .map_err(io(&config))?;
+    let config_json = serde_json::from_slice(&text).map_err(|source| FolderError::Config {
+        path: config.clone(),
+        source,
+    })?;
+    let (tensors, _) = read_safetensors(&path.join(ADAPTER_WEIGHTS_FILE))?;
+    NamedTensor::check_finite(&tensors).map_err(|what| FolderError::Mismatch {
+        path: path.to_owned(),
+        what,
+    })?;
+    Ok(areal_sdk::Adapter {
+        config: config_json,
+        tensors,
+    })
 }
 
 /// The versions written under `dir`, oldest first, with their folders.
@@ -190,9 +274,9 @@ mod tests {
     fn a_version_written_reads_back_and_old_ones_are_removed() {
         let dir = tempfile::tempdir().unwrap();
         for v in 0..4 {
-            write(dir.path(), &update(v)).unwrap();
+            write(dir.path(), &update(v), None).unwrap();
         }
-        let folder = write(dir.path(), &update(4)).unwrap();
+        let folder = write(dir.path(), &update(4), None).unwrap().folder;
         assert_eq!(remove_except(dir.path(), &[3, 4]).unwrap(), [0, 1, 2]);
         let sum = areal_proto::weights_sha256(&update(4).tensors);
         let back = read(&folder, 4, &sum).unwrap();
@@ -214,5 +298,45 @@ mod tests {
         std::fs::create_dir(dir.path().join("vnotes")).unwrap();
         assert_eq!(remove_except(dir.path(), &[4]).unwrap(), [3]);
         assert!(dir.path().join("vnotes").exists() && folder.exists());
+    }
+}
+
+#[cfg(test)]
+mod adapter_tests {
+    use super::*;
+
+    /// An adapter's version is PEFT's two files; its base is written once, beside the
+    /// versions, and stays when they go.
+    #[test]
+    fn adapters_are_peft_folders_over_one_base_written_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = Arc::new(vec![NamedTensor {
+            name: "w".into(),
+            shape: vec![2],
+            data: vec![1.0, 2.0],
+        }]);
+        let sha = areal_proto::weights_sha256(&base);
+        let mut bases = Vec::new();
+        for v in 0..3u64 {
+            let adapter = areal_sdk::Adapter {
+                config: serde_json::json!({"r": 1, "target_modules": ["q_proj"]}),
+                tensors: vec![NamedTensor {
+                    name: "a".into(),
+                    shape: vec![1],
+                    data: vec![v as f32],
+                }],
+            };
+            let update = WeightUpdate::adapted(v, base.clone(), adapter.clone());
+            let written = write(dir.path(), &update, Some(&sha)).unwrap();
+            assert_eq!(read_adapter(&written.folder).unwrap(), adapter);
+            bases.push(written.base.unwrap());
+        }
+        assert!(bases.windows(2).all(|w| w[0] == w[1]));
+        let (folder, tag) = &bases[0];
+        assert_eq!(*tag, base_tag(&sha));
+        let (tensors, _, _) = read_checkpoint(folder).unwrap();
+        assert_eq!(tensors, *base);
+        assert_eq!(remove_except(dir.path(), &[2]).unwrap(), [0, 1]);
+        assert!(folder.exists());
     }
 }

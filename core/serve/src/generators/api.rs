@@ -70,8 +70,14 @@ pub(crate) struct Joining {
 #[derive(Clone, Debug)]
 pub(crate) struct Published {
     pub(crate) version: PolicyVersion,
-    /// Its checkpoint folder under `weights_dir`, when the run hands weights over on disk.
+    /// Its checkpoint folder under `weights_dir`, when the run hands weights over on disk
+    /// (with an adapter: PEFT's adapter files).
     pub(crate) folder: Option<PathBuf>,
+    /// With an adapter: the sha256 of its base.
+    pub(crate) base_sha256: Option<String>,
+    /// With an adapter on disk: its base's folder under `weights_dir`, and its tag (the
+    /// weight version a server holding it reports).
+    pub(crate) base: Option<(PathBuf, String)>,
 }
 
 /// What a server sampled for one request.

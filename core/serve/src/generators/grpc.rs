@@ -28,6 +28,14 @@ enum Payload {
     Chunks(Arc<Vec<pb::WeightChunk>>),
     /// Through the shared folder, with the sha256 of its tensors.
     Folder { path: String, sha256: String },
+    /// An adapter, streamed alone (a few megabytes) to servers that hold its base; with the
+    /// base to those that do not (built the first time one needs it).
+    Adapter {
+        alone: Arc<Vec<pb::WeightChunk>>,
+        update: WeightUpdate,
+        base_sha256: String,
+        whole: tokio::sync::OnceCell<Arc<Vec<pb::WeightChunk>>>,
+    },
 }
 
 struct Grpc {
@@ -35,6 +43,16 @@ struct Grpc {
     timeouts: Timeouts,
     /// The version prepared last, as it is sent.
     prepared: Mutex<Option<(PolicyVersion, Arc<Payload>)>>,
+}
+
+/// Send `chunks` as one `UpdateWeights` stream.
+async fn stream(
+    mut client: Client,
+    chunks: Arc<Vec<pb::WeightChunk>>,
+    timeout: std::time::Duration,
+) -> Result<tonic::Response<pb::WeightsHeld>, tonic::Status> {
+    let stream = tokio_stream::iter((0..chunks.len()).map(move |i| chunks[i].clone()));
+    client.update_weights(request(stream, timeout)).await
 }
 
 fn connect(setup: &Setup<'_>) -> Result<Box<dyn ServerApi>, OptionError> {
@@ -111,14 +129,27 @@ impl ServerApi for Grpc {
         })
     }
 
+    /// Adapters are always streamed (they are small), whatever `weights_dir` says.
     async fn prepare(&self, update: WeightUpdate, published: &Published) -> Result<(), String> {
         let folder = published.folder.clone();
-        let payload = tokio::task::spawn_blocking(move || match folder {
-            Some(folder) => Payload::Folder {
+        let base_sha256 = published.base_sha256.clone();
+        let payload = tokio::task::spawn_blocking(move || match (folder, base_sha256) {
+            (_, Some(base_sha256)) => {
+                let alone = areal_proto::adapter_chunks(&update, &base_sha256, false, PART_VALUES);
+                Payload::Adapter {
+                    alone: Arc::new(alone),
+                    update,
+                    base_sha256,
+                    whole: tokio::sync::OnceCell::new(),
+                }
+            }
+            (Some(folder), None) => Payload::Folder {
                 path: folder.to_string_lossy().into_owned(),
                 sha256: areal_proto::weights_sha256(&update.tensors),
             },
-            None => Payload::Chunks(Arc::new(areal_proto::weight_chunks(&update, PART_VALUES))),
+            (None, None) => {
+                Payload::Chunks(Arc::new(areal_proto::weight_chunks(&update, PART_VALUES)))
+            }
         })
         .await
         .map_err(|e| format!("encoding the weights: {e}"))?;
@@ -144,11 +175,35 @@ impl ServerApi for Grpc {
         let mut client = self.client(server);
         let timeout = self.timeouts.weights;
         let answer = match &*payload {
-            Payload::Chunks(chunks) => {
-                let chunks = chunks.clone();
-                let stream = tokio_stream::iter((0..chunks.len()).map(move |i| chunks[i].clone()));
-                client.update_weights(request(stream, timeout)).await
-            }
+            Payload::Chunks(chunks) => stream(client, chunks.clone(), timeout).await,
+            Payload::Adapter {
+                alone,
+                update,
+                base_sha256,
+                whole,
+            } => match stream(client.clone(), alone.clone(), timeout).await {
+                Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                    // this server lacks the base: once, with it
+                    let whole = whole
+                        .get_or_try_init(|| async {
+                            let (update, sha) = (update.clone(), base_sha256.clone());
+                            tokio::task::spawn_blocking(move || {
+                                Arc::new(areal_proto::adapter_chunks(
+                                    &update,
+                                    &sha,
+                                    true,
+                                    PART_VALUES,
+                                ))
+                            })
+                            .await
+                        })
+                        .await
+                        .map_err(|e| CallError::Fault(format!("encoding the base: {e}")))?
+                        .clone();
+                    stream(client, whole, timeout).await
+                }
+                other => other,
+            },
             Payload::Folder { path, sha256 } => {
                 let message = pb::LoadWeightsRequest {
                     header: Some(areal_proto::header()),

@@ -83,6 +83,15 @@ pub struct GeneratorFleetOptions {
     /// the fewest in flight).
     #[serde(default = "sticky")]
     pub routing: Routing,
+    /// `sglang`, `vllm`: the LoRA adapters (versions) each server keeps loaded when the policy
+    /// trains one; older ones are unloaded (one per step would fill the server's memory). A
+    /// request admitted under a version keeps it while it stays loaded. By default 2.
+    #[serde(default = "two")]
+    pub keep_adapters: usize,
+}
+
+fn two() -> usize {
+    2
 }
 
 fn sticky() -> Routing {
@@ -140,6 +149,8 @@ struct Servers {
     weight_loads: AtomicU64,
     /// Answers that crossed a pause without saying their version, run again.
     dropped: AtomicU64,
+    /// The base of the adapters published so far, with its sha256.
+    base: Mutex<Option<(Arc<Vec<areal_sdk::NamedTensor>>, String)>>,
 }
 
 impl GeneratorFleet {
@@ -231,6 +242,7 @@ impl GeneratorFleet {
             tokens: AtomicU64::new(0),
             weight_loads: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            base: Mutex::new(None),
         });
         let interval = Duration::from_secs_f64(options.probe_interval_s);
         for index in 0..n {
@@ -338,11 +350,17 @@ impl Servers {
         let _one_at_a_time = self.sync.lock().await;
         let version = update.version;
         let started = std::time::Instant::now();
-        let (folder, update) = match &self.weights_dir {
+        let base_sha256 = match &update.adapter {
+            Some(_) => Some(self.base_sha256(&update).await?),
+            None => None,
+        };
+        let (written, update) = match &self.weights_dir {
             Some(dir) => {
                 let dir = dir.clone();
-                let (folder, update) = tokio::task::spawn_blocking(move || {
-                    weights_folder::write(&dir, &update).map(|folder| (folder, update))
+                let sha = base_sha256.clone();
+                let (written, update) = tokio::task::spawn_blocking(move || {
+                    weights_folder::write(&dir, &update, sha.as_deref())
+                        .map(|written| (written, update))
                 })
                 .await
                 .map_err(|e| PluginError::failed(self.kind, format!("writing the weights: {e}")))?
@@ -350,11 +368,16 @@ impl Servers {
                     let what = format!("cannot write weights of version {version} to weights_dir");
                     PluginError::caused_by(self.kind, what, e)
                 })?;
-                (Some(folder), update)
+                (Some(written), update)
             }
             None => (None, update),
         };
-        let published = Arc::new(Published { version, folder });
+        let published = Arc::new(Published {
+            version,
+            folder: written.as_ref().map(|w| w.folder.clone()),
+            base_sha256,
+            base: written.and_then(|w| w.base),
+        });
         self.api
             .prepare(update, &published)
             .await
@@ -393,6 +416,25 @@ impl Servers {
             ));
         }
         Ok(())
+    }
+
+    /// The sha256 of the base `update`'s adapter applies to, computed once for the run's
+    /// one base (the policy sends the same `Arc` every time).
+    async fn base_sha256(&self, update: &WeightUpdate) -> Result<String, PluginError> {
+        if let Some((base, sha)) = &*self.base.lock().expect("base lock")
+            && Arc::ptr_eq(base, &update.tensors)
+        {
+            return Ok(sha.clone());
+        }
+        let base = update.tensors.clone();
+        let sha = {
+            let base = base.clone();
+            tokio::task::spawn_blocking(move || areal_proto::weights_sha256(&base))
+                .await
+                .map_err(|e| PluginError::failed(self.kind, format!("hashing the base: {e}")))?
+        };
+        *self.base.lock().expect("base lock") = Some((base, sha.clone()));
+        Ok(sha)
     }
 
     /// Remove the folders of versions neither current nor held by any server.

@@ -3,10 +3,12 @@
 //! with token ids and one logprob per token; `/pause?mode=abort` and `/resume`; weights
 //! through the `disk` weight-transfer backend (`/init_weight_transfer_engine`,
 //! `/start_weight_update`, `/update_weights` with the checkpoint folder,
-//! `/finish_weight_update` with the version that `/weight_info` then reports). vLLM's answers
-//! name no version: the fleet works it out.
+//! `/finish_weight_update` with the version that `/weight_info` then reports); LoRA adapters
+//! (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) by `/v1/load_lora_adapter` and
+//! `/v1/unload_lora_adapter`, requests naming theirs as their `model`. vLLM's answers name no
+//! version: the fleet works it out.
 
-use areal_sdk::{GenerateRequest, PolicyVersion};
+use areal_sdk::GenerateRequest;
 use serde_json::json;
 
 use super::api::{CallError, Sampled};
@@ -19,12 +21,12 @@ http_api!(Vllm, "vllm", version: routes::VLLM_WEIGHT_INFO, resume: routes::VLLM_
 #[areal_sdk::async_trait]
 impl Dialect for Vllm {
     /// The four steps of the `disk` backend, in order.
-    async fn load(at: At<'_>, folder: String, version: PolicyVersion) -> Result<(), CallError> {
+    async fn load(at: At<'_>, folder: String, version: &str) -> Result<(), CallError> {
         let update = wire::VllmUpdateRequest {
             update_info: wire::VllmDiskUpdateInfo { path: folder },
         };
         let finish = wire::VllmFinishRequest {
-            weight_version: Some(version.to_string()),
+            weight_version: Some(version.to_owned()),
         };
         let steps = [
             (routes::VLLM_INIT_TRANSFER, json!({ "init_info": {} })),
@@ -44,10 +46,41 @@ impl Dialect for Vllm {
             .await
     }
 
-    async fn generate(at: At<'_>, request: &GenerateRequest) -> Result<Sampled, CallError> {
+    /// A new name for every version: never `load_inplace` (a request admitted under the old
+    /// version keeps it).
+    async fn load_adapter(at: At<'_>, name: &str, folder: String) -> Result<(), CallError> {
+        let request = wire::LoadLoraRequest {
+            lora_name: name.to_owned(),
+            lora_path: folder,
+            load_inplace: Some(false),
+            pinned: None,
+        };
+        let body = serde_json::to_value(request).expect("json");
+        at.post_to(
+            &at.url(routes::VLLM_LOAD_LORA),
+            &body,
+            at.timeouts().weights,
+        )
+        .await
+    }
+
+    async fn unload_adapter(at: At<'_>, name: &str) -> Result<(), CallError> {
+        let body = json!(wire::UnloadLoraRequest {
+            lora_name: name.to_owned(),
+        });
+        at.post_to(&at.url(routes::VLLM_UNLOAD_LORA), &body, at.timeouts().call)
+            .await
+    }
+
+    async fn generate(
+        at: At<'_>,
+        request: &GenerateRequest,
+        adapter: Option<&str>,
+    ) -> Result<Sampled, CallError> {
         let sampling = &request.sampling;
         let body = wire::VllmGenerateRequest {
             request_id: Some(request_id(request)),
+            model: adapter.map(str::to_owned),
             token_ids: request.input_ids.clone(),
             sampling_params: wire::VllmSamplingParams {
                 max_tokens: request.max_new_tokens,

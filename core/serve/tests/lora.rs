@@ -1,0 +1,344 @@
+//! LoRA over the wire: the burn generator behind areal's gRPC servers and behind the SGLang
+//! and vLLM APIs (`areal serve generator --api ...`), sent adapters only once it holds their
+//! base, generating with the adapter of each version (its logprobs are the trainer's); old
+//! adapters unloaded; an adapter that never arrives stops the update naming the server.
+
+use std::sync::Arc;
+
+use areal_gen_burn::{BurnGenerator, BurnGeneratorOptions};
+use areal_model::{AdapterConfig, LoraOptions, TransformerOptions, TransformerPolicy};
+use areal_proto::pb;
+use areal_proto::pb::generator_client::GeneratorClient;
+use areal_sdk::{GenerateRequest, Generator, SamplingParams, WeightUpdate};
+use areal_sdk_train::burn::tensor::Device;
+use areal_sdk_train::{PackedBatch, Policy};
+use areal_serve::{
+    GeneratorFleet, GeneratorFleetOptions, InferenceApi, Listen, serve_generator,
+    serve_inference_api,
+};
+use serde_json::json;
+use server::{Chained, ServerThread};
+
+#[path = "support/server.rs"]
+mod server;
+
+const ALPHABET: &str = "0123456789+=, ";
+
+fn base_policy() -> TransformerPolicy {
+    let options = TransformerOptions {
+        hidden_size: 32,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        max_positions: 96,
+        ..TransformerOptions::default()
+    };
+    TransformerPolicy::fresh(&options, ALPHABET, 4, &Device::flex()).unwrap()
+}
+
+/// The base with a rank-2 adapter on every projection whose values (`B` too) follow from
+/// `seed`, so that each version samples differently from the base and from the others.
+fn adapted(seed: u64) -> TransformerPolicy {
+    let config = AdapterConfig::from_options(&LoraOptions {
+        rank: 2,
+        ..LoraOptions::default()
+    })
+    .unwrap();
+    let mut p = base_policy();
+    p.set_lora(config.clone(), None, seed);
+    p.start_rl().unwrap();
+    let mut tensors = p.adapter().unwrap().tensors;
+    let mut x = seed as f32 * 0.123;
+    for t in &mut tensors {
+        for v in &mut t.data {
+            x = (x * 1.7 + 0.3).fract();
+            *v = (x - 0.5) * 0.2;
+        }
+    }
+    let mut p = base_policy();
+    p.set_lora(config, Some(tensors), 0);
+    p.start_rl().unwrap();
+    p
+}
+
+fn burn() -> Arc<BurnGenerator> {
+    let options = BurnGeneratorOptions {
+        max_batch: 4,
+        ..BurnGeneratorOptions::default()
+    };
+    Arc::new(BurnGenerator::new(&options, Device::flex()).unwrap())
+}
+
+fn fleet(kind: &str, endpoints: Vec<String>, extra: serde_json::Value) -> GeneratorFleet {
+    let mut options = json!({
+        "endpoints": endpoints,
+        "connect_timeout_s": 2.0,
+        "probe_interval_s": 0.05,
+        "grace_s": 10.0,
+    });
+    options
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let options: GeneratorFleetOptions = serde_json::from_value(options).unwrap();
+    GeneratorFleet::new(kind, &options, None).unwrap()
+}
+
+/// The updates of versions 0..n: one base (the same `Arc`), an adapter each.
+fn updates(n: u64) -> (Vec<TransformerPolicy>, Vec<WeightUpdate>) {
+    let policies: Vec<TransformerPolicy> = (0..n).map(|v| adapted(v + 1)).collect();
+    let base = policies[0].weight_update(0).tensors;
+    let updates = policies
+        .iter()
+        .enumerate()
+        .map(|(v, p)| WeightUpdate {
+            tensors: base.clone(),
+            ..p.weight_update(v as u64)
+        })
+        .collect();
+    (policies, updates)
+}
+
+/// A sample of `generator` carries `version` and the logprobs of `policy` (within 1e-4), and
+/// differs from what the base would give.
+async fn samples_the_adapter(generator: &dyn Generator, policy: &TransformerPolicy, version: u64) {
+    let tokenizer = policy.tokenizer();
+    let prompt = tokenizer.encode("12+34=").unwrap();
+    let request = GenerateRequest {
+        sample_id: version,
+        input_ids: prompt.clone(),
+        max_new_tokens: 10,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: 9,
+        },
+        stop_token_ids: vec![],
+    };
+    let c = generator.generate(request).await.unwrap();
+    assert!(!c.token_ids.is_empty());
+    assert!(c.versions.iter().all(|&v| v == version), "{:?}", c.versions);
+    let mut batch = PackedBatch::new(1.0);
+    batch.push(&[prompt.clone(), c.token_ids.clone()].concat());
+    let lp = |p: &TransformerPolicy| -> Vec<f32> {
+        p.logprobs_no_grad(&batch)
+            .unwrap()
+            .into_data()
+            .try_to_vec()
+            .unwrap()
+    };
+    let (trainer, base) = (lp(policy), lp(&base_policy()));
+    let mut moved = 0.0f32;
+    for (j, behaviour) in c.behaviour_logprobs.iter().enumerate() {
+        let t = trainer[prompt.len() + j];
+        assert!(
+            (t - behaviour).abs() < 1e-4,
+            "version {version}, token {j}: served {behaviour}, trainer {t}"
+        );
+        moved = moved.max((base[prompt.len() + j] - behaviour).abs());
+    }
+    assert!(moved > 1e-3, "version {version}: the base's logprobs");
+}
+
+fn chunks_bytes(chunks: &[pb::WeightChunk]) -> usize {
+    chunks
+        .iter()
+        .map(|c| match &c.chunk {
+            Some(pb::weight_chunk::Chunk::Part(p)) => p.data.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_servers_take_the_base_once_then_adapters_alone() {
+    let servers: Vec<ServerThread> = (0..2)
+        .map(|_| {
+            ServerThread::start(
+                Listen::new("127.0.0.1:0".parse().unwrap(), None),
+                |listen, on_bound| {
+                    serve_generator(burn(), 1 << 10, listen, on_bound, std::future::pending())
+                },
+            )
+        })
+        .collect();
+    let (policies, updates) = updates(3);
+    // the wire: an adapter alone to a server without its base is refused as such
+    let sha = areal_proto::weights_sha256(&updates[0].tensors);
+    let mut client = GeneratorClient::connect(servers[0].url()).await.unwrap();
+    let alone = areal_proto::adapter_chunks(&updates[0], &sha, false, 1 << 14);
+    let whole = areal_proto::adapter_chunks(&updates[0], &sha, true, 1 << 14);
+    let e = client
+        .update_weights(tokio_stream::iter(alone.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("send the base"), "{e}");
+    client
+        .update_weights(tokio_stream::iter(whole.clone()))
+        .await
+        .unwrap();
+    client
+        .update_weights(tokio_stream::iter(alone.clone()))
+        .await
+        .unwrap();
+    let (a, w) = (chunks_bytes(&alone), chunks_bytes(&whole));
+    assert!(
+        a * 10 < w,
+        "the adapter alone is {a} bytes, with its base {w}"
+    );
+
+    // the fleet: one server holds the base already, the other gets it with the first adapter
+    let generator = fleet(
+        "remote",
+        servers.iter().map(|s| s.url()).collect(),
+        json!({}),
+    );
+    for (v, (policy, update)) in policies.iter().zip(updates).enumerate() {
+        generator.update_weights(update).await.unwrap();
+        for _ in 0..2 {
+            samples_the_adapter(&generator, policy, v as u64).await;
+        }
+    }
+    assert_eq!(generator.endpoint_failures(), 0);
+}
+
+fn inference_server(api: InferenceApi) -> ServerThread {
+    ServerThread::start(
+        Listen::new("127.0.0.1:0".parse().unwrap(), None),
+        move |listen, on_bound| {
+            serve_inference_api(
+                api,
+                burn(),
+                1 << 10,
+                None,
+                None,
+                listen,
+                on_bound,
+                std::future::pending(),
+            )
+        },
+    )
+}
+
+async fn get(url: &str) -> serde_json::Value {
+    let client = reqwest_like(url).await;
+    serde_json::from_str(&client).unwrap()
+}
+
+/// `GET url` as text, over a plain socket (the tests' own HTTP/1.1).
+async fn reqwest_like(url: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let request = format!("GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let body = answer.split_once("\r\n\r\n").unwrap().1;
+    // a chunked body: the JSON is the one chunk
+    match body.split_once("\r\n") {
+        Some((size, rest)) if usize::from_str_radix(size.trim(), 16).is_ok() => {
+            rest[..usize::from_str_radix(size.trim(), 16).unwrap()].to_owned()
+        }
+        _ => body.to_owned(),
+    }
+}
+
+fn names(models: &serde_json::Value) -> Vec<String> {
+    models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| !m["parent"].is_null())
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_and_vllm_servers_take_adapters_by_name_and_drop_old_ones() {
+    for api in [InferenceApi::Sglang, InferenceApi::Vllm] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = inference_server(api);
+        let generator = fleet(
+            api.name(),
+            vec![server.url()],
+            json!({ "weights_dir": dir.path(), "keep_adapters": 2 }),
+        );
+        let (policies, updates) = updates(4);
+        for (v, (policy, update)) in policies.iter().zip(updates).enumerate() {
+            generator.update_weights(update).await.unwrap();
+            samples_the_adapter(&generator, policy, v as u64).await;
+        }
+        let listed = names(&get(&format!("{}/v1/models", server.url())).await);
+        assert_eq!(listed, ["areal-v2", "areal-v3"], "{api:?}");
+        // the base once, beside the versions, which are PEFT's files
+        let mut entries: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        entries.sort();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        assert!(entries[0].starts_with("base-"), "{entries:?}");
+        assert_eq!(entries[1], "v0000000003");
+        let v3 = dir.path().join("v0000000003");
+        assert!(v3.join("adapter_config.json").is_file());
+        assert!(v3.join("adapter_model.safetensors").is_file());
+        assert!(!v3.join("model.safetensors").exists());
+        // the server reports the base's tag as its weight version
+        let route = match api {
+            InferenceApi::Sglang => "get_weight_version",
+            InferenceApi::Vllm => "weight_info",
+        };
+        let said = get(&format!("{}/{route}", server.url())).await;
+        assert_eq!(said["weight_version"].as_str(), Some(entries[0].as_str()));
+    }
+}
+
+/// A server that says it loaded the adapter but does not hold it (it lists none): the update
+/// fails naming the server and the adapter, instead of training on samples of the base.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_that_never_arrives_stops_the_update_naming_the_server() {
+    use axum::routing::{get, post};
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/continue_generation", post(|| async { "{}" }))
+        .route(
+            "/update_weights_from_disk",
+            post(|| async { axum::Json(json!({ "success": true, "message": "" })) }),
+        )
+        .route(
+            "/get_weight_version",
+            get(|| async { axum::Json(json!({ "weight_version": null })) }),
+        )
+        .route(
+            "/load_lora_adapter",
+            post(|| async { axum::Json(json!({ "success": true, "loaded_adapters": {} })) }),
+        )
+        .route(
+            "/v1/models",
+            get(|| async { axum::Json(json!({ "data": [{ "id": "base", "parent": null }] })) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let generator = fleet(
+        "sglang",
+        vec![url.clone()],
+        json!({ "weights_dir": dir.path() }),
+    );
+    let (_, mut updates) = updates(1);
+    let e = generator
+        .update_weights(updates.remove(0))
+        .await
+        .unwrap_err();
+    let text = e.chained();
+    assert!(text.contains(&url), "{text}");
+    assert!(
+        text.contains("areal-v0") && text.contains("/v1/models"),
+        "{text}"
+    );
+}
