@@ -118,6 +118,11 @@ impl ServerProcess {
     }
 
     fn start_logging(kind: &str, config: &Path, listen: &str, log: &Path) -> Self {
+        Self::start_with(kind, config, listen, log, &[])
+    }
+
+    /// [`start_logging`](Self::start_logging) with more arguments (`--api sglang`, `--set ...`).
+    fn start_with(kind: &str, config: &Path, listen: &str, log: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_areal"))
             .args([
                 "-v",
@@ -128,6 +133,7 @@ impl ServerProcess {
                 "--listen",
                 listen,
             ])
+            .args(extra)
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(log).unwrap())
@@ -536,6 +542,108 @@ fn the_built_in_job_through_launched_servers_evaluates_exactly_as_in_process() {
         .as_f64()
         .expect("the burn servers measure their time");
     assert!((0.0..=1.0).contains(&gen_busy), "{r}");
+}
+
+/// The built-in job training LoRA adapters (deterministic mode) trains and evaluates the
+/// same, bit for bit, in process, through two launched gRPC generator servers (sent the base once, then adapters
+/// alone) and through an SGLang-API server (the base loaded from disk once, then each
+/// version's adapter by name).
+#[test]
+fn the_built_in_job_with_adapters_evaluates_the_same_in_process_and_through_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = format!("warmup.cache_dir={}", dir.path().join("cache").display());
+    let tiny = [
+        "task.eval_items=16",
+        "task.validation_items=16",
+        "task.max_terms=2",
+        "warmup.eval_every=100",
+        "warmup.max_steps=200",
+        "warmup.batch_size=16",
+        &cache,
+        "train.steps=4",
+        "train.lr=0.003",
+        "eval.every=2",
+        "rollout.batch_size=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=30",
+        "policy.lora.rank=4",
+        "deterministic=true",
+    ];
+    let mut sets: Vec<&str> = Vec::new();
+    for set in &tiny {
+        sets.extend(["--set", set]);
+    }
+    let run = |name: &str, front: &[&str], extra: &[&str]| {
+        let out_dir = dir.path().join(name);
+        let mut args = front.to_vec();
+        args.extend(["-q", "--seed", "5", "--out", out_dir.to_str().unwrap()]);
+        args.extend(&sets);
+        args.extend(extra);
+        let out = areal(&args);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        summary(&out_dir)
+    };
+    let local = run("local", &["train"], &[]);
+    let launched = run("launched", &LAUNCH, &[]);
+    assert_none_left(dir.path().to_str().unwrap());
+
+    let config = dir.path().join("server.toml");
+    std::fs::write(&config, "").unwrap();
+    let mut server_sets = vec!["--api", "sglang"];
+    server_sets.extend(&sets);
+    let log = dir.path().join("sglang.log");
+    let server = ServerProcess::start_with("generator", &config, "127.0.0.1:0", &log, &server_sets);
+    let weights = dir.path().join("weights");
+    let endpoints = format!("generator.endpoints=[\"{}\"]", server.url());
+    let weights_dir = format!("generator.weights_dir=\"{}\"", weights.display());
+    let api = run(
+        "sglang",
+        &["train"],
+        &[
+            "--set",
+            "generator.kind=\"sglang\"",
+            "--set",
+            &endpoints,
+            "--set",
+            &weights_dir,
+        ],
+    );
+    drop(server);
+
+    // the adapters trained: the evaluation after 4 steps moved from the base's (0 → 0.4)
+    let evals = |s: &Value| s["evals"].as_array().unwrap().clone();
+    assert_ne!(evals(&local)[2]["accuracy"], evals(&local)[0]["accuracy"]);
+    let without_wall = |s: &Value| -> Vec<Value> {
+        evals(s)
+            .into_iter()
+            .map(|mut e| {
+                e.as_object_mut().unwrap().remove("wall_s");
+                e
+            })
+            .collect()
+    };
+    assert_eq!(without_wall(&launched), without_wall(&local));
+    assert_eq!(without_wall(&api), without_wall(&local));
+    assert_eq!(launched["baseline_accuracy"], local["baseline_accuracy"]);
+    assert_eq!(api["baseline_accuracy"], local["baseline_accuracy"]);
+    for s in [&local, &launched, &api] {
+        assert_eq!(s["steps"], 4);
+        assert_eq!(s["reward_failures"], 0);
+    }
+    // the SGLang server was handed the base once and one adapter folder per version
+    let mut entries: Vec<String> = std::fs::read_dir(&weights)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    entries.sort();
+    assert!(entries[0].starts_with("base-"), "{entries:?}");
+    assert!(
+        entries[1..].iter().all(|e| e.starts_with('v')),
+        "{entries:?}"
+    );
+    let newest = weights.join(entries.last().unwrap());
+    assert!(newest.join("adapter_model.safetensors").is_file());
 }
 
 /// `reward_service.workers`: the run's reward in worker processes. One killed with SIGKILL
