@@ -12,6 +12,10 @@ use areal_core::reward_workers::in_workers;
 pub(crate) struct EvalArgs {
     /// A checkpoint folder (e.g. `runs/NAME/checkpoint`).
     checkpoint: PathBuf,
+    /// A LoRA adapter folder in PEFT's format (`adapter_config.json`,
+    /// `adapter_model.safetensors`) to apply over the checkpoint, its base.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
     /// The run's config; by default the `config.toml` next to the checkpoint, if any.
     #[command(flatten)]
     config: ConfigArgs,
@@ -63,10 +67,11 @@ pub(crate) fn run(args: EvalArgs) -> anyhow::Result<()> {
         ..areal_core::eval::EvalSpec::greedy(&config, split, args.max_items)
     };
     let runtime = runtime()?;
-    let outcome = runtime.block_on(areal_core::eval::evaluate_checkpoint(
+    let outcome = runtime.block_on(areal_core::eval::evaluate_adapted(
         &config,
         plugins,
         &args.checkpoint,
+        args.adapter.as_deref(),
         &spec,
     ))?;
     #[allow(clippy::print_stdout, reason = "the command's output is its stdout")]

@@ -27,6 +27,7 @@ mod configs;
 mod eval;
 mod grade;
 mod launch;
+mod lora;
 mod plugins;
 mod progress;
 mod serve;
@@ -80,6 +81,9 @@ enum Command {
     /// Start servers and a trainer together (`local`: child processes on loopback).
     #[command(subcommand)]
     Launch(launch::LaunchCommand),
+    /// LoRA adapters outside training (`merge`: an adapter folded into its base).
+    #[command(subcommand)]
+    Lora(lora::LoraCommand),
 }
 
 /// Run the command line with the process arguments; prints the error chain and returns a
@@ -208,6 +212,7 @@ fn dispatch(cli: Cli, started: Instant) -> anyhow::Result<()> {
         Command::Grade(command) => grade::run(command),
         Command::Serve(command) => serve::run(command),
         Command::Launch(command) => launch::run(command, started),
+        Command::Lora(command) => lora::run(command),
     }
 }
 

@@ -335,17 +335,33 @@ impl Evaluator {
     }
 }
 
-/// Evaluate the checkpoint in `dir` with the plugins of `config`.
+/// Evaluate the checkpoint in `dir` with the plugins of `config`. `dir` may also be anything
+/// else the policy loads over the weights it holds (a PEFT adapter folder, for the
+/// transformer); [`evaluate_adapted`] loads one over a checkpoint.
 pub async fn evaluate_checkpoint(
     config: &Config,
-    mut plugins: Plugins,
+    plugins: Plugins,
     dir: &Path,
     spec: &EvalSpec,
 ) -> Result<EvalOutcome, EngineError> {
-    plugins
-        .policy
-        .load(dir)
-        .map_err(|e| EngineError::plugin(format!("loading checkpoint {}", dir.display()), e))?;
+    evaluate_adapted(config, plugins, dir, None, spec).await
+}
+
+/// Evaluate the checkpoint in `dir` with the adapter folder `adapter` loaded over it (in the
+/// policy's format: PEFT's for the transformer), if given.
+pub async fn evaluate_adapted(
+    config: &Config,
+    mut plugins: Plugins,
+    dir: &Path,
+    adapter: Option<&Path>,
+    spec: &EvalSpec,
+) -> Result<EvalOutcome, EngineError> {
+    for (what, dir) in std::iter::once(("checkpoint", dir)).chain(adapter.map(|a| ("adapter", a))) {
+        plugins
+            .policy
+            .load(dir)
+            .map_err(|e| EngineError::plugin(format!("loading {what} {}", dir.display()), e))?;
+    }
     let weights = weight_update(plugins.policy.as_ref(), 0);
     Evaluator::new(config, plugins)?
         .evaluate(weights, spec)

@@ -42,7 +42,7 @@ pub use chat::{CHAT_TEMPLATE_FILE, ChatTemplate, TOKENIZER_CONFIG_FILE};
 pub use config::{EosTokens, Llama3Scaling, ModelConfig};
 pub use lora::{
     ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterConfig, LoraOptions, TARGET_MODULES,
-    is_adapter, load_adapter, save_adapter,
+    is_adapter, load_adapter, merge_adapter, save_adapter,
 };
 pub use model::{
     Attention, DecoderLayer, INIT_STD, LayerKv, Lora, Mlp, Proj, Rope, Transformer, rope_tables,

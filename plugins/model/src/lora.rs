@@ -497,3 +497,30 @@ pub fn load_adapter(dir: &Path) -> Result<(AdapterConfig, Vec<NamedTensor>), Plu
 pub fn is_adapter(dir: &Path) -> bool {
     dir.join(ADAPTER_CONFIG_FILE).is_file()
 }
+
+/// Fold the PEFT adapter in `adapter` into the checkpoint `base` and write the result as a full
+/// checkpoint folder `out` (on the CPU); the adapter's configuration.
+pub fn merge_adapter(
+    base: &Path,
+    adapter: &Path,
+    out: &Path,
+) -> Result<AdapterConfig, PluginError> {
+    let device = burn::tensor::Device::flex();
+    let (config, model, tokenizer) = crate::hf::load_checkpoint(base, &device)?;
+    let (adapter_config, tensors) = load_adapter(adapter)?;
+    let merged = model
+        .with_lora(&adapter_config, Some(tensors), 0)
+        .map_err(|e| {
+            caused(
+                format!(
+                    "the adapter {} does not fit the base {}",
+                    adapter.display(),
+                    base.display()
+                ),
+                e,
+            )
+        })?
+        .merged();
+    crate::hf::save_checkpoint(out, &config, &merged, &tokenizer)?;
+    Ok(adapter_config)
+}

@@ -1392,3 +1392,120 @@ fn serve_proxy_serves_agents_and_records_their_sessions() {
     assert_eq!(input.len() as u64, prompt.len() as u64 + completion_tokens);
     assert!(record["verdict"].is_string() && record["reward"].is_number());
 }
+
+/// Adapters trained over a checkpoint (`[policy] path`, `[policy.lora]`): the run's own
+/// checkpoint (the adapter folded in, the adapter beside it in PEFT's format), the base with
+/// `areal eval --adapter`, and the checkpoint `areal lora merge` writes all evaluate the same,
+/// and differ from the base alone.
+#[test]
+fn an_adapter_evaluates_the_same_folded_in_over_its_base_and_merged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    let cache = format!("warmup.cache_dir={}", path("cache").display());
+    let tiny = [
+        "task.eval_items=16",
+        "task.validation_items=16",
+        "task.max_terms=2",
+        "warmup.eval_every=100",
+        "warmup.max_steps=200",
+        "warmup.batch_size=16",
+        cache.as_str(),
+        "rollout.batch_size=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=30",
+        "deterministic=true",
+    ];
+    let sets = |extra: &[&str]| -> Vec<String> {
+        tiny.iter()
+            .chain(extra)
+            .flat_map(|s| ["--set".to_owned(), (*s).to_owned()])
+            .collect()
+    };
+    let run = |name: &str, extra: &[&str]| {
+        let mut args = vec!["train".to_owned(), "-q".to_owned(), "--out".to_owned()];
+        args.push(path(name).to_str().unwrap().to_owned());
+        args.extend(sets(extra));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = areal(&args);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    };
+    // the base: the warm-up and one step of RL
+    run("base", &["train.steps=1", "eval.enabled=false"]);
+    let base = path("base").join("checkpoint");
+    let base_path = format!("policy.path=\"{}\"", base.display());
+    run(
+        "lora",
+        &[
+            base_path.as_str(),
+            "warmup.enabled=false",
+            "policy.lora.rank=4",
+            "policy.lora.target_modules=[\"q_proj\", \"v_proj\", \"down_proj\"]",
+            "train.steps=6",
+            "train.lr=0.003",
+            "eval.every=6",
+        ],
+    );
+    let trained = path("lora").join("checkpoint");
+    let adapter = trained.join("adapter");
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(adapter.join("adapter_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["r"], 4);
+    assert_eq!(config["peft_type"], "LORA");
+    assert_eq!(config["base_model_name_or_path"], base.to_str().unwrap());
+
+    // every completion and the figures, without the folder's name
+    let eval = |args: &[&str]| -> String {
+        let mut all = vec!["eval", "--show", "16"];
+        all.extend(args);
+        let out = areal(&all);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        text(&out.stdout).replace(args[0], "CHECKPOINT")
+    };
+    let merged = path("merged");
+    let out = areal(&[
+        "lora",
+        "merge",
+        "--base",
+        base.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("rank 4"),
+        "{}",
+        text(&out.stdout)
+    );
+    let config = path("lora").join("config.toml");
+    let config = config.to_str().unwrap();
+    let folded = eval(&[trained.to_str().unwrap(), "--config", config]);
+    let over_base = eval(&[
+        base.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--config",
+        config,
+    ]);
+    let from_merge = eval(&[merged.to_str().unwrap(), "--config", config]);
+    let alone = eval(&[base.to_str().unwrap(), "--config", config]);
+    assert_eq!(over_base, folded);
+    assert_eq!(from_merge, folded);
+    assert_ne!(alone, folded, "the adapter changed nothing: {folded}");
+    // merging into a checkpoint that exists is refused
+    let out = areal(&[
+        "lora",
+        "merge",
+        "--base",
+        base.to_str().unwrap(),
+        "--adapter",
+        adapter.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("already holds a checkpoint"));
+}

@@ -95,18 +95,23 @@ fn tensorboard_steps(run: &Path) -> usize {
         .count()
 }
 
-/// The files of the final model, byte for byte.
+/// The files of the final model (its adapter's too), byte for byte.
 fn model(run: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(run.join("checkpoint"))
-        .unwrap()
-        .map(|e| {
+    fn files(dir: &Path, prefix: &str, out: &mut Vec<(String, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
             let path = e.unwrap().path();
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            (name, std::fs::read(path).unwrap())
-        })
-        .collect();
-    files.sort();
-    files
+            let name = format!("{prefix}{}", path.file_name().unwrap().to_string_lossy());
+            if path.is_dir() {
+                files(&path, &format!("{name}/"), out);
+            } else {
+                out.push((name, std::fs::read(path).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    files(&run.join("checkpoint"), "", &mut out);
+    out.sort();
+    out
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -292,6 +297,53 @@ fn the_built_in_job_killed_in_warm_up_and_in_rl_ends_with_the_same_weights() {
     assert_eq!(resumed[0]["checkpoint"], "warmup-00000040", "{resumed:?}");
     assert_eq!(resumed.last().unwrap()["resumes"], 4, "{resumed:?}");
     assert_eq!(summary(&killed)["resumes"], 4);
+}
+
+/// With LoRA adapters, a deterministic run killed in RL (during a step, then during
+/// generation) and resumed trains the same samples with the same losses and ends with the same
+/// weights and adapter files, bit for bit, as the run left alone.
+#[test]
+fn the_built_in_job_with_adapters_killed_in_rl_ends_with_the_same_adapter() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = format!("warmup.cache_dir={}", dir.path().join("cache").display());
+    let config = strings(&[
+        "--set",
+        "deterministic=true",
+        "--set",
+        "warmup.max_steps=60",
+        "--set",
+        "warmup.eval_every=30",
+        "--set",
+        &cache,
+        "--set",
+        "eval.max_items=32",
+        "--set",
+        "eval.every=4",
+        "--set",
+        "train.steps=8",
+        "--set",
+        "train.lr=0.001",
+        "--set",
+        "checkpoint.every=2",
+        "--set",
+        "policy.lora.rank=4",
+    ]);
+    let (alone, killed) = (dir.path().join("alone"), dir.path().join("killed"));
+    straight(&alone, &config);
+    // the warm-up is cached: the killed run counts RL steps only
+    killed_and_resumed(&killed, &config, &["train:5", "rollout:40"]);
+    assert_eq!(trained(&killed).len(), 8);
+    assert_eq!(trained(&killed), trained(&alone));
+    let files = model(&killed);
+    assert!(
+        files
+            .iter()
+            .any(|(name, _)| name == "adapter/adapter_model.safetensors"),
+        "{:?}",
+        files.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    assert_eq!(files, model(&alone));
+    assert_eq!(summary(&killed)["resumes"], 2);
 }
 
 /// Outside deterministic mode, a run killed at the same kinds of points trains every step
