@@ -44,6 +44,9 @@ pub trait Generator: Send + Sync + 'static {
     }
 
     /// Load new weights; subsequent tokens are sampled with them and carry `update.version`.
+    /// With [`WeightUpdate::adapter`] set, the weights are its base with the adapter applied: a
+    /// generator that cannot apply one must refuse the update (sampling the base instead would
+    /// train on another policy than the one that sampled).
     async fn update_weights(&self, update: WeightUpdate) -> Result<(), PluginError>;
 
     /// Interrupt in-flight requests and hold new ones until [`resume`](Generator::resume);

@@ -12,6 +12,7 @@ mod controller;
 mod fleet;
 mod handover;
 mod heavy;
+mod lora;
 mod math;
 mod model;
 mod proxy;
@@ -76,6 +77,11 @@ enum BenchCommand {
     /// alone, sessions per second at 1, 8 and 64 concurrent agents, and a burst of
     /// `/rl/start_session` past what the run admits (429s with Retry-After).
     Proxy(proxy::BenchProxyArgs),
+    /// LoRA adapters against full weights for the built-in model and the ~10 M and ~100 M
+    /// configs: a training step's time and peak memory, one weight hand-over's bytes and
+    /// time (in process, to 4 gRPC servers, to an SGLang-API server over disk), generation
+    /// with the adapter merged and unmerged.
+    Lora(lora::BenchLoraArgs),
 }
 
 fn run(command: BenchCommand) -> anyhow::Result<()> {
@@ -92,6 +98,7 @@ fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Reward(args) => reward::run(args),
         BenchCommand::Tools(args) => tools::run(args),
         BenchCommand::Proxy(args) => proxy::run(args),
+        BenchCommand::Lora(args) => lora::run(args),
     }
 }
 

@@ -219,8 +219,11 @@ pub struct TransformerPolicy {
     value_seed: u64,
     /// Adapters RL trains, if any.
     lora: Option<LoraPlan>,
-    /// With adapters on: the frozen weights, as every weight update sends them.
-    base: Option<Arc<Vec<NamedTensor>>>,
+    /// Whether the adapters are on (RL started).
+    adapted: bool,
+    /// With adapters on: the frozen weights as every weight update sends them, exported at
+    /// the first update (one host copy for the run, shared by every update).
+    base: std::sync::OnceLock<Arc<Vec<NamedTensor>>>,
 }
 
 impl TransformerPolicy {
@@ -238,7 +241,8 @@ impl TransformerPolicy {
             device,
             value_seed: 0,
             lora: None,
-            base: None,
+            adapted: false,
+            base: std::sync::OnceLock::new(),
         }
     }
 
@@ -304,9 +308,9 @@ impl TransformerPolicy {
 
     /// The adapters' configuration, once they are on.
     pub fn adapter_config(&self) -> Option<&AdapterConfig> {
-        self.base
+        self.lora
             .as_ref()
-            .and(self.lora.as_ref())
+            .filter(|_| self.adapted)
             .map(|p| &p.config)
     }
 
@@ -320,8 +324,10 @@ impl TransformerPolicy {
     }
 
     /// The frozen weights, exported once for every weight update.
-    fn export_base(&mut self) {
-        self.base = Some(Arc::new(export(&self.module.module().without_lora())));
+    fn base(&self) -> Arc<Vec<NamedTensor>> {
+        self.base
+            .get_or_init(|| Arc::new(export(&self.module.module().without_lora())))
+            .clone()
     }
 }
 
@@ -376,7 +382,8 @@ impl Policy for TransformerPolicy {
             device: self.device.clone(),
             value_seed: self.value_seed,
             lora: None,
-            base: None,
+            adapted: false,
+            base: std::sync::OnceLock::new(),
         }))
     }
 
@@ -385,7 +392,7 @@ impl Policy for TransformerPolicy {
         let Some(plan) = &self.lora else {
             return Ok(());
         };
-        if self.base.is_some() {
+        if self.adapted {
             return Ok(());
         }
         let model = self.module.module().clone().with_lora(
@@ -394,15 +401,17 @@ impl Policy for TransformerPolicy {
             plan.seed,
         )?;
         self.module.replace(model);
-        self.export_base();
+        self.adapted = true;
+        self.base = std::sync::OnceLock::new();
         Ok(())
     }
 
     fn weight_update(&self, version: PolicyVersion) -> WeightUpdate {
         let architecture = self.architecture();
-        match (&self.base, self.adapter()) {
-            (Some(base), Some(adapter)) => WeightUpdate::adapted(version, base.clone(), adapter)
-                .with_architecture(architecture),
+        match self.adapter() {
+            Some(adapter) => {
+                WeightUpdate::adapted(version, self.base(), adapter).with_architecture(architecture)
+            }
             _ => WeightUpdate::new(version, self.weights()).with_architecture(architecture),
         }
     }
@@ -443,10 +452,8 @@ impl Policy for TransformerPolicy {
         dir: &Path,
     ) -> Result<(), PluginError> {
         self.module.load_state(crate::NAME, optimizer, dir)?;
-        if self.base.is_some() {
-            // the base is the state's, not the one the adapters were put on before
-            self.export_base();
-        }
+        // the base is the state's, not the one the adapters were put on before
+        self.base = std::sync::OnceLock::new();
         Ok(())
     }
 
@@ -475,6 +482,9 @@ impl Policy for TransformerPolicy {
                 })?
                 .merged();
             self.module.replace(model);
+            // whole weights now: adapters, if planned, go on again at the next `start_rl`
+            self.adapted = false;
+            self.base = std::sync::OnceLock::new();
             return Ok(());
         }
         let (config, model, tokenizer) = load_checkpoint(dir, &self.device)?;
@@ -497,6 +507,8 @@ impl Policy for TransformerPolicy {
         };
         self.module.replace(model);
         self.tokenizer = Arc::new(tokenizer);
+        self.adapted = false;
+        self.base = std::sync::OnceLock::new();
         Ok(())
     }
 }
@@ -527,8 +539,8 @@ pub(crate) fn build(
     if let Some(lora) = &options.lora {
         let (config, tensors) = match &lora.path {
             Some(dir) => {
-                let (config, tensors) =
-                    load_adapter(dir).map_err(|e| config.invalid("lora.path", e.to_string()))?;
+                let (config, tensors) = load_adapter(dir)
+                    .map_err(|e| config.invalid("lora.path", crate::lora::chain(&e)))?;
                 (config, Some(tensors))
             }
             None => {

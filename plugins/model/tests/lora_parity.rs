@@ -82,6 +82,7 @@ fn adapted(case: &str) -> (Transformer, Expected) {
 }
 
 #[test]
+#[allow(clippy::print_stderr, reason = "the test prints what it measured")]
 fn peft_adapters_give_peft_logits_merged_or_not() {
     for case in ["peft-qwen2", "peft-llama3-rslora"] {
         let (model, expected) = adapted(case);
@@ -93,7 +94,7 @@ fn peft_adapters_give_peft_logits_merged_or_not() {
         );
         let unmerged = worst(&model, &expected);
         let merged = worst(&model.merged(), &expected);
-        println!("{case}: max |Δ logit| unmerged {unmerged:.2e}, merged {merged:.2e}");
+        eprintln!("{case}: max |Δ logit| unmerged {unmerged:.2e}, merged {merged:.2e}");
         assert!(unmerged <= TOLERANCE, "{case}: unmerged {unmerged}");
         assert!(merged <= TOLERANCE, "{case}: merged {merged}");
     }
@@ -129,6 +130,7 @@ fn areal_adapter(dir: &Path) {
 }
 
 #[test]
+#[allow(clippy::print_stderr, reason = "the test prints what it measured")]
 fn the_adapter_written_here_gives_peft_logits_in_peft() {
     let committed = fixtures().join("lora/areal-qwen2/adapter");
     if std::env::var_os("AREAL_WRITE_LORA_FIXTURE").is_some() {
@@ -155,6 +157,6 @@ fn the_adapter_written_here_gives_peft_logits_in_peft() {
 
     let (model, expected) = adapted("areal-qwen2");
     let worst = worst(&model, &expected);
-    println!("areal-qwen2 in PEFT: max |Δ logit| {worst:.2e}");
+    eprintln!("areal-qwen2 in PEFT: max |Δ logit| {worst:.2e}");
     assert!(worst <= TOLERANCE, "{worst}");
 }

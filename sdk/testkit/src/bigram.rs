@@ -374,6 +374,10 @@ impl Generator for BigramGenerator {
     }
 
     async fn update_weights(&self, update: WeightUpdate) -> Result<(), PluginError> {
+        // sampling the base instead would train on the wrong policy without a word
+        if update.adapter.is_some() {
+            return Err(PluginError::unsupported(self.name(), "LoRA adapters"));
+        }
         let table = update.tensor(TABLE).ok_or_else(|| {
             PluginError::failed(
                 self.name(),
