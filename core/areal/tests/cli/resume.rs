@@ -141,6 +141,20 @@ fn killed_ends_as_alone(
     let (alone, killed) = (dir.join("alone"), dir.join("killed"));
     straight(&alone, config);
     killed_and_resumed(&killed, config, points);
+    // A reward that misses its deadline is the one thing deterministic mode does not repeat
+    // (docs/resume.md): the callers give the instant testkit reward a deadline no stall on a
+    // busy machine reaches, and a lost reward is named here rather than as other samples.
+    for run in [&alone, &killed] {
+        let lost: u64 = records(run, "step")
+            .iter()
+            .map(|s| {
+                s["reward_failures"]
+                    .as_u64()
+                    .expect("a step records its lost rewards")
+            })
+            .sum();
+        assert_eq!(lost, 0, "{}: rewards lost to the deadline", run.display());
+    }
     let trained_killed = trained(&killed);
     assert_eq!(trained_killed.len(), steps, "every step once");
     assert!(
@@ -172,6 +186,7 @@ fn a_deterministic_run_killed_anywhere_ends_with_the_same_samples_and_weights() 
             "deterministic=true",
             "checkpoint.every=4",
             "rollout.chunk_tokens=3",
+            "reward_service.deadline_ms=600000",
         ],
     );
     let points = [
@@ -222,6 +237,7 @@ fn a_deterministic_run_of_episodes_killed_mid_episode_ends_with_the_same_samples
             "deterministic=true",
             "checkpoint.every=4",
             "rollout.chunk_tokens=3",
+            "reward_service.deadline_ms=600000",
             "train.steps=24",
             "rollout.max_new_tokens=24",
             "episode.kind=\"testkit-relay\"",
