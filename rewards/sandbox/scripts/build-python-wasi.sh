@@ -20,8 +20,8 @@ WORK="${WORK:-$ROOT/.cache/python-wasi-build}"
 SUITE="${DEBIAN_SUITE:-bookworm}"
 STACK_BYTES=$((64 * 1024 * 1024))
 # Bump when the recipe changes what is built: an older build is then rebuilt.
-RECIPE=4
-PACKAGES=(clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32 python3.11)
+RECIPE=5
+PACKAGES=(clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32 python3.11 patch)
 
 if [[ -f "$OUT/python.wasm" && -f "$OUT/SHA256SUMS" ]] && grep -qx "recipe: $RECIPE" "$OUT/PROVENANCE" \
     && (cd "$OUT" && sha256sum --quiet -c SHA256SUMS); then
@@ -54,6 +54,9 @@ DSC="$(ls "$WORK"/src/python3.11_*.dsc)"
 tar -xzf "$ORIG" -C "$WORK/src"
 SRC="$(ls -d "$WORK"/src/Python-3.11.*/)"
 SRC="${SRC%/}"
+# 64-bit hashes in the 32-bit guest (guest/hash64.patch): hash(), and the order of sets and
+# frozensets, as 64-bit CPython's (docs/sandbox.md).
+patch -s -p1 -d "$SRC" <"$ROOT/rewards/sandbox/guest/hash64.patch"
 
 BUILD="$SRC/builddir/wasi"
 mkdir -p "$BUILD"
@@ -61,6 +64,9 @@ cd "$BUILD"
 # Host libraries (zlib, lzma, uuid) must not be found: the guest links against wasi-libc only.
 # wasi-libc's clockid_t is a pointer, which CPython 3.11's time module stores as an int
 # constant: allowed as a warning (those constants are unused in the guest).
+# String hashes: configure falls back to FNV when it cannot test the target's alignment (a
+# cross build), and 64-bit CPython hashes strings with SipHash-1-3: with FNV, sets of strings
+# iterate in another order than natively.
 # Link-time optimisation (--with-lto=full, with LLVM 16's own llvm-ar: Debian's default one is
 # older and cannot read LLVM 16 bitcode) makes the guest ~5 % faster (docs/benchmarks.md).
 # No bulk-memory, SIMD or other post-MVP instructions: the sandbox stops a guest by revoking
@@ -74,6 +80,7 @@ AR=/usr/lib/llvm-16/bin/llvm-ar RANLIB=/usr/lib/llvm-16/bin/llvm-ranlib \
 CFLAGS="-Wno-error=int-conversion" \
     "$SRC/configure" -C --host=wasm32-unknown-wasi --build="$(uname -m)-pc-linux-gnu" \
     --with-build-python=/usr/bin/python3.11 --disable-ipv6 --disable-shared --with-lto=full \
+    --with-hash-algorithm=siphash13 \
     >"$WORK/configure.log" 2>&1 \
     || { echo "configure failed: see $WORK/configure.log" >&2; exit 1; }
 # configure's WASI defaults link with a 512 KiB C stack and 10 MiB of initial memory (in
@@ -114,7 +121,7 @@ mkdir -p "$OUT/lib/python3.11/lib-dynload"
     echo "recipe: $RECIPE"
     echo "source: $(basename "$DSC") (Debian $SUITE), orig sha256 $(sha256sum "$ORIG" | cut -d' ' -f1)"
     echo "toolchain: $(clang-16 --version | head -1); wasi-libc $(dpkg-query -W -f='${Version}' wasi-libc)"
-    echo "target: wasm32-wasip1, C stack $STACK_BYTES bytes, --disable-ipv6 --disable-shared --with-lto=full"
+    echo "target: wasm32-wasip1, C stack $STACK_BYTES bytes, --disable-ipv6 --disable-shared --with-lto=full --with-hash-algorithm=siphash13, 64-bit hashes"
     sed 's/^\([0-9a-f]*\)  \(.*\)/\2 sha256: \1/' "$OUT/SHA256SUMS"
 } >"$OUT/PROVENANCE"
 [[ -n "${KEEP_BUILD:-}" ]] || rm -rf "$WORK"

@@ -2,6 +2,7 @@
 //!
 //! Needs the WASI interpreter (`make python-wasi`); `make test` builds it first.
 
+mod guest_python;
 mod hostile;
 mod program;
 mod second_pass;
