@@ -116,27 +116,18 @@ fn machine_jiffies() -> (f64, f64) {
     (total - idle, total)
 }
 
+/// Start `n` generator servers of `config` with `sets`.
 fn start_servers(
     n: usize,
     config: &Path,
     sets: &[String],
     logs: &Path,
 ) -> anyhow::Result<(Servers, Vec<String>)> {
-    let exe = std::env::current_exe().context("cannot find the areal binary")?;
     let mut args: Vec<OsString> = vec!["--config".into(), config.into()];
     for set in sets {
         args.extend(["--set".into(), set.into()]);
     }
-    let mut servers = Servers::default();
-    for _ in 0..n {
-        servers.start(&exe, "generator", &args, logs)?;
-    }
-    let urls = servers
-        .wait_listening(Duration::from_secs(300))?
-        .into_iter()
-        .map(|(_, url)| url)
-        .collect();
-    Ok((servers, urls))
+    crate::start_servers("generator", n, &args, logs)
 }
 
 /// Rollouts and tokens per second with `n` servers.

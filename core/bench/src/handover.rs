@@ -16,7 +16,6 @@ use areal_serve::{GeneratorFleet, GeneratorFleetOptions, InferenceApi};
 use clap::Args;
 
 use super::stats::median;
-use areal_cli::internal::Servers;
 
 #[derive(Debug, Args)]
 pub(crate) struct BenchHandoverArgs {
@@ -64,7 +63,6 @@ fn time_api(
     rounds: usize,
     logs: &std::path::Path,
 ) -> anyhow::Result<Row> {
-    let exe = std::env::current_exe().context("cannot find the areal binary")?;
     // a short context and few rows keep the server's cache small for the large model
     let args: Vec<OsString> = [
         "--api",
@@ -77,12 +75,9 @@ fn time_api(
     .into_iter()
     .map(OsString::from)
     .collect();
-    let mut servers = Servers::default();
-    servers.start(&exe, "generator", &args, logs)?;
-    let url = servers
-        .wait_listening(Duration::from_secs(300))?
+    let (mut servers, urls) = crate::start_servers("generator", 1, &args, logs)?;
+    let url = urls
         .into_iter()
-        .map(|(_, url)| url)
         .next()
         .context("the server did not start")?;
     let dir = tempfile::tempdir_in(logs)?;

@@ -113,6 +113,28 @@ fn publish(report: &str, markdown: Option<&std::path::Path>) -> anyhow::Result<(
     Ok(())
 }
 
+/// Start `n` servers of `areal serve KIND` (this binary) with `args`, their logs in `logs`;
+/// the servers and their URLs, once every one listens.
+fn start_servers(
+    kind: &'static str,
+    n: usize,
+    args: &[std::ffi::OsString],
+    logs: &std::path::Path,
+) -> anyhow::Result<(areal_cli::internal::Servers, Vec<String>)> {
+    use anyhow::Context;
+    let exe = std::env::current_exe().context("cannot find the areal binary")?;
+    let mut servers = areal_cli::internal::Servers::default();
+    for _ in 0..n {
+        servers.start(&exe, kind, args, logs)?;
+    }
+    let urls = servers
+        .wait_listening(std::time::Duration::from_secs(300))?
+        .into_iter()
+        .map(|(_, url)| url)
+        .collect();
+    Ok((servers, urls))
+}
+
 /// `areal bench` as a command of the `areal` command line.
 pub fn extension() -> areal_cli::Extension {
     use clap::{FromArgMatches, Subcommand as _};

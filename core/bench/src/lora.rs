@@ -235,21 +235,11 @@ fn burn(adapters: AdapterMode) -> anyhow::Result<BurnGenerator> {
 
 /// Start `n` servers of `areal serve generator` with `args`; their URLs.
 fn servers(n: usize, args: &[&str], logs: &Path) -> anyhow::Result<(Servers, Vec<String>)> {
-    let exe = std::env::current_exe().context("cannot find the areal binary")?;
     let mut args: Vec<OsString> = args.iter().map(OsString::from).collect();
     for set in ["generator.max_len=128", "generator.max_batch=4"] {
         args.extend(["--set".into(), set.into()]);
     }
-    let mut servers = Servers::default();
-    for _ in 0..n {
-        servers.start(&exe, "generator", &args, logs)?;
-    }
-    let urls = servers
-        .wait_listening(Duration::from_secs(300))?
-        .into_iter()
-        .map(|(_, url)| url)
-        .collect();
-    Ok((servers, urls))
+    crate::start_servers("generator", n, &args, logs)
 }
 
 fn fleet(

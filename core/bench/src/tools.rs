@@ -195,18 +195,9 @@ fn job(args: &BenchToolsArgs) -> anyhow::Result<String> {
     let exe = std::env::current_exe().context("cannot find the areal binary")?;
     let dir = tempfile::tempdir()?;
     let config: std::ffi::OsString = args.job_config.clone().into();
-    let mut servers = areal_cli::internal::Servers::default();
-    servers.start(
-        &exe,
-        "tools",
-        &["--config".into(), config.clone()],
-        dir.path(),
-    )?;
-    let url = servers
-        .wait_listening(Duration::from_secs(300))?
-        .pop()
-        .map(|(_, url)| url)
-        .context("the tool server did not start")?;
+    let (mut servers, mut urls) =
+        crate::start_servers("tools", 1, &["--config".into(), config.clone()], dir.path())?;
+    let url = urls.pop().context("the tool server did not start")?;
     let remote =
         format!("tools=[{{kind = \"remote\", endpoints = [\"{url}\"], tool = \"python\"}}]");
     let mut table = format!(
