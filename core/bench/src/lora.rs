@@ -26,6 +26,7 @@ use areal_sdk_train::{PackedBatch, Policy};
 use areal_serve::{GeneratorFleet, GeneratorFleetOptions};
 use clap::Args;
 
+use super::model::{config, ids};
 use super::stats::median;
 use areal_cli::internal::Servers;
 
@@ -47,20 +48,6 @@ pub(crate) struct BenchLoraArgs {
     /// (rank 0: full weights).
     #[arg(long, hide = true)]
     child: Option<String>,
-}
-
-/// `(vocab, hidden, layers, heads, kv_heads, intermediate)`, as `areal bench model`'s.
-fn config(name: &str) -> anyhow::Result<ModelConfig> {
-    let (v, d, l, h, kv, f) = match name {
-        "built-in 0.1M" => (56, 64, 2, 4, 2, 176),
-        "10M" => (8192, 256, 10, 8, 4, 688),
-        "100M" => (32000, 768, 12, 12, 4, 2048),
-        _ => anyhow::bail!("--configs: no config named {name:?}"),
-    };
-    let mut c = ModelConfig::small(v, d, l, h, kv, 512);
-    c.intermediate_size = f;
-    c.check().map_err(|e| anyhow::anyhow!(e))?;
-    Ok(c)
 }
 
 fn adapter_config(rank: usize) -> AdapterConfig {
@@ -107,18 +94,6 @@ fn policy(config: &ModelConfig, rank: usize, device: &Device) -> anyhow::Result<
     Ok(policy)
 }
 
-fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % vocab as u64) as u32
-        })
-        .collect()
-}
-
 /// The process's peak resident memory (`VmHWM`), in MiB.
 fn peak_rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -144,7 +119,7 @@ fn child(spec: &str, rounds: usize) -> anyhow::Result<()> {
     let mut optimizer = AdamWConfig::new().init();
     let (batch, len) = (8, 128);
     let mut packed = PackedBatch::new(1.0);
-    for s in ids(batch * len, config.vocab_size, 3).chunks(len) {
+    for s in ids(batch, len, config.vocab_size, 3).chunks(len) {
         packed.push(s);
     }
     let mut step = || -> anyhow::Result<f64> {
@@ -273,7 +248,7 @@ async fn generation(generator: &BurnGenerator, vocab: usize) -> anyhow::Result<f
     let requests: Vec<GenerateRequest> = (0..32u64)
         .map(|i| GenerateRequest {
             sample_id: i,
-            input_ids: ids(16, vocab, i + 10),
+            input_ids: ids(1, 16, vocab, i + 10),
             max_new_tokens: 64,
             sampling: SamplingParams {
                 temperature: 1.0,

@@ -49,7 +49,7 @@ fn shape(name: &str) -> Option<(usize, usize, usize, usize, usize, usize, usize)
     }
 }
 
-fn config(name: &str) -> anyhow::Result<ModelConfig> {
+pub(crate) fn config(name: &str) -> anyhow::Result<ModelConfig> {
     let (v, d, l, h, kv, f, p) =
         shape(name).with_context(|| format!("--configs: no config named {name:?}"))?;
     let mut c = ModelConfig::small(v, d, l, h, kv, p);
@@ -58,7 +58,8 @@ fn config(name: &str) -> anyhow::Result<ModelConfig> {
     Ok(c)
 }
 
-fn ids(batch: usize, len: usize, vocab: usize, seed: u64) -> Vec<u32> {
+/// `batch × len` token ids below `vocab`, the same for the same `seed`.
+pub(crate) fn ids(batch: usize, len: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     (0..batch * len)
         .map(|_| {
