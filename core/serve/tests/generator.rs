@@ -10,7 +10,7 @@ use areal_proto::pb;
 use areal_proto::pb::generator_client::GeneratorClient;
 use areal_sdk::{FinishReason, Generator, WeightUpdate};
 use areal_sdk_train::Policy;
-use areal_serve::{GeneratorFleet, GeneratorFleetOptions, Listen, serve_generator};
+use areal_serve::{GeneratorFleet, Listen, serve_generator};
 use areal_testkit::{BigramGenerator, conformance};
 use serde_json::json;
 use support::{Chained, ServerThread, bigram, eventually, policy, request};
@@ -35,18 +35,7 @@ impl Server {
 }
 
 fn remote(endpoints: Vec<String>, extra: serde_json::Value) -> GeneratorFleet {
-    let mut options = json!({
-        "endpoints": endpoints,
-        "connect_timeout_s": 2.0,
-        "probe_interval_s": 0.05,
-        "grace_s": 10.0,
-    });
-    options
-        .as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    let options: GeneratorFleetOptions = serde_json::from_value(options).unwrap();
-    GeneratorFleet::new("remote", &options, None).unwrap()
+    support::server::fleet("remote", endpoints, extra)
 }
 
 async fn health(url: &str) -> Option<pb::GeneratorHealth> {

@@ -94,19 +94,12 @@ fn client(
     dir: &std::path::Path,
     extra: serde_json::Value,
 ) -> GeneratorFleet {
-    let mut options = json!({
-        "endpoints": endpoints,
-        "weights_dir": dir,
-        "connect_timeout_s": 2.0,
-        "probe_interval_s": 0.05,
-        "grace_s": 10.0,
-    });
+    let mut options = json!({ "weights_dir": dir });
     options
         .as_object_mut()
         .unwrap()
         .extend(extra.as_object().unwrap().clone());
-    let options: GeneratorFleetOptions = serde_json::from_value(options).unwrap();
-    GeneratorFleet::new(api.name(), &options, None).unwrap()
+    support::server::fleet(api.name(), endpoints, options)
 }
 
 fn versions_on_disk(dir: &std::path::Path) -> Vec<String> {

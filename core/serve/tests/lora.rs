@@ -12,12 +12,9 @@ use areal_proto::pb::generator_client::GeneratorClient;
 use areal_sdk::{GenerateRequest, Generator, SamplingParams, WeightUpdate};
 use areal_sdk_train::burn::tensor::Device;
 use areal_sdk_train::{PackedBatch, Policy};
-use areal_serve::{
-    GeneratorFleet, GeneratorFleetOptions, InferenceApi, Listen, serve_generator,
-    serve_inference_api,
-};
+use areal_serve::{InferenceApi, Listen, serve_generator, serve_inference_api};
 use serde_json::json;
-use server::{Chained, ServerThread};
+use server::{Chained, ServerThread, fleet};
 
 #[path = "support/server.rs"]
 mod server;
@@ -67,21 +64,6 @@ fn burn() -> Arc<BurnGenerator> {
         ..BurnGeneratorOptions::default()
     };
     Arc::new(BurnGenerator::new(&options, Device::flex()).unwrap())
-}
-
-fn fleet(kind: &str, endpoints: Vec<String>, extra: serde_json::Value) -> GeneratorFleet {
-    let mut options = json!({
-        "endpoints": endpoints,
-        "connect_timeout_s": 2.0,
-        "probe_interval_s": 0.05,
-        "grace_s": 10.0,
-    });
-    options
-        .as_object_mut()
-        .unwrap()
-        .extend(extra.as_object().unwrap().clone());
-    let options: GeneratorFleetOptions = serde_json::from_value(options).unwrap();
-    GeneratorFleet::new(kind, &options, None).unwrap()
 }
 
 /// The updates of versions 0..n: one base (the same `Arc`), an adapter each.

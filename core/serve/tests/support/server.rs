@@ -81,6 +81,28 @@ impl<E: std::error::Error> Chained for E {
     }
 }
 
+/// A client of `kind` (`remote`, `sglang`, `vllm`) to `endpoints` with short timeouts, and
+/// `extra` options over them.
+#[allow(dead_code, reason = "not every test file is a generator client")]
+pub(crate) fn fleet(
+    kind: &str,
+    endpoints: Vec<String>,
+    extra: serde_json::Value,
+) -> areal_serve::GeneratorFleet {
+    let mut options = serde_json::json!({
+        "endpoints": endpoints,
+        "connect_timeout_s": 2.0,
+        "probe_interval_s": 0.05,
+        "grace_s": 10.0,
+    });
+    options
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let options: areal_serve::GeneratorFleetOptions = serde_json::from_value(options).unwrap();
+    areal_serve::GeneratorFleet::new(kind, &options, None).unwrap()
+}
+
 /// An option error's key and its message with its causes.
 #[allow(dead_code, reason = "not every test file refuses options")]
 pub(crate) fn explained(e: areal_serve::OptionError) -> (&'static str, String) {
