@@ -219,8 +219,6 @@ pub struct TransformerPolicy {
     value_seed: u64,
     /// Adapters RL trains, if any.
     lora: Option<LoraPlan>,
-    /// Whether the adapters are on (RL started).
-    adapted: bool,
     /// With adapters on: the frozen weights as every weight update sends them, exported at
     /// the first update (one host copy for the run, shared by every update).
     base: std::sync::OnceLock<Arc<Vec<NamedTensor>>>,
@@ -241,7 +239,6 @@ impl TransformerPolicy {
             device,
             value_seed: 0,
             lora: None,
-            adapted: false,
             base: std::sync::OnceLock::new(),
         }
     }
@@ -310,7 +307,7 @@ impl TransformerPolicy {
     pub fn adapter_config(&self) -> Option<&AdapterConfig> {
         self.lora
             .as_ref()
-            .filter(|_| self.adapted)
+            .filter(|_| self.module.module().has_lora())
             .map(|p| &p.config)
     }
 
@@ -382,7 +379,6 @@ impl Policy for TransformerPolicy {
             device: self.device.clone(),
             value_seed: self.value_seed,
             lora: None,
-            adapted: false,
             base: std::sync::OnceLock::new(),
         }))
     }
@@ -392,7 +388,7 @@ impl Policy for TransformerPolicy {
         let Some(plan) = &self.lora else {
             return Ok(());
         };
-        if self.adapted {
+        if self.module.module().has_lora() {
             return Ok(());
         }
         let model = self.module.module().clone().with_lora(
@@ -401,7 +397,6 @@ impl Policy for TransformerPolicy {
             plan.seed,
         )?;
         self.module.replace(model);
-        self.adapted = true;
         self.base = std::sync::OnceLock::new();
         Ok(())
     }
@@ -483,7 +478,6 @@ impl Policy for TransformerPolicy {
                 .merged();
             self.module.replace(model);
             // whole weights now: adapters, if planned, go on again at the next `start_rl`
-            self.adapted = false;
             self.base = std::sync::OnceLock::new();
             return Ok(());
         }
@@ -507,7 +501,6 @@ impl Policy for TransformerPolicy {
         };
         self.module.replace(model);
         self.tokenizer = Arc::new(tokenizer);
-        self.adapted = false;
         self.base = std::sync::OnceLock::new();
         Ok(())
     }
