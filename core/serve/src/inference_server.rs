@@ -145,11 +145,15 @@ impl Served {
             .map(|(_, l)| l.clone())
     }
 
+    /// Generate, with the seed as SGLang and vLLM take it: a request that names one
+    /// (`seeded`) gets the same tokens for the same input whatever else the server runs; one
+    /// without draws a stream of its own.
     async fn generate(
         &self,
         input_ids: Vec<u32>,
         max_new_tokens: usize,
         sampling: SamplingParams,
+        seeded: bool,
         stop_token_ids: Vec<u32>,
         adapter: Option<String>,
     ) -> Result<Completion, ErrorBody> {
@@ -170,8 +174,20 @@ impl Served {
                 self.max_new_tokens
             )));
         }
+        let n = self.requests.fetch_add(1, Ordering::Relaxed);
+        let (sampling, sample_id) = if seeded {
+            (sampling, 0)
+        } else {
+            (
+                SamplingParams {
+                    seed: n,
+                    ..sampling
+                },
+                n,
+            )
+        };
         let request = GenerateRequest {
-            sample_id: self.requests.fetch_add(1, Ordering::Relaxed),
+            sample_id,
             input_ids,
             max_new_tokens,
             sampling,
@@ -549,15 +565,14 @@ async fn sglang_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
     let sampling = SamplingParams {
         temperature: p.temperature,
         top_p: p.top_p,
-        seed: p
-            .sampling_seed
-            .unwrap_or_else(|| s.requests.load(Ordering::Relaxed)),
+        seed: p.sampling_seed.unwrap_or_default(),
     };
     let c = s
         .generate(
             request.input_ids.clone(),
             p.max_new_tokens,
             sampling,
+            p.sampling_seed.is_some(),
             p.stop_token_ids,
             request.lora_path.clone(),
         )
@@ -664,7 +679,7 @@ async fn vllm_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
     let sampling = SamplingParams {
         temperature: p.temperature,
         top_p: p.top_p,
-        seed: p.seed.unwrap_or_else(|| s.requests.load(Ordering::Relaxed)),
+        seed: p.seed.unwrap_or_default(),
     };
     // a model that names a loaded adapter generates with it; any other is the weights loaded
     let adapter = request
@@ -675,6 +690,7 @@ async fn vllm_generate(State(s): State<Arc<Served>>, body: Bytes) -> Answer {
             request.token_ids,
             p.max_tokens,
             sampling,
+            p.seed.is_some(),
             p.stop_token_ids,
             adapter,
         )

@@ -175,6 +175,46 @@ async fn each_version_is_a_checkpoint_folder_and_the_server_reports_it() {
     }
 }
 
+/// Each sample of a group draws its own tokens, and the same sample draws the same ones again
+/// whatever runs beside it: the client names a seed per sample, and the server, like SGLang and
+/// vLLM, samples a seeded request the same whatever else it serves (it once keyed its random
+/// stream on the order requests arrived in, and the client sent one seed for the whole run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_draws_its_own_tokens_and_the_same_ones_again() {
+    for api in [InferenceApi::Sglang, InferenceApi::Vllm] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(api, 0);
+        let generator = client(api, vec![server.url()], dir.path(), json!({}));
+        generator
+            .update_weights(WeightUpdate::new(1, policy().weights()))
+            .await
+            .unwrap();
+        let draw = |ids: Vec<u64>| {
+            let generator = &generator;
+            async move {
+                let answers = futures_util::future::join_all(
+                    ids.iter().map(|&id| generator.generate(request(id, 12))),
+                )
+                .await;
+                ids.into_iter()
+                    .zip(answers)
+                    .map(|(id, c)| (id, c.unwrap().token_ids))
+                    .collect::<std::collections::BTreeMap<u64, Vec<u32>>>()
+            }
+        };
+        let first = draw((0..8).collect()).await;
+        let again = draw((0..8).rev().collect()).await;
+        let alone = draw(vec![5]).await;
+        assert_eq!(again, first, "{api:?}: the same samples, other company");
+        assert_eq!(alone[&5], first[&5], "{api:?}: a sample alone");
+        let distinct: std::collections::BTreeSet<&Vec<u32>> = first.values().collect();
+        assert!(
+            distinct.len() > 1,
+            "{api:?}: one completion for the whole group: {first:?}"
+        );
+    }
+}
+
 async fn get(url: &str) -> serde_json::Value {
     http(url, None).await.1
 }

@@ -469,3 +469,11 @@ impl HttpServers {
 pub(super) fn request_id(request: &GenerateRequest) -> String {
     format!("areal-{}-{}", request.sample_id, request.input_ids.len())
 }
+
+/// The seed a request names: the run's seed mixed with the sample's id. A server gives the
+/// same tokens to the same input and seed (SGLang's `sampling_seed`, vLLM's `seed`), so each
+/// sample of a group needs its own to draw its own tokens, and the same one every time to
+/// draw them again.
+pub(super) fn request_seed(request: &GenerateRequest) -> u64 {
+    areal_sdk::mix_seed(request.sampling.seed, request.sample_id)
+}

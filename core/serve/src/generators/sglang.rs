@@ -9,7 +9,7 @@
 use areal_sdk::GenerateRequest;
 
 use super::api::{CallError, Sampled};
-use super::http::{At, Dialect, http_api, request_id};
+use super::http::{At, Dialect, http_api, request_id, request_seed};
 use crate::inference_api::{self as wire, routes};
 
 http_api!(Sglang, "sglang", version: routes::SGLANG_WEIGHT_VERSION, resume: routes::SGLANG_CONTINUE,
@@ -82,7 +82,7 @@ impl Dialect for Sglang {
                 temperature: sampling.temperature.max(0.0),
                 top_p: sampling.top_p,
                 stop_token_ids: request.stop_token_ids.clone(),
-                sampling_seed: Some(sampling.seed),
+                sampling_seed: Some(request_seed(request)),
                 skip_special_tokens: Some(false),
                 other: Default::default(),
             },

@@ -12,7 +12,7 @@ use areal_sdk::GenerateRequest;
 use serde_json::json;
 
 use super::api::{CallError, Sampled};
-use super::http::{At, Dialect, http_api, request_id};
+use super::http::{At, Dialect, http_api, request_id, request_seed};
 use crate::inference_api::{self as wire, routes};
 
 http_api!(Vllm, "vllm", version: routes::VLLM_WEIGHT_INFO, resume: routes::VLLM_RESUME,
@@ -86,7 +86,7 @@ impl Dialect for Vllm {
                 max_tokens: request.max_new_tokens,
                 temperature: sampling.temperature.max(0.0),
                 top_p: sampling.top_p,
-                seed: Some(sampling.seed),
+                seed: Some(request_seed(request)),
                 stop_token_ids: request.stop_token_ids.clone(),
                 logprobs: Some(0),
                 detokenize: Some(false),
