@@ -461,14 +461,10 @@ fn a_listener_off_loopback_without_a_token_refuses_to_start() {
     }
 }
 
-/// The built-in job (the transformer on the burn generator, the chain-sum reward) on a tiny
-/// budget, in process and through `areal launch local` with two generator servers and one
-/// reward server: the greedy evaluations of the warm-up go through the servers and must
-/// agree exactly with the in-process ones; RL trains every sample once.
-#[test]
-fn the_built_in_job_through_launched_servers_evaluates_exactly_as_in_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = format!("warmup.cache_dir={}", dir.path().join("cache").display());
+/// `--set` arguments of the built-in job on a tiny budget, its warm-up cached under `dir`, then
+/// `extra` settings.
+fn tiny_built_in(dir: &std::path::Path, extra: &[&str]) -> Vec<String> {
+    let cache = format!("warmup.cache_dir={}", dir.join("cache").display());
     let tiny = [
         "task.eval_items=16",
         "task.validation_items=16",
@@ -483,10 +479,21 @@ fn the_built_in_job_through_launched_servers_evaluates_exactly_as_in_process() {
         "rollout.group_size=4",
         "rollout.max_new_tokens=30",
     ];
-    let mut sets: Vec<&str> = Vec::new();
-    for set in &tiny {
-        sets.extend(["--set", set]);
-    }
+    tiny.iter()
+        .chain(extra)
+        .flat_map(|set| ["--set".to_owned(), (*set).to_owned()])
+        .collect()
+}
+
+/// The built-in job (the transformer on the burn generator, the chain-sum reward) on a tiny
+/// budget, in process and through `areal launch local` with two generator servers and one
+/// reward server: the greedy evaluations of the warm-up go through the servers and must
+/// agree exactly with the in-process ones; RL trains every sample once.
+#[test]
+fn the_built_in_job_through_launched_servers_evaluates_exactly_as_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = tiny_built_in(dir.path(), &[]);
+    let sets: Vec<&str> = tiny.iter().map(String::as_str).collect();
     let local = dir.path().join("local");
     let launched = dir.path().join("launched");
     let mut args = vec![
@@ -551,28 +558,11 @@ fn the_built_in_job_through_launched_servers_evaluates_exactly_as_in_process() {
 #[test]
 fn the_built_in_job_with_adapters_evaluates_the_same_in_process_and_through_servers() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = format!("warmup.cache_dir={}", dir.path().join("cache").display());
-    let tiny = [
-        "task.eval_items=16",
-        "task.validation_items=16",
-        "task.max_terms=2",
-        "warmup.eval_every=100",
-        "warmup.max_steps=200",
-        "warmup.batch_size=16",
-        &cache,
-        "train.steps=4",
-        "train.lr=0.003",
-        "eval.every=2",
-        "rollout.batch_size=2",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=30",
-        "policy.lora.rank=4",
-        "deterministic=true",
-    ];
-    let mut sets: Vec<&str> = Vec::new();
-    for set in &tiny {
-        sets.extend(["--set", set]);
-    }
+    let tiny = tiny_built_in(
+        dir.path(),
+        &["train.lr=0.003", "policy.lora.rank=4", "deterministic=true"],
+    );
+    let sets: Vec<&str> = tiny.iter().map(String::as_str).collect();
     let run = |name: &str, front: &[&str], extra: &[&str]| {
         let out_dir = dir.path().join(name);
         let mut args = front.to_vec();
