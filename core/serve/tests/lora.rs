@@ -312,6 +312,16 @@ async fn an_adapter_that_never_arrives_stops_the_update_naming_the_server() {
         vec![url.clone()],
         json!({ "weights_dir": dir.path() }),
     );
+    // an update reaches the servers that take work; one that comes up later gets it then
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !generator.report().contains("(ready") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            generator.report()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let (_, mut updates) = updates(1);
     let e = generator
         .update_weights(updates.remove(0))
