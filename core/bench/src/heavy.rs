@@ -1,6 +1,8 @@
 //! The CPU-heavy set of `areal bench sandbox --set heavy`: programs at the sizes of
 //! LiveCodeBench's private tests (tight loops of 10⁶–10⁷ steps, sorting and hashing 3·10⁵
-//! numbers, deep recursion, big integers, string building), each with one generated input.
+//! numbers, deep recursion, big integers, string building; numpy's vectorised arithmetic,
+//! sorting, prefix sums and parsing on 10⁶ elements, and a matrix product), each with one
+//! generated input.
 //! The expected output is what native CPython prints, so the set needs no answers written
 //! down, and a wasm run that prints anything else fails the bench.
 
@@ -48,6 +50,7 @@ pub(super) fn set() -> Vec<Heavy> {
         );
         edges.push_str(&format!("{a} {b} {w}\n"));
     }
+    let million = numbers(&mut rng, 1_000_000, 1_000_000_000);
     vec![
         Heavy {
             id: "loop-1e7",
@@ -108,6 +111,31 @@ pub(super) fn set() -> Vec<Heavy> {
             id: "dijkstra-1e5",
             code: "import sys, heapq\ndata = sys.stdin.buffer.read().split()\nn, m = int(data[0]), int(data[1])\nadj = [[] for _ in range(n + 1)]\nfor k in range(m):\n    a, b, w = int(data[2 + 3 * k]), int(data[3 + 3 * k]), int(data[4 + 3 * k])\n    adj[a].append((b, w))\n    adj[b].append((a, w))\ndist = [1 << 60] * (n + 1)\ndist[1] = 0\nh = [(0, 1)]\nwhile h:\n    d, u = heapq.heappop(h)\n    if d > dist[u]:\n        continue\n    for v, w in adj[u]:\n        if d + w < dist[v]:\n            dist[v] = d + w\n            heapq.heappush(h, (d + w, v))\nprint(sum(x for x in dist[1:] if x < 1 << 60) % 1000000007)\n",
             input: edges,
+        },
+        Heavy {
+            id: "numpy-vector-1e6",
+            code: "import numpy as np\nn = int(input())\na = np.arange(n, dtype=np.int64)\nt = 0\nfor k in range(10):\n    b = (a * (2654435761 + k)) % 1000003\n    t += int((b * b % 998244353).max()) + int(b.sum())\nprint(t, round(float(np.sqrt(b).mean()), 6))\n",
+            input: "1000000\n".into(),
+        },
+        Heavy {
+            id: "numpy-sort-1e6",
+            code: "import numpy as np\nn = int(input())\nb = (np.arange(n, dtype=np.int64) * 2654435761) % 1000003\ns = np.sort(b)\nidx = np.argsort(b, kind='stable')\nprint(int(s[::1000].sum()), int(idx[:1000].sum()), len(np.unique(b)))\n",
+            input: "1000000\n".into(),
+        },
+        Heavy {
+            id: "numpy-prefix-1e6",
+            code: "import numpy as np\nn = int(input())\nb = (np.arange(n, dtype=np.int64) * 2654435761) % 1000003\nc = np.cumsum(b)\nw = c[n // 2:] - c[:n - n // 2]\nprint(int(w.max()), int(np.searchsorted(c, c[-1] // 3)), int(np.diff(c).min()))\n",
+            input: "1000000\n".into(),
+        },
+        Heavy {
+            id: "numpy-read-1e6",
+            code: "import numpy as np\nn = int(input())\na = np.array(input().split(), dtype=np.int64)\nprint(int(a.sum()), int(np.bincount(a % 1000).argmax()))\n",
+            input: million,
+        },
+        Heavy {
+            id: "numpy-matmul-200",
+            code: "import numpy as np\nn = int(input())\nm = np.arange(n * n, dtype=np.float64).reshape(n, n) % 17\nr = m @ m @ m\nprint(int(r.sum()), int(np.trace(r)), round(float(np.linalg.det(m[:8, :8] + np.eye(8))), 3))\n",
+            input: "200\n".into(),
         },
     ]
 }

@@ -10,7 +10,8 @@ For every record of rewards/code/tests/fixtures/lcb_reference.jsonl and lcb_agre
 a reference solution written for this repository in `code`), the programs are the
 solution and the mistakes models make, written from it: an exception after printing, extra
 output, an off-by-one or a string returned instead of a number, input read in unusual ways,
-a solution too slow for the limit, and the cases where the two graders are known to differ
+a solution too slow for the limit, a numpy integer returned, solutions written with numpy (8
+problems), and the cases where the two graders are known to differ
 (docs/sandbox.md, "Where our verdicts differ from LiveCodeBench's"). Each is graded natively
 by LiveCodeBench's `run_test` (in a child process, with the timeout LiveCodeBench's own
 `check_correctness` gives it) and by `areal grade code`. Prints the confusion table of
@@ -161,7 +162,7 @@ VARIANTS = [
         "returns a numpy integer",
         "call",
         lambda c, f, o: "import numpy as np\n" + wrap_method(c, f, "np.int64(r) if type(r) is int else r") if all(x.strip().lstrip("-").isdigit() for x in o) else None,
-        "numpy is not in the guest",
+        None,
     ),
     (
         "keeps state on its Solution",
@@ -170,6 +171,20 @@ VARIANTS = [
         "one Solution() shared by every test",
     ),
 ]
+
+
+# Solutions written with numpy, as contestants write them: arrays parsed from the input, vectorised
+# comparisons and prefix sums, products past 2**31, numpy integers returned.
+NUMPY_SOLUTIONS = {
+    "lcb-000": "import numpy as np\nn = int(input())\na = np.array(input().split(), dtype=np.int64)\nprint(np.argsort(a)[-2] + 1)\n",
+    "lcb-063": "import numpy as np\nn = int(input())\na = np.array(list(map(int, input().split())))\nb = np.array(list(map(int, input().split())))\nprint(a.max() + b.max())\n",
+    "lcb-122": "import numpy as np\nn = int(input())\ns = np.frombuffer(input().strip().encode(), dtype=np.uint8)\nprint(int(np.sum((s[:-2] == ord('#')) & (s[1:-1] == ord('.')) & (s[2:] == ord('#')))))\n",
+    "lcb-028": "import numpy as np\nn = int(input())\na = np.array(input().split(), dtype=int)\nc = 0\nwhile (a > 0).sum() > 1:\n    a[::-1].sort()\n    a[0] -= 1\n    a[1] -= 1\n    c += 1\nprint(c)\n",
+    "lcb-051": "import numpy as np\nn = int(input())\na = np.array(input().split(), dtype=np.int64)\nlast = np.full(n + 1, -1)\nprev = np.empty(n, dtype=int)\nfor i, v in enumerate(a.tolist()):\n    prev[i] = last[v]\n    last[v] = i\nidx = np.arange(n)\nprint(((idx - prev) * (n - idx)).sum())\n",
+    "lcb-268": "import numpy as np\nfrom typing import List\nclass Solution:\n    def countSubarrays(self, nums: List[int]) -> int:\n        a = np.array(nums)\n        return np.sum(2 * (a[:-2] + a[2:]) == a[1:-1])\n",
+    "lcb-108": "import numpy as np\nfrom typing import List\nclass Solution:\n    def minElement(self, nums: List[int]) -> int:\n        a = np.array(nums)\n        s = np.zeros_like(a)\n        while a.any():\n            s += a % 10\n            a //= 10\n        return s.min()\n",
+    "lcb-253": "import numpy as np\nfrom typing import List\nclass Solution:\n    def maxSubarraySum(self, nums: List[int], k: int) -> int:\n        p = np.concatenate(([0], np.cumsum(nums)))\n        best = None\n        for r in range(k):\n            q = p[r::k]\n            if len(q) < 2:\n                continue\n            v = (q[1:] - np.minimum.accumulate(q[:-1])).max()\n            best = v if best is None or v > best else best\n        return best\n",
+}
 
 
 def main():
@@ -201,6 +216,8 @@ def main():
             code = make(record["code"], func, outputs)
             if code is not None:
                 cases.append((record, name, expected, code, tests))
+        if record["question_id"] in NUMPY_SOLUTIONS:
+            cases.append((record, "solved with numpy", None, NUMPY_SOLUTIONS[record["question_id"]], tests))
     sys.stderr.write("%d programs over %d problems\n" % (len(cases), len(records)))
 
     # Ours: every program in one `areal grade code` call (in order, one line out per line in).

@@ -2,7 +2,8 @@
 //!
 //! - stdout: strip both, split lines, strip each line, same number of lines; a line matches
 //!   if equal, or if every whitespace-separated token of both parses as a decimal and the
-//!   decimals are equal (exactly: no float tolerance).
+//!   decimals are equal (exactly: no float tolerance). White space, digits and decimals are
+//!   Python's (`str.strip`, `str.split`, `decimal.Decimal`): `١٢٣` reads as 123.
 //! - return values: Python's `==` between the decoded return value and `json.loads` of the
 //!   expected output (`1 == 1.0 == True`, a list never equals a tuple; a returned tuple was
 //!   turned into a list by the harness, as LiveCodeBench does).
@@ -698,11 +699,41 @@ const DEC_EMAX: i128 = 999_999_999_999_999_999;
 /// The smallest exponent of the last digit `Decimal` reads: `MPD_MIN_ETINY`.
 const DEC_ETINY: i128 = -1_999_999_999_999_999_997;
 
-/// `Decimal(token)` as CPython reads it: underscores anywhere are dropped, `inf`/`infinity`
-/// and `nan`/`snan` (with digits after) in any case, and an exponent out of libmpdec's range
-/// is not a decimal (`Decimal` raises). Exponents are exact: none wraps.
+/// The first code point of each run of ten Unicode decimal digits (category Nd, 0 to 9), as
+/// in Python 3.11's Unicode database (14.0.0).
+const UNICODE_ZEROS: [u32; 66] = [
+    0x30, 0x660, 0x6F0, 0x7C0, 0x966, 0x9E6, 0xA66, 0xAE6, 0xB66, 0xBE6, 0xC66, 0xCE6, 0xD66,
+    0xDE6, 0xE50, 0xED0, 0xF20, 0x1040, 0x1090, 0x17E0, 0x1810, 0x1946, 0x19D0, 0x1A80, 0x1A90,
+    0x1B50, 0x1BB0, 0x1C40, 0x1C50, 0xA620, 0xA8D0, 0xA900, 0xA9D0, 0xA9F0, 0xAA50, 0xABF0, 0xFF10,
+    0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0, 0x112F0, 0x11450, 0x114D0, 0x11650,
+    0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x16A60, 0x16AC0, 0x16B50,
+    0x1D7CE, 0x1D7D8, 0x1D7E2, 0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E950, 0x1FBF0,
+];
+
+/// The value of a Unicode decimal digit (`unicodedata.decimal`).
+fn unicode_digit(c: char) -> Option<u8> {
+    let c = c as u32;
+    let at = UNICODE_ZEROS
+        .partition_point(|&zero| zero <= c)
+        .checked_sub(1)?;
+    let value = c - UNICODE_ZEROS[at];
+    (value < 10).then_some(value as u8)
+}
+
+/// `Decimal(token)` as CPython reads it: surrounding white space is dropped, a decimal digit of
+/// any script reads as its ASCII digit (`Decimal("١٢٣") == 123`) and any other character past
+/// ASCII makes it no decimal; underscores anywhere are dropped, `inf`/`infinity` and
+/// `nan`/`snan` (with digits after) in any case, and an exponent out of libmpdec's range is
+/// not a decimal (`Decimal` raises). Exponents are exact: none wraps.
 fn parse_decimal(token: &str) -> Option<Dec> {
-    let t = token.trim().replace('_', "").to_ascii_lowercase();
+    let mut t = String::with_capacity(token.len());
+    for c in py_strip(token).chars() {
+        match c {
+            '_' => {}
+            c if c.is_ascii() => t.push(c.to_ascii_lowercase()),
+            c => t.push(char::from(b'0' + unicode_digit(c)?)),
+        }
+    }
     let (neg, body) = match t.as_bytes().first()? {
         b'-' => (true, &t[1..]),
         b'+' => (false, &t[1..]),
@@ -781,17 +812,28 @@ fn decimals_equal(a: &Dec, b: &Dec) -> bool {
 
 /// Whether a program's stdout matches the expected output (LiveCodeBench's rule).
 pub fn stdout_matches(got: &str, expected: &str) -> bool {
-    let got: Vec<&str> = got.trim().split('\n').map(str::trim).collect();
-    let want: Vec<&str> = expected.trim().split('\n').map(str::trim).collect();
+    let got: Vec<&str> = py_strip(got).split('\n').map(py_strip).collect();
+    let want: Vec<&str> = py_strip(expected).split('\n').map(py_strip).collect();
     got.len() == want.len() && got.iter().zip(&want).all(|(g, w)| line_matches(g, w))
+}
+
+/// Python's `str.isspace`: Unicode's white space and the four ASCII separators U+001C–U+001F.
+fn py_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Python's `str.strip()`.
+fn py_strip(s: &str) -> &str {
+    s.trim_matches(py_space)
 }
 
 fn line_matches(got: &str, want: &str) -> bool {
     if got == want {
         return true;
     }
-    let g: Vec<&str> = got.split_whitespace().collect();
-    let w: Vec<&str> = want.split_whitespace().collect();
+    // Python's `str.split()`
+    let g: Vec<&str> = got.split(py_space).filter(|t| !t.is_empty()).collect();
+    let w: Vec<&str> = want.split(py_space).filter(|t| !t.is_empty()).collect();
     g.len() == w.len()
         && g.iter()
             .zip(&w)
@@ -831,6 +873,25 @@ mod tests {
         // Whitespace between tokens does not matter for numbers, but does for words.
         assert!(stdout_matches("1   2", "1 2"));
         assert!(!stdout_matches("a   b", "a b"));
+        // White space is Python's (U+001C-U+001F too) and digits are any script's, as
+        // `str.strip`, `str.split` and `Decimal` read them.
+        assert!(stdout_matches("5\u{1f}\n", "5"));
+        assert!(stdout_matches("1\u{1c}2", "1 2"));
+        assert!(stdout_matches("\u{3000}7\u{a0}", "7"));
+        assert!(stdout_matches("١٢٣", "123"));
+        assert!(stdout_matches("１２.５ -٣e٢", "12.5 -300"));
+        assert!(
+            !stdout_matches("²", "2"),
+            "a superscript is not a decimal digit"
+        );
+        assert!(!stdout_matches("٣x", "3x"));
+        assert!(!stdout_matches("١٢٣", "124"));
+        assert_eq!(unicode_digit('0'), Some(0));
+        assert_eq!(unicode_digit('٩'), Some(9));
+        assert_eq!(unicode_digit('\u{1FBF9}'), Some(9));
+        assert_eq!(unicode_digit('\u{1FBFA}'), None);
+        assert_eq!(unicode_digit('/'), None);
+        assert_eq!(unicode_digit('a'), None);
     }
 
     fn g(s: &str) -> PyValue {

@@ -589,7 +589,7 @@ fn judge(
 }
 
 /// What the guest's Python lacks, said where a traceback shows it missing.
-const MISSING_MODULE_HINT: &str = "(the sandbox's CPython 3.11 has the standard library only: numpy and other packages are not importable there; docs/sandbox.md)";
+const MISSING_MODULE_HINT: &str = "(the sandbox's CPython 3.11 has the standard library, numpy, sympy and mpmath: other packages are not importable there; docs/sandbox.md)";
 
 fn with_hint(tail: String) -> String {
     if tail.contains("ModuleNotFoundError: No module named") {

@@ -15,8 +15,10 @@
 # Expected outputs never come here; the host decides the verdict. What leaves:
 #   stdin tests: the program's own stdout;
 #   call tests:  stdout carries MARK + the return value in a closed JSON encoding (None, bool,
-#                int, float, str, list, tuple, dict as [k1, v1, k2, v2, ...], set); the
-#                program's prints are discarded.
+#                int, float, str, list, tuple, dict as [k1, v1, k2, v2, ...], set; their
+#                subclasses that keep their `==`, Fraction, Decimal, complex and numpy's
+#                scalars as the values they equal: `_encode`); the program's prints are
+#                discarded.
 #   stderr:      first, in ONE write made before the program gets control (so nothing the
 #                program does can forge, reorder or precede it):
 #                  - for a stdin program compiled here whose marshalled code loads back as
@@ -37,6 +39,7 @@
 # does); 1 the program raised (in a call test SystemExit too: nothing was returned);
 # 2 the harness itself was misused; 3 MemoryError; 4 a call test's function is missing;
 # 5 the return value is outside the closed encoding.
+import collections
 import json
 import marshal
 import os
@@ -74,6 +77,10 @@ def _start_now(self):
 threading.Thread.start = _start_now
 threading.Thread.join = lambda self, timeout=None: None
 threading.stack_size = lambda size=0: 0
+
+# numpy is linked into the interpreter; imported here, once, a program's `import numpy` costs
+# it nothing. It is not in the program's globals: a program imports it as natively.
+import numpy  # noqa: E402
 
 # What a stdin program can read without binding it (program.py).
 _KNOWN = known_names(_TEMPLATE)  # noqa: F821 (program.py, prepended by the host)
@@ -164,26 +171,100 @@ class _Unencodable(Exception):
     pass
 
 
+# A returned value is compared as LiveCodeBench compares it, `value == expected` with
+# `expected` from json.loads, but never by running the program's own code: a value of a
+# subclass of a built-in type (an IntEnum, a namedtuple, a Counter) is encoded as that type
+# only where its `==` and hash are the built-in type's (or a standard `==` that defers to it
+# for a built-in operand: Counter's, OrderedDict's), read through the built-in type's own
+# methods; numpy's scalars as the Python number they hold. Anything else (an object whose
+# `==` says yes to everything) is outside the encoding.
+_mro = type.__dict__["__mro__"].__get__
+_class_dict = type.__dict__["__dict__"].__get__
+_BASES = (int, float, str, list, tuple, dict, set, frozenset)
+_DEFERS_TO_DICT = (
+    _class_dict(collections.Counter)["__eq__"],
+    _class_dict(collections.OrderedDict)["__eq__"],
+)
+_NUMPY_SCALARS = tuple(set(numpy.sctypeDict.values()))
+
+
+def _lookup(t, name):
+    """`name` as Python finds it on class `t` (its MRO's dicts; no metaclass is asked)."""
+    for k in _mro(t):
+        d = _class_dict(k)
+        if name in d:
+            return d[name]
+    return None
+
+
+def _base_of(t):
+    """The built-in type of `_BASES` that values of `t` compare as, or None."""
+    for base in _BASES:
+        if t is base:
+            return base
+    for base in _BASES:
+        if any(k is base for k in _mro(t)):
+            eq, hashed = _lookup(t, "__eq__"), _lookup(t, "__hash__")
+            same_eq = eq is _class_dict(base)["__eq__"] or any(eq is d for d in _DEFERS_TO_DICT)
+            return base if same_eq and hashed is _class_dict(base)["__hash__"] else None
+    return None
+
+
+def _number(v):
+    """A complex or numpy scalar as the Python value it equals, or `_Unencodable`."""
+    if type(v) is complex:
+        # equal to a real number only when its imaginary part is 0; else to nothing (NaN)
+        return v.real if v.imag == 0 else float("nan")
+    t = type(v)
+    if not any(t is n for n in _NUMPY_SCALARS):
+        raise _Unencodable(t.__name__)
+    if issubclass(t, numpy.bool_):
+        return bool(v)
+    if issubclass(t, numpy.integer):
+        return int(v)
+    if issubclass(t, numpy.floating):
+        if t is numpy.longdouble and t is not numpy.float64 and numpy.isfinite(v):
+            return _Ratio(*v.as_integer_ratio())
+        return float(v)
+    if issubclass(t, numpy.complexfloating):
+        return _number(complex(v))
+    if issubclass(t, numpy.str_):
+        return str.__str__(v)
+    raise _Unencodable(t.__name__)
+
+
+class _Ratio:
+    """An exact rational (a long double's value), encoded as a Fraction is."""
+
+    def __init__(self, p, q):
+        self.text = "%d/%d" % (p, q)
+
+
 def _encode(v):
     t = type(v)
-    if v is None or t is bool or t is str:
+    if v is None or t is bool:
         return v
-    if t is int:
-        return {"i": str(v)}
-    if t is float:
-        return {"f": repr(v)}
-    if t is list:
-        return [_encode(x) for x in v]
-    if t is tuple:
-        return {"t": [_encode(x) for x in v]}
-    if t is dict:
+    base = _base_of(t)
+    if base is int:
+        return {"i": str(int.__int__(v))}
+    if base is float:
+        return {"f": float.__repr__(float.__float__(v))}
+    if base is str:
+        return str.__str__(v)
+    if base is list:
+        return [_encode(x) for x in list.__iter__(v)]
+    if base is tuple:
+        return {"t": [_encode(x) for x in tuple.__iter__(v)]}
+    if base is dict:
         flat = []
-        for k, x in v.items():
+        for k, x in dict.items(v):
             flat.append(_encode(k))
             flat.append(_encode(x))
         return {"d": flat}
-    if t is set or t is frozenset:
-        return {"e": [_encode(x) for x in v]}
+    if base is set or base is frozenset:
+        return {"e": [_encode(x) for x in base.__iter__(v)]}
+    if t is _Ratio:
+        return {"q": v.text}
     # Exact numbers compare with Python's == by value (Fraction(1, 2) == 0.5): the host
     # reduces and compares them, trusting nothing of this text but its digits. A program
     # that returns one imported its module (not imported here: the snapshot stays small).
@@ -192,7 +273,7 @@ def _encode(v):
         return {"q": "%d/%d" % (v.numerator, v.denominator)}
     if decimal is not None and t is decimal.Decimal:
         return {"m": str(v)}
-    raise _Unencodable(t.__name__)
+    return _encode(_number(v))
 
 
 def _marshalled(code):
@@ -251,6 +332,7 @@ def areal_main():
     # The snapshot froze the random module's state: draw fresh seeds from this run's source
     # (the OS in fast mode, the seeded one in deterministic mode).
     random.seed()
+    numpy.random.seed()  # numpy's global generator, seeded at import, likewise
     g = _TEMPLATE  # every run is a fresh instance: no copy needed (a copy touches every value)
     if kind == "stdin":
         g["__name__"] = "__main__"
@@ -293,8 +375,8 @@ def areal_main():
     except BaseException:
         _fail(1)
     sys.stdout = _stdout
-    if type(result) is tuple:
-        result = list(result)
+    if _base_of(type(result)) is tuple:  # LiveCodeBench: isinstance(prediction, tuple)
+        result = list(tuple.__iter__(result))
     try:
         sys.set_int_max_str_digits(0)
         text = json.dumps(_encode(result), ensure_ascii=True, allow_nan=False)

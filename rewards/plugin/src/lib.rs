@@ -3,7 +3,8 @@
 //! - `[reward] kind = "wasm"`: a WebAssembly component implementing `areal:reward`
 //!   (`sdk/guest/wit/reward.wit`; in Rust, the `areal-reward-guest` crate), see [`wasm`];
 //! - `[reward] kind = "python"`: a Python file with verl's `compute_score` (or AReaL's
-//!   signature), run by the WASI CPython with the standard library only, see [`python`].
+//!   signature), run by the WASI CPython (the standard library, numpy, sympy, mpmath), see
+//!   [`python`].
 //!
 //! Both take the sandbox's limits as keys of `[reward]` ([`Options`]): per sample, CPU time
 //! (`cpu_s`, or a fuel budget in `mode = "deterministic"`), wall time, memory and output. A

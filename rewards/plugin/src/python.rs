@@ -1,5 +1,5 @@
 //! `[reward] kind = "python"`: a reward function in a Python file, run by the sandbox's WASI
-//! CPython (the standard library only: no numpy, no pip packages).
+//! CPython (the standard library, numpy, sympy and mpmath: no other packages).
 //!
 //! ```toml
 //! [reward]

@@ -402,11 +402,11 @@ fn what_cannot_be_loaded_stops_the_run_at_start_naming_the_plugin_and_the_key() 
         err.contains("hang.py: importing it failed: CPU-time limit of 1.0 s"),
         "{err}"
     );
-    let raises = write("raises.py", b"import numpy\n");
+    let raises = write("raises.py", b"import pandas\n");
     let err = load_error(json!({ "kind": "python", "path": raises }));
     assert!(err.contains("raises.py: importing it failed"), "{err}");
     assert!(
-        err.contains("ModuleNotFoundError: No module named 'numpy'"),
+        err.contains("ModuleNotFoundError: No module named 'pandas'"),
         "{err}"
     );
     let none = write("none.py", b"def other():\n    return 1\n");

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Build the sandbox's guest interpreter: CPython 3.11 for wasm32-wasip1, from Debian's own
 # source package, with Debian's clang-16 / lld-16 / wasi-libc, and a 64 MiB C stack (the ready
-# WASI builds on PyPI have 512 KiB, so memoised recursion traps ~100 deep).
+# WASI builds on PyPI have 512 KiB, so memoised recursion traps ~100 deep); numpy linked in
+# (build-numpy-wasi.sh, from its sdist on PyPI), sympy and mpmath beside the standard library
+# (their wheels on PyPI, pure Python), each pinned by sha256.
 #
 # Everything comes from the Debian archive through apt: the toolchain as packages, the source
 # through a private deb-src list (the system's apt sources are not touched); apt checks both
-# against the archive's signed indices. Takes ~4.5 minutes on 2 cores (link-time optimisation included).
+# against the archive's signed indices. Takes ~9 minutes on 2 cores (link-time optimisation
+# included; numpy ~3 of them).
 #
 # Output, in $OUT (default $AREAL_PYTHON_WASI, else .cache/python-wasi):
 #   python.wasm                   the interpreter (a WASI command: `python -c ...`)
@@ -20,8 +23,14 @@ WORK="${WORK:-$ROOT/.cache/python-wasi-build}"
 SUITE="${DEBIAN_SUITE:-bookworm}"
 STACK_BYTES=$((64 * 1024 * 1024))
 # Bump when the recipe changes what is built: an older build is then rebuilt.
-RECIPE=5
-PACKAGES=(clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32 python3.11 patch)
+RECIPE=6
+PACKAGES=(clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32 libc++-16-dev-wasm32
+          libc++abi-16-dev-wasm32 python3.11 python3.11-venv patch)
+# Pure-Python packages for the guest's maths, as wheels: name, URL, sha256.
+WHEELS=(
+    "mpmath-1.3.0 https://files.pythonhosted.org/packages/43/e3/7d92a15f894aa0c9c4b49b8ee9ac9850d6e63b03c9c32c0367a13ae62209/mpmath-1.3.0-py3-none-any.whl a0b2b9fe80bbcd81a6647ff13108738cfb482d481d826cc0e02f5b35e5c88d2c"
+    "sympy-1.13.3 https://files.pythonhosted.org/packages/99/ff/c87e0622b1dadea79d2fb0b25ade9ed98954c9033722eb707053d310d4f3/sympy-1.13.3-py3-none-any.whl 54612cf55a62755ee71824ce692986f23c88ffa77207b30c1368eda4a7060f73"
+)
 
 if [[ -f "$OUT/python.wasm" && -f "$OUT/SHA256SUMS" ]] && grep -qx "recipe: $RECIPE" "$OUT/PROVENANCE" \
     && (cd "$OUT" && sha256sum --quiet -c SHA256SUMS); then
@@ -57,6 +66,9 @@ SRC="${SRC%/}"
 # 64-bit hashes in the 32-bit guest (guest/hash64.patch): hash(), and the order of sets and
 # frozensets, as 64-bit CPython's (docs/sandbox.md).
 patch -s -p1 -d "$SRC" <"$ROOT/rewards/sandbox/guest/hash64.patch"
+# numpy's extension modules are linked in as built-in modules under their full names
+# (guest/static-extensions.patch; build-numpy-wasi.sh).
+patch -s -p1 -d "$SRC" <"$ROOT/rewards/sandbox/guest/static-extensions.patch"
 
 BUILD="$SRC/builddir/wasi"
 mkdir -p "$BUILD"
@@ -101,7 +113,13 @@ areal_guest.o: $(srcdir)/areal_guest.c $(PYTHON_HEADERS)
 areal-guest.wasm: areal_guest.o $(LINK_PYTHON_DEPS)
 	$(LINKCC) $(PY_CORE_LDFLAGS) $(LINKFORSHARED) -mexec-model=reactor -o $@ areal_guest.o $(LINK_PYTHON_DEPS) $(LIBS) $(MODLIBS) $(SYSLIBS)
 MAKE
-make -j"$(nproc)" all areal-guest.wasm >"$WORK/make.log" 2>&1 || { echo "make failed: see $WORK/make.log" >&2; exit 1; }
+# numpy needs the guest's sysconfig data, which make generates first; the interpreter is then
+# linked with numpy's modules in.
+make pybuilddir.txt >"$WORK/make.log" 2>&1 || { echo "make failed: see $WORK/make.log" >&2; exit 1; }
+"$ROOT/rewards/sandbox/scripts/build-numpy-wasi.sh" "$SRC" "$BUILD" "$WORK"
+cp "$WORK/numpy/areal_modules.h" "$BUILD/areal_modules.h"
+make -j"$(nproc)" all areal-guest.wasm SYSLIBS="-lm $(tr '\n' ' ' <"$WORK/numpy/link-args")" \
+    >>"$WORK/make.log" 2>&1 || { echo "make failed: see $WORK/make.log" >&2; exit 1; }
 
 rm -rf "$OUT"
 mkdir -p "$OUT/lib"
@@ -112,6 +130,21 @@ find "$OUT/lib" -name __pycache__ -prune -exec rm -rf {} +
 cp "$BUILD"/build/lib.wasi-wasm32-3.11/_sysconfigdata__wasi_wasm32-wasi.py "$OUT/lib/python3.11/"
 # No extension modules are loaded from disk, but the interpreter looks for this folder.
 mkdir -p "$OUT/lib/python3.11/lib-dynload"
+cp -r "$WORK/numpy/site/numpy" "$OUT/lib/python3.11/numpy"
+# A pure-Python wheel is installed by unpacking it.
+for wheel in "${WHEELS[@]}"; do
+    read -r name url sha <<<"$wheel"
+    /usr/bin/python3.11 - "$name" "$url" "$sha" "$OUT/lib/python3.11" <<'PY'
+import hashlib, io, sys, urllib.request, zipfile
+name, url, sha, into = sys.argv[1:]
+data = urllib.request.urlopen(url).read()
+if hashlib.sha256(data).hexdigest() != sha:
+    sys.exit(f"{name}: the wheel does not have the sha256 build-python-wasi.sh pins")
+zipfile.ZipFile(io.BytesIO(data)).extractall(into)
+PY
+done
+# sympy asks ctypes the width of C long, and the guest has no ctypes (guest/sympy-wasi.patch).
+patch -s -p1 -d "$OUT/lib/python3.11" <"$ROOT/rewards/sandbox/guest/sympy-wasi.patch"
 # The mount is read-only, so the guest cannot cache bytecode: compile it here, with hashes
 # instead of timestamps (valid whatever the files' mtimes are). Files that are not Python 3
 # (lib2to3's test data) are skipped.
@@ -122,6 +155,7 @@ mkdir -p "$OUT/lib/python3.11/lib-dynload"
     echo "source: $(basename "$DSC") (Debian $SUITE), orig sha256 $(sha256sum "$ORIG" | cut -d' ' -f1)"
     echo "toolchain: $(clang-16 --version | head -1); wasi-libc $(dpkg-query -W -f='${Version}' wasi-libc)"
     echo "target: wasm32-wasip1, C stack $STACK_BYTES bytes, --disable-ipv6 --disable-shared --with-lto=full --with-hash-algorithm=siphash13, 64-bit hashes"
+    echo "packages: numpy $(sed -n 's/^NUMPY_VERSION=//p' "$ROOT/rewards/sandbox/scripts/build-numpy-wasi.sh") (built in, 64-bit default integer), ${WHEELS[*]%% *}"
     sed 's/^\([0-9a-f]*\)  \(.*\)/\2 sha256: \1/' "$OUT/SHA256SUMS"
 } >"$OUT/PROVENANCE"
 [[ -n "${KEEP_BUILD:-}" ]] || rm -rf "$WORK"

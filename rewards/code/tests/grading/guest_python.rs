@@ -57,3 +57,159 @@ fn sets_iterate_and_hash_as_in_64_bit_cpython() {
         mismatches[..mismatches.len().min(20)].join("\n")
     );
 }
+
+/// numpy computes as 64-bit Linux's numpy 1.26.4: the default integer is 64-bit (Python ints,
+/// `dtype=int`, `arange`, sums and prefix sums of small integers), and sorting, linear algebra,
+/// FFT, random streams and printing give the same text, line for line
+/// (`fixtures/numpy_checks.py`, its native output in `numpy_checks.out`).
+#[test]
+fn numpy_computes_as_on_64_bit_linux() {
+    let program = std::fs::read_to_string(crate::fixture("numpy_checks.py")).unwrap();
+    let native = std::fs::read_to_string(crate::fixture("numpy_checks.out")).unwrap();
+    let report = run_with(&program, "", &roomy());
+    let printed = String::from_utf8_lossy(&report.stdout);
+    let differ: Vec<String> = printed
+        .split("\n")
+        .zip(native.split("\n"))
+        .filter(|(guest, native)| guest != native)
+        .map(|(guest, native)| format!("{guest}\n  (native: {native})"))
+        .collect();
+    assert!(
+        differ.is_empty() && printed.lines().count() == native.lines().count(),
+        "{} of {} lines differ from numpy on 64-bit Linux ({:?}):\n{}\n{}",
+        differ.len(),
+        native.lines().count(),
+        report.outcome,
+        differ.join("\n"),
+        String::from_utf8_lossy(&report.stderr)
+    );
+}
+
+/// A returned value is judged as LiveCodeBench judges it, `value == json.loads(expected)`:
+/// subclasses of built-in types that keep the built-in `==` (an IntEnum, a namedtuple, a
+/// Counter, an OrderedDict), numpy's scalars and complex numbers are accepted where that is
+/// true, read through the built-in type's own methods (a list subclass's own `__iter__` is
+/// not asked). Every verdict below is LiveCodeBench's (checked natively with numpy 1.26.4)
+/// but the last three, whose `==` or hash is the program's own: LiveCodeBench runs it and
+/// accepts whatever it says, and a policy would learn that; here they are wrong answers.
+#[test]
+fn returned_subclasses_and_numpy_scalars_compare_as_in_livecodebench() {
+    use areal_reward_code::grade_code;
+    use areal_sdk::Verdict;
+    let cases: &[(&str, &str, bool)] = &[
+        ("class N(int): pass\nr = N(3)", "3", true),
+        ("import enum\nr = enum.IntEnum('E', {'X': 3}).X", "3", true),
+        ("class F(float): pass\nr = F(0.5)", "0.5", true),
+        ("class S(str): pass\nr = S('ab')", "\"ab\"", true),
+        ("class L(list): pass\nr = L([1, 2])", "[1, 2]", true),
+        (
+            "class L(list):\n    def __iter__(self): return iter([9])\nr = L([1, 2])",
+            "[1, 2]",
+            true,
+        ),
+        ("class D(dict): pass\nr = D(a=1)", "{\"a\": 1}", true),
+        (
+            "r = collections.Counter('aab')",
+            "{\"a\": 2, \"b\": 1}",
+            true,
+        ),
+        (
+            "r = collections.Counter({'a': 2, 'b': 0})",
+            "{\"a\": 2}",
+            false,
+        ),
+        (
+            "r = collections.OrderedDict([('b', 1), ('a', 2)])",
+            "{\"a\": 2, \"b\": 1}",
+            true,
+        ),
+        ("r = collections.defaultdict(int, a=1)", "{\"a\": 1}", true),
+        (
+            "P = collections.namedtuple('P', 'x y')\nr = P(1, 2)",
+            "[1, 2]",
+            true,
+        ),
+        (
+            "r = [collections.namedtuple('P', 'x y')(1, 2)]",
+            "[[1, 2]]",
+            false,
+        ),
+        ("r = np.int64(3)", "3", true),
+        ("r = np.uint8(3)", "3", true),
+        ("r = [np.int32(1), np.int64(2)]", "[1, 2]", true),
+        ("r = np.int64(2**40) * 8", "8796093022208", true),
+        ("r = np.float64(0.5)", "0.5", true),
+        ("r = np.float32(0.5)", "0.5", true),
+        ("r = np.float32(0.1)", "0.1", false),
+        ("r = np.bool_(True)", "true", true),
+        ("r = np.bool_(True)", "1", true),
+        ("r = np.str_('ab')", "\"ab\"", true),
+        ("r = np.longdouble(0.5)", "0.5", true),
+        ("r = 3 + 0j", "3", true),
+        ("r = 3 + 1j", "3", false),
+        ("r = np.complex128(2)", "2", true),
+        ("r = np.arange(3).tolist()", "[0, 1, 2]", true),
+        (
+            "class N(int):\n    def __int__(s): return 3\nr = N(0)",
+            "3",
+            false,
+        ),
+        (
+            "class S(str):\n    def __hash__(s): return 1\nr = {S('a'): 1}",
+            "{\"a\": 1}",
+            false,
+        ),
+        // LiveCodeBench accepts these three: their own `==` says so
+        (
+            "class N(int):\n    def __eq__(s, o): return True\nr = N(0)",
+            "3",
+            false,
+        ),
+        (
+            "class C(collections.Counter):\n    def __eq__(s, o): return True\nr = C('x')",
+            "{\"a\": 1}",
+            false,
+        ),
+        (
+            "class Meta(type):\n    def __getattribute__(cls, name):\n        \
+             return int.__eq__ if name == '__eq__' else type.__getattribute__(cls, name)\n\
+             class N(int, metaclass=Meta):\n    def __eq__(s, o): return True\nr = N(0)",
+            "3",
+            false,
+        ),
+    ];
+    let sb = crate::sandbox();
+    let mut wrong = Vec::new();
+    for &(setup, expected, accepted) in cases {
+        let code =
+            format!("import collections\nimport numpy as np\n{setup}\ndef f(x):\n    return r");
+        let problem = crate::call_problem("f", &[("0", expected)]);
+        let grade = grade_code(&sb, &problem, &code, &crate::quick());
+        let want = if accepted {
+            Verdict::Accepted
+        } else {
+            Verdict::WrongAnswer
+        };
+        if grade.verdict != want {
+            wrong.push(format!("{setup:?} == {expected}: {grade:?}, not {want:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// sympy and mpmath import beside numpy (sympy once asked ctypes, which the guest lacks, for
+/// the width of C long) and compute what they compute natively.
+#[test]
+fn sympy_and_mpmath_compute_in_the_guest() {
+    let code = "import sympy, mpmath\nx = sympy.symbols('x')\nprint(sympy.factor(x**4 - 1))\n\
+                print(sympy.integrate(sympy.sin(x) ** 2, x))\nprint(sympy.isprime(2**61 - 1), sympy.nsimplify(0.125))\n\
+                mpmath.mp.dps = 30\nprint(mpmath.pi)\n";
+    let report = run_with(code, "", &roomy());
+    assert_eq!(
+        String::from_utf8_lossy(&report.stdout),
+        "(x - 1)*(x + 1)*(x**2 + 1)\nx/2 - sin(x)*cos(x)/2\nTrue 1/8\n3.14159265358979323846264338328\n",
+        "{:?}\n{}",
+        report.outcome,
+        String::from_utf8_lossy(&report.stderr)
+    );
+}

@@ -95,6 +95,24 @@ const PROGRAMS: &[(&str, Kind, &str, Verdict)] = &[
         "def add(a, b):\n    return [0] * (10**9)",
         MLE,
     ),
+    (
+        "numpy: one huge array",
+        Stdin,
+        "import numpy as np\nx = np.ones(2 * 10**8)",
+        MLE,
+    ),
+    (
+        "numpy: arrays that keep coming",
+        Stdin,
+        "import numpy as np\nl = []\nwhile True:\n    l.append(np.ones(10**6))",
+        MLE,
+    ),
+    (
+        "numpy: an array that doubles",
+        Stdin,
+        "import numpy as np\na = np.ones(1)\nwhile True:\n    a = np.concatenate([a, a])",
+        MLE,
+    ),
     // Running out of linear memory traps the guest: there is no MemoryError to catch.
     (
         "catching MemoryError",
