@@ -197,6 +197,17 @@ fn returned_subclasses_and_numpy_scalars_compare_as_in_livecodebench() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// numpy's global generator was seeded when the snapshot imported numpy: each run draws other
+/// numbers, as a fresh native process does (deterministic mode repeats them: `main.rs`).
+#[test]
+fn numpy_random_draws_afresh_in_every_run() {
+    let code = "import numpy as np\nprint(np.random.randint(2**62), np.random.rand())";
+    let draws: std::collections::HashSet<Vec<u8>> = (0..6)
+        .map(|_| run_with(code, "", &roomy()).stdout)
+        .collect();
+    assert_eq!(draws.len(), 6, "{draws:?}");
+}
+
 /// sympy and mpmath import beside numpy (sympy once asked ctypes, which the guest lacks, for
 /// the width of C long) and compute what they compute natively.
 #[test]

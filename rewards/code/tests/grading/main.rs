@@ -486,7 +486,7 @@ fn deterministic_mode_gives_identical_verdicts_and_fuel() {
         }
     }
     // What the guest sees is fixed too: hashes, set order, random numbers, the clock.
-    let code = "import random, time, os\nprint(hash('areal'), list({str(i) for i in range(20)}), random.random(), os.urandom(4).hex(), time.time(), time.monotonic())";
+    let code = "import random, time, os, numpy\nprint(hash('areal'), list({str(i) for i in range(20)}), random.random(), numpy.random.randint(2**62), os.urandom(4).hex(), time.time(), time.monotonic())";
     let mut stdin = format!("{{\"kind\": \"stdin\", \"code\": {}}}\n", code.len()).into_bytes();
     stdin.extend_from_slice(code.as_bytes());
     let probe = areal_sandbox::Run {
