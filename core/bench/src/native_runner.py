@@ -17,6 +17,10 @@ import time
 job = json.loads(sys.stdin.read())
 g = {"__builtins__": __builtins__, "__name__": "__main__"}
 exec(compile(job["prelude"], "<prelude>", "exec"), g)
+if "numpy" in job["code"]:
+    # LiveCodeBench's grader imports numpy before any program runs, and the sandbox's snapshot
+    # has it imported: a program's `import numpy` is timed on neither side.
+    import numpy  # noqa: F401
 known = known_names(g)  # noqa: F821 (program.py)
 ready = time.time()
 real_stdout = sys.stdout

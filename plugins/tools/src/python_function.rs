@@ -1,5 +1,5 @@
 //! `[[tools]] kind = "python-function"`: a tool written as a Python function in a file, loaded
-//! when the run starts and run in the wasm sandbox (the standard library only).
+//! when the run starts and run in the wasm sandbox (the standard library, numpy, sympy and mpmath).
 //!
 //! ```toml
 //! [[tools]]

@@ -5,10 +5,11 @@
 # (build-numpy-wasi.sh, from its sdist on PyPI), sympy and mpmath beside the standard library
 # (their wheels on PyPI, pure Python), each pinned by sha256.
 #
-# Everything comes from the Debian archive through apt: the toolchain as packages, the source
-# through a private deb-src list (the system's apt sources are not touched); apt checks both
-# against the archive's signed indices. Takes ~9 minutes on 2 cores (link-time optimisation
-# included; numpy ~3 of them).
+# CPython and the toolchain come from the Debian archive through apt: the toolchain as
+# packages, the source through a private deb-src list (the system's apt sources are not
+# touched); apt checks both against the archive's signed indices. numpy, sympy and mpmath come
+# from PyPI, each checked against the sha256 pinned here. Takes ~6 minutes on 2 cores
+# (link-time optimisation included; numpy ~2 of them).
 #
 # Output, in $OUT (default $AREAL_PYTHON_WASI, else .cache/python-wasi):
 #   python.wasm                   the interpreter (a WASI command: `python -c ...`)
