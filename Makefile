@@ -45,7 +45,8 @@ openai-venv:
 	core/serve/scripts/setup-openai.sh
 
 # The sandbox's guest interpreter (CPython 3.11 for wasm32-wasip1), built from Debian's source
-# package with Debian's clang-16 into .cache/python-wasi (~5 min; installs the toolchain with apt).
+# package with Debian's clang-16 into .cache/python-wasi, numpy linked in, sympy and mpmath beside
+# it (~6 min; installs the toolchain with apt, the packages from PyPI pinned by sha256).
 python-wasi:
 	rewards/sandbox/scripts/build-python-wasi.sh
 

@@ -20,7 +20,14 @@ exec(compile(job["prelude"], "<prelude>", "exec"), g)
 if "numpy" in job["code"]:
     # LiveCodeBench's grader imports numpy before any program runs, and the sandbox's snapshot
     # has it imported: a program's `import numpy` is timed on neither side.
-    import numpy  # noqa: F401
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        sys.exit(
+            "the program imports numpy, which %s lacks: pass --python an interpreter with numpy "
+            "1.26.4 (rewards/code/scripts/setup-lcb-grader.sh makes one in .cache/lcb-grader)"
+            % sys.executable
+        )
 known = known_names(g)  # noqa: F821 (program.py)
 ready = time.time()
 real_stdout = sys.stdout

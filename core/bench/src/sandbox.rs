@@ -42,7 +42,8 @@ pub(crate) struct BenchSandboxArgs {
         default_value = "rewards/code/tests/fixtures/lcb_reference.jsonl"
     )]
     problems: PathBuf,
-    /// The native interpreter of the baseline.
+    /// The native interpreter of the baseline (for `--set heavy`, one with numpy 1.26.4:
+    /// `.cache/lcb-grader/bin/python`, made by `rewards/code/scripts/setup-lcb-grader.sh`).
     #[arg(long, default_value = "python3")]
     python: String,
     /// Timed passes over the whole set per runner and thread count (after one untimed pass).
