@@ -13,7 +13,7 @@ use areal_serve::{
 };
 use areal_testkit::{LetterTokenizer, conformance};
 use serde_json::json;
-use support::server::explained;
+use support::server::{explained, weight_version_route};
 use support::{Chained, ServerThread, bigram, eventually, policy, request};
 
 mod support;
@@ -162,10 +162,7 @@ async fn each_version_is_a_checkpoint_folder_and_the_server_reports_it() {
                 .unwrap();
             let c = generator.generate(request(1, 6)).await.unwrap();
             assert!(c.versions.iter().all(|&v| v == version), "{:?}", c.versions);
-            let route = match api {
-                InferenceApi::Sglang => "get_weight_version",
-                InferenceApi::Vllm => "weight_info",
-            };
+            let route = weight_version_route(api);
             let said = get(&format!("{}/{route}", server.url())).await;
             assert_eq!(said, json!({ "weight_version": version.to_string() }));
         }

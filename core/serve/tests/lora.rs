@@ -14,7 +14,7 @@ use areal_sdk_train::burn::tensor::Device;
 use areal_sdk_train::{PackedBatch, Policy};
 use areal_serve::{InferenceApi, Listen, serve_generator, serve_inference_api};
 use serde_json::json;
-use server::{Chained, ServerThread, fleet};
+use server::{Chained, ServerThread, eventually, fleet, weight_version_route};
 
 #[path = "support/server.rs"]
 mod server;
@@ -270,10 +270,7 @@ async fn sglang_and_vllm_servers_take_adapters_by_name_and_drop_old_ones() {
         assert!(v3.join("adapter_model.safetensors").is_file());
         assert!(!v3.join("model.safetensors").exists());
         // the server reports the base's tag as its weight version
-        let route = match api {
-            InferenceApi::Sglang => "get_weight_version",
-            InferenceApi::Vllm => "weight_info",
-        };
+        let route = weight_version_route(api);
         let said = get(&format!("{}/{route}", server.url())).await;
         assert_eq!(said["weight_version"].as_str(), Some(entries[0].as_str()));
     }
@@ -313,15 +310,10 @@ async fn an_adapter_that_never_arrives_stops_the_update_naming_the_server() {
         json!({ "weights_dir": dir.path() }),
     );
     // an update reaches the servers that take work; one that comes up later gets it then
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !generator.report().contains("(ready") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{}",
-            generator.report()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    eventually("the server takes work", async || {
+        generator.report().contains("(ready")
+    })
+    .await;
     let (_, mut updates) = updates(1);
     let e = generator
         .update_weights(updates.remove(0))

@@ -2,14 +2,12 @@
 //! (`server.rs`, which the reward-server tests include alone), the testkit policy whose
 //! weights they load, a request, and a wait.
 
-use std::time::{Duration, Instant};
-
 use areal_sdk::{GenerateRequest, SamplingParams};
 use areal_sdk_train::burn::tensor::Device;
 use areal_testkit::{BigramPolicy, BigramPolicyOptions};
 
 pub(crate) mod server;
-pub(crate) use server::{Chained, ServerThread};
+pub(crate) use server::{Chained, ServerThread, eventually};
 
 /// The bigram policy (8 letters) whose weights the servers load.
 pub(crate) fn policy() -> BigramPolicy {
@@ -40,14 +38,5 @@ pub(crate) fn request(sample_id: u64, max_new_tokens: usize) -> GenerateRequest 
             seed: 5,
         },
         stop_token_ids: vec![],
-    }
-}
-
-/// Wait (up to 60 s: a guard against never, not a measure of speed) until `check` holds.
-pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !check().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -3,7 +3,7 @@
 
 use std::fmt::Debug;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use areal_serve::Listen;
 
@@ -107,4 +107,23 @@ pub(crate) fn fleet(
 #[allow(dead_code, reason = "not every test file refuses options")]
 pub(crate) fn explained(e: areal_serve::OptionError) -> (&'static str, String) {
     (e.key, areal_core::chain(&e))
+}
+
+/// Wait (up to 60 s: a guard against never, not a measure of speed) until `check` holds.
+#[allow(dead_code, reason = "not every test file waits")]
+pub(crate) async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The route where a server of `api` reports the weight version it holds.
+#[allow(dead_code, reason = "not every test file asks an inference API")]
+pub(crate) fn weight_version_route(api: areal_serve::InferenceApi) -> &'static str {
+    match api {
+        areal_serve::InferenceApi::Sglang => "get_weight_version",
+        areal_serve::InferenceApi::Vllm => "weight_info",
+    }
 }
