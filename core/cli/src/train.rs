@@ -16,9 +16,14 @@ use crate::signals::stop_on_signals;
 pub(crate) struct TrainArgs {
     #[command(flatten)]
     pub(crate) config: ConfigArgs,
-    /// Run folder; by default `runs/<UTC timestamp>`.
+    /// Run folder; by default `runs/<UTC timestamp>`. A folder that is not empty is refused
+    /// (go on with the run there with --resume, or start it again with --overwrite).
     #[arg(long, conflicts_with = "resume")]
     pub(crate) out: Option<PathBuf>,
+    /// Start the run afresh in an --out folder that already holds one: what a run writes there
+    /// (records, events, plots, summary, checkpoints) is deleted first; nothing else is.
+    #[arg(long, requires = "out")]
+    pub(crate) overwrite: bool,
     /// Go on with the run in this folder from its newest sound checkpoint, with its own
     /// `config.toml` (a run killed, or stopped by a signal).
     #[arg(long, value_name = "RUN_DIR")]
@@ -70,6 +75,7 @@ pub(crate) fn run(args: TrainArgs, started: Instant) -> anyhow::Result<()> {
             stop,
             resume: args.resume.is_some(),
             allow_changes: args.allow_config_change,
+            overwrite: args.overwrite,
         },
     ))?;
     drop(observer);

@@ -56,6 +56,14 @@ pub enum EngineError {
         /// Its lock file.
         lock: PathBuf,
     },
+    /// A new run was given a folder that already holds something: nothing there is touched.
+    #[error("run folder {} is not empty (it holds {}): go on with the run there with `areal train --resume {}`, start it again with --overwrite (which deletes only what a run writes there), or give this run its own --out", dir.display(), entries.join(", "), dir.display())]
+    RunFolderNotEmpty {
+        /// The run folder.
+        dir: PathBuf,
+        /// Some of what it holds (the first few names, sorted).
+        entries: Vec<String>,
+    },
     /// The config and its plugins cannot make a run (a task with an empty train split, no
     /// demonstrations to warm up on): the message says what to change.
     #[error("{message}")]

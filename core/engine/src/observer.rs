@@ -75,6 +75,10 @@ pub struct RunOptions {
     pub resume: bool,
     /// With `resume`: go on even though the task's data changed since the checkpoint.
     pub allow_changes: bool,
+    /// A new run in an `out_dir` that is not empty deletes what a run writes there (records,
+    /// events, plots, summary, checkpoints) and starts afresh. By default such a folder is
+    /// refused, and nothing in it is touched.
+    pub overwrite: bool,
 }
 
 impl Default for RunOptions {
@@ -86,6 +90,7 @@ impl Default for RunOptions {
             stop: StopRequest::new(),
             resume: false,
             allow_changes: false,
+            overwrite: false,
         }
     }
 }

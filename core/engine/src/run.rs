@@ -28,6 +28,9 @@ use crate::summary::{RunSummary, summarise};
 use crate::warmup;
 use crate::worker::ComputeWorker;
 
+/// The reward workers' folder in a run folder (their configs, token and logs).
+pub(crate) const REWARD_WORKERS_DIR: &str = "reward-workers";
+
 /// Run `plugins` as `config` says until `train.steps` steps are trained.
 pub async fn run(
     config: Config,
@@ -54,7 +57,7 @@ pub async fn run(
                 "resuming a run needs its run folder (RunOptions::out_dir)",
             ));
         }
-        (dir, false) => (None, RunLog::new(dir, &config)?, 0),
+        (dir, false) => (None, RunLog::new(dir, &config, options.overwrite)?, 0),
     };
     let (verifier, _workers) = start_reward_workers(&config, verifier, out_dir).await?;
     let rewards = RewardService::from_config(verifier, &config.reward_service);
@@ -115,7 +118,7 @@ pub async fn run(
     ctx.controller.shutdown().await;
     let (summary, checkpoint_error) = result?;
     if let Some(dir) = ctx.log.dir() {
-        let path = dir.join("summary.json");
+        let path = dir.join(crate::runlog::SUMMARY_FILE);
         let json = serde_json::to_string_pretty(&summary).expect("the summary serialises");
         crate::atomic::write(&path, (json + "\n").as_bytes())
             .map_err(|e| EngineError::io(path, e))?;
@@ -152,7 +155,7 @@ fn open_resumed(
     task_fingerprint: &str,
     allow_changes: bool,
 ) -> Result<(Option<Found>, RunLog, u64), EngineError> {
-    if !dir.join("config.toml").exists() {
+    if !dir.join(crate::runlog::CONFIG_FILE).exists() {
         return Err(EngineError::resume(format!(
             "{} is not a run folder (it has no config.toml)",
             dir.display()
@@ -169,7 +172,8 @@ fn open_resumed(
             )));
         }
         tracing::warn!(target: "areal::train", dir = %dir.display(), "the run has no checkpoint yet; starting it again from the beginning");
-        let log = RunLog::new(Some(dir), config)?;
+        // (asked to resume this run: its records so far are replaced)
+        let log = RunLog::new(Some(dir), config, true)?;
         let resumes = resume::count_resume(dir, before)?;
         return Ok((None, log, resumes));
     };
@@ -250,7 +254,7 @@ fn check_config(
 
 /// Whether the run in `dir` ended (its summary says it was not stopped before its end).
 fn finished(dir: &Path) -> bool {
-    std::fs::read(dir.join("summary.json"))
+    std::fs::read(dir.join(crate::runlog::SUMMARY_FILE))
         .ok()
         .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
         .is_some_and(|s| s.get("interrupted") == Some(&serde_json::Value::Bool(false)))
@@ -354,7 +358,7 @@ async fn start_reward_workers(
         return Ok((verifier, None));
     }
     let config = config.clone();
-    let dir = out_dir.map(|d| d.join("reward-workers"));
+    let dir = out_dir.map(|d| d.join(REWARD_WORKERS_DIR));
     tokio::task::spawn_blocking(move || {
         let workers = crate::reward_workers::in_workers(&config, &mut verifier, dir.as_deref())?;
         Ok((verifier, workers))

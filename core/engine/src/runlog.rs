@@ -54,21 +54,30 @@ pub(crate) struct RunLog {
 }
 
 impl RunLog {
-    /// Create the run folder with the resolved config, or a log that writes nothing. What a
-    /// previous run left in the folder (records, TensorBoard events, resume checkpoints) is
-    /// replaced.
-    pub(crate) fn new(dir: Option<&Path>, config: &Config) -> Result<Self, EngineError> {
+    /// Create the run folder with the resolved config, or a log that writes nothing. A folder
+    /// that already holds anything is refused ([`EngineError::RunFolderNotEmpty`]), unless
+    /// `overwrite`: then what a run writes there (records, TensorBoard events, plots, the
+    /// summary, checkpoints, reward workers' files) is deleted, and nothing else.
+    pub(crate) fn new(
+        dir: Option<&Path>,
+        config: &Config,
+        overwrite: bool,
+    ) -> Result<Self, EngineError> {
         let Some(dir) = dir else {
             return Ok(Self::default());
         };
         std::fs::create_dir_all(dir).map_err(|e| EngineError::io(dir, e))?;
         let lock = lock(dir)?;
-        let path = dir.join(CHECKPOINTS_DIR);
-        if path.exists() {
-            std::fs::remove_dir_all(&path).map_err(|e| EngineError::io(&path, e))?;
-        }
-        for old in event_files(dir)? {
-            std::fs::remove_file(&old).map_err(|e| EngineError::io(&old, e))?;
+        if overwrite {
+            remove_run_files(dir)?;
+        } else {
+            let entries = entries_besides_lock(dir)?;
+            if !entries.is_empty() {
+                return Err(EngineError::RunFolderNotEmpty {
+                    dir: dir.to_owned(),
+                    entries,
+                });
+            }
         }
         write_config(dir, config)?;
         let path = dir.join(METRICS_FILE);
@@ -278,9 +287,76 @@ pub(crate) const METRICS_FILE: &str = "metrics.jsonl";
 /// Name of the folder of resume checkpoints of a run folder.
 pub(crate) const CHECKPOINTS_DIR: &str = "checkpoints";
 
+/// Name of the resolved config of a run folder.
+pub(crate) const CONFIG_FILE: &str = "config.toml";
+
+/// Name of the summary of a run folder.
+pub(crate) const SUMMARY_FILE: &str = "summary.json";
+
 fn write_config(dir: &Path, config: &Config) -> Result<(), EngineError> {
-    let path = dir.join("config.toml");
+    let path = dir.join(CONFIG_FILE);
     crate::atomic::write(&path, config.to_toml().as_bytes()).map_err(|e| EngineError::io(path, e))
+}
+
+/// The folders a run writes at the top of its run folder (the final checkpoint, the resume
+/// checkpoints, the reward workers' files).
+const RUN_DIRS: [&str; 3] = [
+    crate::checkpoint::NAME,
+    CHECKPOINTS_DIR,
+    crate::run::REWARD_WORKERS_DIR,
+];
+
+/// The files a run writes at the top of its run folder, besides its TensorBoard events and
+/// its lock.
+const RUN_FILES: [&str; 5] = [
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    PLOT_FILE,
+    TOOLS_PLOT_FILE,
+];
+
+/// Delete what a run writes into `dir`, by name, and nothing else: a link among them is removed
+/// itself, never followed.
+fn remove_run_files(dir: &Path) -> Result<(), EngineError> {
+    let remove = |path: &Path| -> Result<(), EngineError> {
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            return Ok(());
+        };
+        let removed = if meta.is_dir() {
+            std::fs::remove_dir_all(path)
+        } else {
+            std::fs::remove_file(path)
+        };
+        removed.map_err(|e| EngineError::io(path, e))
+    };
+    for name in RUN_DIRS.iter().chain(&RUN_FILES) {
+        remove(&dir.join(name))?;
+    }
+    for old in event_files(dir)? {
+        remove(&old)?;
+    }
+    Ok(())
+}
+
+/// What `dir` holds besides a run's lock file (which a finished run leaves behind), sorted;
+/// at most 5 names, then how many more.
+fn entries_besides_lock(dir: &Path) -> Result<Vec<String>, EngineError> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| EngineError::io(dir, e))? {
+        let name = entry.map_err(|e| EngineError::io(dir, e))?.file_name();
+        let name = name.to_string_lossy().into_owned();
+        if name != LOCK_FILE {
+            names.push(name);
+        }
+    }
+    names.sort();
+    if names.len() > 5 {
+        let more = names.len() - 5;
+        names.truncate(5);
+        names.push(format!("{more} more"));
+    }
+    Ok(names)
 }
 
 /// The TensorBoard event files areal wrote into `dir`.

@@ -101,6 +101,8 @@ pub(super) fn one_run(
             out_dir: Some(args.out.join("runs").join(&name)),
             observer: snapshots.clone(),
             started: Instant::now(),
+            // a run the bench did not finish (not in results.json) is done again
+            overwrite: true,
             ..RunOptions::default()
         },
     ))?;
