@@ -69,6 +69,9 @@ pub struct TurnOptions {
     /// was sampled after it is dropped, never shown nor trained) and ends for `stop`. Not
     /// empty strings.
     pub stop: Vec<String>,
+    /// The turn's own random stream (OpenAI's `seed`): the same seed after the same tokens of
+    /// one sample draws the same turn. Without it, each sample of an episode draws its own.
+    pub seed: Option<u64>,
 }
 
 impl TurnOptions {
@@ -93,6 +96,12 @@ impl TurnOptions {
     /// Ending where the turn first writes one of `stop`.
     pub fn with_stop(mut self, stop: Vec<String>) -> Self {
         self.stop = stop;
+        self
+    }
+
+    /// Drawn from the random stream `seed`.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
         self
     }
 }
@@ -128,6 +137,9 @@ pub trait EpisodeContext: Send {
     /// [`generate`](Self::generate) with `options` for this turn: at most `max_tokens` of it
     /// (the turn then ends for `length`, and the episode may go on), another temperature or
     /// `top_p` than the run's, or stop texts. An error for options the generator cannot take.
+    /// A turn the generator refuses as the caller's fault ([`PluginError::InvalidRequest`]:
+    /// an input past the model's context) takes back what was appended since the last turn,
+    /// messages included, so that the episode can go on as if it had not been sent.
     async fn generate_with(&mut self, options: &TurnOptions) -> Result<Turn, PluginError>;
 
     /// Append `text`, tokenized alone, as environment tokens (read by the policy, never

@@ -110,6 +110,28 @@ impl PluginError {
         }
     }
 
+    /// An input of `tokens` tokens that does not fit `plugin`'s context of `context`: a
+    /// request refused as the caller's fault ([`PluginError::InvalidRequest`]), in words that
+    /// [`PluginError::exceeded_context`] reads back (on either side of a server too).
+    pub fn context_exceeded(plugin: impl Into<String>, tokens: usize, context: usize) -> Self {
+        Self::invalid_request(
+            plugin,
+            format!("input of {tokens} tokens does not fit the context of {context} tokens"),
+        )
+    }
+
+    /// The input's tokens and the context, where this refuses an input past the model's
+    /// context ([`PluginError::context_exceeded`], however many servers passed it on).
+    pub fn exceeded_context(&self) -> Option<(usize, usize)> {
+        let Self::InvalidRequest { message, .. } = self else {
+            return None;
+        };
+        let (_, rest) = message.split_once("input of ")?;
+        let (tokens, rest) = rest.split_once(" tokens does not fit the context of ")?;
+        let (context, _) = rest.split_once(" tokens")?;
+        Some((tokens.parse().ok()?, context.parse().ok()?))
+    }
+
     /// Whether this is [`PluginError::Unsupported`].
     pub fn is_unsupported(&self) -> bool {
         matches!(self, Self::Unsupported { .. })
@@ -118,5 +140,29 @@ impl PluginError {
     /// Whether this is [`PluginError::InvalidRequest`]: the caller's fault.
     pub fn is_invalid_request(&self) -> bool {
         matches!(self, Self::InvalidRequest { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PluginError;
+
+    #[test]
+    fn an_input_past_the_context_is_read_back_through_servers() {
+        let e = PluginError::context_exceeded("burn", 120, 64);
+        assert!(e.is_invalid_request());
+        assert_eq!(e.exceeded_context(), Some((120, 64)));
+        // as a gRPC client rebuilds it from the server's status text
+        let passed_on = PluginError::invalid_request("grpc", format!("generate: {e}"));
+        assert_eq!(passed_on.exceeded_context(), Some((120, 64)));
+        assert_eq!(
+            PluginError::invalid_request("burn", "token id 9 is outside the vocabulary of 8")
+                .exceeded_context(),
+            None
+        );
+        assert_eq!(
+            PluginError::failed("burn", e.to_string()).exceeded_context(),
+            None
+        );
     }
 }

@@ -516,8 +516,13 @@ fn serve_proxy(
                 logprobs.extend(&c.behaviour_logprobs);
                 let mut versions = vec![areal_sdk::PROMPT_VERSION; prompt];
                 versions.extend(&c.versions);
+                // the session's id and the interactions (`chatcmpl-…`, what the agent saw
+                // and what /rl/set_reward names) this part holds
+                let details = &sample.reward.provenance.details;
                 let line = serde_json::json!({
-                    "session": sample.sample_id,
+                    "session": details.get("session_id"),
+                    "interactions": details.get("interactions").and_then(|i| i.get(k)),
+                    "sample_id": sample.sample_id,
                     "part": k,
                     "item_id": group.item_id,
                     "input_ids": input_ids,

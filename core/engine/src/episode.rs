@@ -267,6 +267,16 @@ pub(crate) struct EpisodeRun<'a> {
     ///
     /// [`EpisodeTraits::own_prompt`]: areal_sdk::EpisodeTraits::own_prompt
     own_prompt: bool,
+    /// The sample as the last turn (or the sample's start) left it: what a turn the
+    /// generator refuses as the caller's fault goes back to.
+    settled: Settled,
+}
+
+/// Where a sample stood after its last turn: its length and its conversation.
+struct Settled {
+    len: usize,
+    conversation: Option<Vec<ChatMessage>>,
+    conversation_lost: bool,
 }
 
 /// An episode's context's description of a replay that went another way.
@@ -346,6 +356,11 @@ impl<'a> EpisodeRun<'a> {
             tools: None,
             segments: Vec::new(),
             own_prompt: traits.own_prompt,
+            settled: Settled {
+                len: 0,
+                conversation: runner.prompt_messages(item),
+                conversation_lost: false,
+            },
         };
         let reward = runner.episode().run(&mut run).await;
         if reward.is_ok() {
@@ -440,9 +455,17 @@ impl EpisodeContext for EpisodeRun<'_> {
     async fn generate_with(&mut self, options: &TurnOptions) -> Result<Turn, PluginError> {
         let sampling = self.turn_sampling(options)?;
         self.compare_with_template(true);
-        let turn = self
+        let turn = match self
             .sample(options.max_tokens, &sampling, &options.stop)
-            .await?;
+            .await
+        {
+            Ok(turn) => turn,
+            Err(e) if e.is_invalid_request() => {
+                self.withdraw();
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         if self.conversation.is_some() {
             // the assistant's message is the text sampled, every token spelled (a special
             // token the policy sampled inside the turn too), its stop token left to the
@@ -461,6 +484,7 @@ impl EpisodeContext for EpisodeRun<'_> {
                 Err(_) => self.forget_conversation(),
             }
         }
+        self.settle();
         Ok(turn)
     }
 
@@ -543,6 +567,7 @@ impl EpisodeContext for EpisodeRun<'_> {
         });
         self.input = self.prompt.to_vec();
         self.conversation = self.runner.prompt_messages(self.item);
+        self.settle();
         Ok(())
     }
 
@@ -628,6 +653,15 @@ impl EpisodeRun<'_> {
         if let Some(p) = options.top_p {
             sampling.top_p = p;
         }
+        // The generator draws from the run's seed, the sample's id and the position: a sample
+        // split off and started again from the same tokens (another choice, a retried turn)
+        // would draw the same turn again. Each sample of the episode has its stream, and a
+        // client's seed is a stream of its own.
+        sampling.seed = match options.seed {
+            Some(seed) => mix_seed(mix_seed(self.sampling.seed, CLIENT_SEEDS), seed),
+            None if self.segments.is_empty() => self.sampling.seed,
+            None => mix_seed(self.sampling.seed, self.segments.len() as u64),
+        };
         sampling
             .check()
             .map_err(|e| PluginError::failed("episode", format!("generate_with: {e}")))?;
@@ -738,6 +772,41 @@ impl EpisodeRun<'_> {
         Ok(())
     }
 
+    /// The sample as it stands is where a refused turn goes back to.
+    fn settle(&mut self) {
+        self.settled = Settled {
+            len: self.completion.len(),
+            conversation: self.conversation.clone(),
+            conversation_lost: self.conversation_lost,
+        };
+    }
+
+    /// A turn the generator refused as the caller's fault (an input past the model's
+    /// context): the environment's tokens appended since the last turn are taken back, with
+    /// their messages, so that the episode can go on as if they had never been sent. (Only
+    /// the environment's: a turn refused after it sampled tokens stays as it is.)
+    fn withdraw(&mut self) {
+        let Settled {
+            len,
+            conversation,
+            conversation_lost,
+        } = &self.settled;
+        let len = *len;
+        if (len..self.completion.len()).any(|i| self.completion.is_sampled(i)) {
+            return;
+        }
+        self.stats.turns = self.stats.turns.saturating_sub(1);
+        let c = &mut self.completion;
+        let dropped = c.len() - len;
+        c.token_ids.truncate(len);
+        c.behaviour_logprobs.truncate(len);
+        c.versions.truncate(len);
+        self.input.truncate(self.input.len() - dropped);
+        self.conversation = conversation.clone();
+        self.conversation_lost = *conversation_lost;
+        self.progress.withdrawn(self.j, len);
+    }
+
     /// Append environment tokens, cut to the budget, checked against the record on a replay.
     fn push_environment(&mut self, token_ids: &[u32]) -> Result<usize, PluginError> {
         // (an episode's own prompt, before its first turn, is not cut)
@@ -816,6 +885,9 @@ impl EpisodeRun<'_> {
         self.stats.retokenization = self.stats.retokenization.max(found);
     }
 }
+
+/// The stream of the seeds clients give ([`TurnOptions::seed`]), apart from the samples'.
+const CLIENT_SEEDS: u64 = 0x005E_EDC1_1E47;
 
 /// Tokens a turn with stop texts is sampled in at a time, between checks of its text.
 const STOP_CHUNK: usize = 16;

@@ -590,6 +590,11 @@ pub(crate) trait Progress: Send + Sync {
     fn restarted(&self, j: usize) {
         let _ = j;
     }
+    /// Sample `j`'s tokens after its first `len` were taken back (a refused turn's
+    /// environment tokens).
+    fn withdrawn(&self, j: usize, len: usize) {
+        let _ = (j, len);
+    }
     /// Whether the episode counts in the step metrics' episodes, turns and tool calls (those
     /// generated for training do; evaluation's do not).
     fn counted(&self) -> bool {

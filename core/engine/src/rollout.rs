@@ -193,6 +193,16 @@ impl RolloutState {
         }
     }
 
+    /// Sample `j` of group `group_id` took back its tokens after its first `len`.
+    pub(crate) fn withdrawn(&mut self, group_id: u64, j: usize, len: usize) {
+        if let Some(sample) = self.sample(group_id, j) {
+            let c = &mut sample.completion;
+            c.token_ids.truncate(len);
+            c.behaviour_logprobs.truncate(len);
+            c.versions.truncate(len);
+        }
+    }
+
     /// The episode of sample `j` of group `group_id` starts over.
     pub(crate) fn restarted(&mut self, group_id: u64, j: usize) {
         if let Some(sample) = self.sample(group_id, j) {

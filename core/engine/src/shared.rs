@@ -154,4 +154,8 @@ impl Progress for Recorder {
     fn restarted(&self, j: usize) {
         self.inner.state().restarted(self.group_id, j);
     }
+
+    fn withdrawn(&self, j: usize, len: usize) {
+        self.inner.state().withdrawn(self.group_id, j, len);
+    }
 }

@@ -15,11 +15,13 @@ use areal_sdk::{
 };
 use serde_json::{Value, json};
 
-/// Says the turns of `script` in order, per sample, each ending with the stop token.
+/// Says the turns of `script` in order, per sample, each ending with the stop token; an
+/// input of `context` tokens or more is refused as the real generators refuse it.
 struct Scripted {
     script: Vec<String>,
     said: Mutex<HashMap<u64, usize>>,
     tokenizer: Arc<dyn Tokenizer>,
+    context: usize,
 }
 
 #[areal_sdk::async_trait]
@@ -28,6 +30,13 @@ impl Generator for Scripted {
         "scripted"
     }
     async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError> {
+        if request.input_ids.len() >= self.context {
+            return Err(PluginError::context_exceeded(
+                "scripted",
+                request.input_ids.len(),
+                self.context,
+            ));
+        }
         let turn = {
             let mut said = self.said.lock().unwrap();
             let n = said.entry(request.sample_id).or_default();
@@ -114,12 +123,22 @@ fn agent(options: Value) -> Arc<dyn Episode> {
 
 /// A runner of `episode` on a policy that says `script`.
 fn runner(script: &[String], episode: Arc<dyn Episode>) -> Arc<GroupRunner> {
-    let tokenizer = tokenizer();
-    let generator = Arc::new(Scripted {
+    runner_of(scripted(script, usize::MAX), episode)
+}
+
+/// A policy that says `script`, within a context of `context` tokens.
+fn scripted(script: &[String], context: usize) -> Arc<dyn Generator> {
+    Arc::new(Scripted {
         script: script.to_vec(),
         said: Mutex::new(HashMap::new()),
-        tokenizer: tokenizer.clone(),
-    });
+        tokenizer: tokenizer(),
+        context,
+    })
+}
+
+/// A runner of `episode` on `generator`.
+fn runner_of(generator: Arc<dyn Generator>, episode: Arc<dyn Episode>) -> Arc<GroupRunner> {
+    let tokenizer = tokenizer();
     let rewards = RewardService::new(Arc::new(SaysFortyTwo), 1, Duration::from_secs(30));
     Arc::new(GroupRunner::new(generator, tokenizer, rewards).with_episode(episode, Vec::new()))
 }
@@ -414,9 +433,14 @@ async fn http(url: &str, key: Option<&str>, body: Option<&str>) -> (u16, String,
 /// An `agent` episode for agents from elsewhere on a policy that says `script`: the proxy's
 /// URL and the runner.
 fn online(script: &[String]) -> (String, Arc<GroupRunner>) {
+    online_on(scripted(script, usize::MAX))
+}
+
+/// The same on `generator`.
+fn online_on(generator: Arc<dyn Generator>) -> (String, Arc<GroupRunner>) {
     let started = areal_serve::Agent::start(areal_serve::AgentOptions::default(), None).unwrap();
     let proxy = format!("http://{}", started.addr());
-    (proxy, runner(script, Arc::new(started)))
+    (proxy, runner_of(generator, Arc::new(started)))
 }
 
 /// A group of one episode of `runner`, running (inside a runtime).
@@ -637,6 +661,19 @@ fn each_of_n_choices_is_a_sample_and_the_first_goes_on() {
                 .all(|s| s.sample_id == group.samples[0].sample_id)
         );
         assert_eq!(group.samples[0].reward.provenance.details["splits"], 2);
+        // each sample names its session and the interactions it holds (what the agent saw,
+        // what /rl/set_reward names): the first request's in all three, the second's in the
+        // last
+        let details = &group.samples[0].reward.provenance.details;
+        let session = details["session_id"].as_str().unwrap();
+        assert!(session.starts_with("sess-"), "{session}");
+        let first = answer["id"].as_str().unwrap();
+        let second = json_of(&next)["id"].as_str().unwrap().to_owned();
+        assert!(first.starts_with(&format!("chatcmpl-{session}")), "{first}");
+        assert_eq!(
+            details["interactions"],
+            json!([[first], [first], [first, second]])
+        );
     });
 }
 
@@ -703,4 +740,227 @@ fn a_service_that_exits_fails_the_episodes_waiting_for_it() {
         e.contains("the agent service exited with status 2; its output ends: no agents today"),
         "{e}"
     );
+}
+
+/// A turn names a tool only when the request offered it: without `tools`, with
+/// `tool_choice: "none"`, or calling a name not offered, the policy's text is the answer's
+/// content (as OpenAI and vLLM answer), and the client is never handed a call it cannot run.
+#[test]
+fn a_call_is_a_call_only_to_a_tool_the_request_offered() {
+    let script = vec![call(6, 7)];
+    let (proxy, runner) = online(&script);
+    runtime().block_on(async {
+        let group = one_episode(&runner);
+        let key = take_session(&proxy).await;
+        let chat = format!("{proxy}/v1/chat/completions");
+        let tool = |name: &str| json!([{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}]);
+        let user = json!([{"role": "user", "content": "What is 6 * 7?"}]);
+        for (tools, choice, called) in [
+            (None, None, false),
+            (Some(tool("search")), None, false),
+            (Some(tool("python")), Some("none"), false),
+            (Some(tool("python")), Some("auto"), true),
+        ] {
+            let mut body = json!({"messages": user});
+            if let Some(tools) = &tools {
+                body["tools"] = tools.clone();
+            }
+            if let Some(choice) = choice {
+                body["tool_choice"] = json!(choice);
+            }
+            let (status, _, answer) = http(&chat, Some(&key), Some(&body.to_string())).await;
+            assert_eq!(status, 200, "{answer}");
+            let answer = json_of(&answer);
+            let choice0 = &answer["choices"][0];
+            let case = format!("tools {tools:?}, tool_choice {choice:?}");
+            if called {
+                assert_eq!(choice0["finish_reason"], "tool_calls", "{case}");
+                assert_eq!(choice0["message"]["tool_calls"][0]["function"]["name"], "python");
+            } else {
+                assert_eq!(choice0["finish_reason"], "stop", "{case}");
+                assert!(choice0["message"].get("tool_calls").is_none(), "{case}: {answer}");
+                assert_eq!(choice0["message"]["content"], call(6, 7), "{case}");
+            }
+        }
+        // a field the proxy would ignore is refused by name, the session untouched
+        for (field, value) in [
+            ("response_format", json!({"type": "json_object"})),
+            ("logit_bias", json!({"5": 100})),
+            ("top_k", json!(1)),
+        ] {
+            let mut body = json!({"messages": user});
+            body[field] = value;
+            let (status, _, answer) = http(&chat, Some(&key), Some(&body.to_string())).await;
+            assert_eq!(status, 400, "{answer}");
+            assert_eq!(json_of(&answer)["error"]["param"], field);
+        }
+        let (status, _, _) = http(&format!("{proxy}/rl/end_session"), Some(&key), Some("{}")).await;
+        assert_eq!(status, 200);
+        let group = group.await.unwrap().unwrap();
+        // four requests, none extending the last: four samples
+        assert_eq!(group.samples.len(), 4);
+    });
+}
+
+/// Echoes the seed each token is drawn with (the real generators draw from it, the sample's
+/// id and the position): what tells one draw from another.
+struct SeedEcho {
+    tokenizer: Arc<dyn Tokenizer>,
+}
+
+#[areal_sdk::async_trait]
+impl Generator for SeedEcho {
+    fn name(&self) -> &str {
+        "seed-echo"
+    }
+    async fn generate(&self, request: GenerateRequest) -> Result<Completion, PluginError> {
+        let seed = areal_sdk::mix_seed(
+            areal_sdk::mix_seed(request.sampling.seed, request.sample_id),
+            request.input_ids.len() as u64,
+        );
+        let mut c = Completion::empty(FinishReason::Stop);
+        let stop = self.tokenizer.stop_token_ids()[0];
+        for id in self
+            .tokenizer
+            .encode(&format!("{seed:016x}"))?
+            .into_iter()
+            .chain([stop])
+        {
+            c.push(id, -0.5, 3);
+        }
+        Ok(c)
+    }
+    async fn update_weights(&self, _: WeightUpdate) -> Result<(), PluginError> {
+        Ok(())
+    }
+}
+
+/// Every choice of `n` and every retry of a request draws its own tokens: n = 16 choices are
+/// 16 draws, the same request sent 5 times 5 more; a client's `seed` draws the same again.
+#[test]
+fn every_choice_and_every_retry_draws_its_own_tokens() {
+    let (proxy, runner) = online_on(Arc::new(SeedEcho {
+        tokenizer: tokenizer(),
+    }));
+    runtime().block_on(async {
+        let group = one_episode(&runner);
+        let key = take_session(&proxy).await;
+        let chat = format!("{proxy}/v1/chat/completions");
+        let ask = |extra: Value| {
+            let mut body =
+                json!({"messages": [{"role": "user", "content": "roll"}], "temperature": 1.0});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            body.to_string()
+        };
+        let texts = |answer: &str| -> Vec<String> {
+            json_of(answer)["choices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["message"]["content"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let mut drawn = std::collections::BTreeSet::new();
+        let (status, _, answer) = http(&chat, Some(&key), Some(&ask(json!({"n": 16})))).await;
+        assert_eq!(status, 200, "{answer}");
+        drawn.extend(texts(&answer));
+        assert_eq!(drawn.len(), 16, "16 choices, 16 draws");
+        for _ in 0..5 {
+            let (status, _, answer) = http(&chat, Some(&key), Some(&ask(json!({})))).await;
+            assert_eq!(status, 200, "{answer}");
+            drawn.extend(texts(&answer));
+        }
+        assert_eq!(drawn.len(), 21, "each retry its own draw");
+        // a client's seed: the same seed the same draws, another seed others
+        let mut seeded = Vec::new();
+        for seed in [7, 7, 8] {
+            let (status, _, answer) =
+                http(&chat, Some(&key), Some(&ask(json!({"n": 2, "seed": seed})))).await;
+            assert_eq!(status, 200, "{answer}");
+            seeded.push(texts(&answer));
+        }
+        assert_eq!(seeded[0], seeded[1]);
+        assert_ne!(seeded[0][0], seeded[0][1], "each choice its own draw");
+        assert!(seeded[2].iter().all(|t| !seeded[0].contains(t)));
+        assert!(seeded.iter().flatten().all(|t| !drawn.contains(t)));
+        let (status, _, _) = http(&format!("{proxy}/rl/end_session"), Some(&key), Some("{}")).await;
+        assert_eq!(status, 200);
+        group.await.unwrap().unwrap();
+    });
+}
+
+/// Messages past the model's context are the client's fault: 400 with OpenAI's
+/// `context_length_exceeded`, naming the tokens and the limit, and the session goes on as if
+/// they had never been sent (nothing of them in the samples trained on).
+#[test]
+fn messages_past_the_context_are_refused_and_the_session_goes_on() {
+    let tokenizer = tokenizer();
+    let script = vec!["one".to_owned(), "two".to_owned(), "three".to_owned()];
+    let (proxy, runner) = online_on(scripted(&script, 64));
+    runtime().block_on(async {
+        let group = one_episode(&runner);
+        let key = take_session(&proxy).await;
+        let chat = format!("{proxy}/v1/chat/completions");
+        let long = "x".repeat(100);
+        let (chat_at, key_of) = (&chat, &key);
+        let too_long = |messages: Value| async move {
+            let body = json!({"messages": messages});
+            let (status, _, answer) = http(chat_at, Some(key_of), Some(&body.to_string())).await;
+            assert_eq!(status, 400, "{answer}");
+            let error = json_of(&answer)["error"].clone();
+            assert_eq!(error["code"], "context_length_exceeded", "{error}");
+            assert_eq!(error["type"], "invalid_request_error");
+            assert_eq!(error["param"], "messages");
+            let message = error["message"].as_str().unwrap().to_owned();
+            assert!(
+                message.contains("maximum context length is 64 tokens"),
+                "{message}"
+            );
+            message
+        };
+        // the first request too long: the session has not started
+        let first = too_long(json!([{"role": "user", "content": long}])).await;
+        assert!(first.contains("resulted in 118 tokens"), "{first}");
+        let mut messages = json!([{"role": "user", "content": "count"}]);
+        let (status, _, answer) = http(
+            &chat,
+            Some(&key),
+            Some(&json!({"messages": messages}).to_string()),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        let answer = json_of(&answer);
+        assert_eq!(answer["choices"][0]["message"]["content"], "one");
+        // an extension too long, twice: refused, the session as it was
+        let m = messages.as_array_mut().unwrap();
+        m.push(answer["choices"][0]["message"].clone());
+        let mut longer = m.clone();
+        longer.push(json!({"role": "user", "content": long}));
+        too_long(json!(longer)).await;
+        too_long(json!(longer)).await;
+        m.push(json!({"role": "user", "content": "again"}));
+        let (status, _, answer) = http(
+            &chat,
+            Some(&key),
+            Some(&json!({"messages": messages}).to_string()),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(json_of(&answer)["choices"][0]["message"]["content"], "two");
+        let (status, _, _) = http(&format!("{proxy}/rl/end_session"), Some(&key), Some("{}")).await;
+        assert_eq!(status, 200);
+        let group = group.await.unwrap().unwrap();
+        assert_eq!(group.samples.len(), 1, "no split: the session went on");
+        let sample = &group.samples[0];
+        assert_eq!(
+            tokenizer
+                .decode_verbatim(&sample.completion.token_ids)
+                .unwrap(),
+            "user:\ncount\nassistant:\none<eos>\nuser:\nagain\nassistant:\ntwo<eos>"
+        );
+        assert_eq!(sample.reward.provenance.details["turns"], 2);
+    });
+    assert_eq!(counted(&runner), (1, 0, 0));
 }

@@ -313,10 +313,11 @@ impl Worker {
             return Err(invalid("empty input".into()));
         }
         if n >= loaded.capacity {
-            return Err(invalid(format!(
-                "input of {n} tokens does not fit the context of {} tokens",
-                loaded.capacity
-            )));
+            return Err(PluginError::context_exceeded(
+                crate::NAME,
+                n,
+                loaded.capacity,
+            ));
         }
         if let Some(bad) = request
             .input_ids

@@ -160,6 +160,99 @@ fn train_writes_a_run_folder() {
     );
 }
 
+/// Every file under `dir` (relative path, bytes), sorted.
+fn tree(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(dir: &std::path::Path, prefix: &str, out: &mut Vec<(String, Vec<u8>)>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            let name = format!("{prefix}{}", entry.file_name().to_string_lossy());
+            if entry.file_type().unwrap().is_dir() {
+                walk(&entry.path(), &format!("{name}/"), out);
+            } else {
+                out.push((name, std::fs::read(entry.path()).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, "", &mut out);
+    out.sort();
+    out
+}
+
+/// `areal train --out` given a finished run's folder once replaced it, checkpoints and
+/// summary gone, exit 0. A folder that is not empty is refused, untouched; `--overwrite`
+/// deletes only what a run writes there.
+#[test]
+fn a_run_folder_that_is_not_empty_is_refused_unless_overwrite_is_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let config = testkit_config(dir.path());
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "-q",
+            "--config",
+            config.to_str().unwrap(),
+            "--out",
+            run.to_str().unwrap(),
+            "--set",
+            "train.steps=6",
+            "--set",
+            "checkpoint.every=2",
+        ];
+        args.extend_from_slice(extra);
+        areal(&args)
+    };
+    // an empty folder (made by a scheduler, say) is a new run's
+    std::fs::create_dir(&run).unwrap();
+    let first = train(&["--seed", "3"]);
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    std::fs::write(run.join("notes.txt"), "the user's own").unwrap();
+    let before = tree(&run);
+    assert!(
+        before
+            .iter()
+            .any(|(name, _)| name.starts_with("checkpoints/")),
+        "{:?}",
+        before.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    let again = train(&["--seed", "4"]);
+    let stderr = text(&again.stderr);
+    assert_eq!(again.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not empty")
+            && stderr.contains("checkpoints")
+            && stderr.contains("config.toml")
+            && stderr.contains("3 more")
+            && stderr.contains(&format!("--resume {}", run.display()))
+            && stderr.contains("--overwrite"),
+        "{stderr}"
+    );
+    assert!(tree(&run) == before, "the refused run changed the folder");
+    // asked by name: the run starts afresh, the user's own file stays
+    let third = train(&["--seed", "4", "--overwrite"]);
+    assert!(third.status.success(), "{}", text(&third.stderr));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        (summary["seed"].as_u64(), summary["steps"].as_u64()),
+        (Some(4), Some(6))
+    );
+    assert_eq!(
+        std::fs::read_to_string(run.join("notes.txt")).unwrap(),
+        "the user's own"
+    );
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let steps = metrics
+        .lines()
+        .filter(|l| l.contains("\"event\":\"step\""))
+        .count();
+    assert_eq!(steps, 6, "the old run's records are gone");
+    // --overwrite needs --out: it never applies to a default folder by accident
+    let bare = areal(&["train", "--overwrite", "-q"]);
+    assert_eq!(bare.status.code(), Some(2), "{}", text(&bare.stderr));
+}
+
 #[test]
 fn config_prints_the_resolved_config() {
     let out = areal(&[
@@ -1376,9 +1469,26 @@ fn serve_proxy_serves_agents_and_records_their_sessions() {
     assert_eq!(status, 200, "{answer}");
     let completion_tokens = answer["usage"]["completion_tokens"].as_u64().unwrap();
     assert!(completion_tokens > 0);
+    // 16 choices at temperature 1 of the real (untrained) policy: 16 draws, each a sample
+    let (status, choices) = post(
+        &addr,
+        "/v1/chat/completions",
+        &key,
+        &serde_json::json!({"model": "policy", "messages": [{"role": "user", "content": prompt}],
+            "n": 16, "temperature": 1.0, "max_tokens": 12}),
+    );
+    assert_eq!(status, 200, "{choices}");
+    let drawn: std::collections::BTreeSet<&str> = choices["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(drawn.len(), 16, "{drawn:?}");
     let (status, _) = post(&addr, "/rl/end_session", &key, &serde_json::json!({}));
     assert_eq!(status, 200);
-    wait_for_line(&records, "\"session\"");
+    // the first request's sample and the 16 choices', all written
+    wait_for_line(&records, "\"part\":16");
     let _ = child.kill();
     let _ = child.wait();
     let text = std::fs::read_to_string(&records).unwrap();
@@ -1391,6 +1501,21 @@ fn serve_proxy_serves_agents_and_records_their_sessions() {
     assert_eq!(trained, completion_tokens);
     assert_eq!(input.len() as u64, prompt.len() as u64 + completion_tokens);
     assert!(record["verdict"].is_string() && record["reward"].is_number());
+    // each record names the session start_session gave and the answers it holds
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 17);
+    for (k, line) in lines.iter().enumerate() {
+        assert_eq!(line["session"], session["session_id"], "{line}");
+        assert_eq!(line["part"], k);
+    }
+    assert_eq!(lines[0]["interactions"], serde_json::json!([answer["id"]]));
+    assert_eq!(
+        lines[16]["interactions"],
+        serde_json::json!([choices["id"]])
+    );
 }
 
 /// Adapters trained over a checkpoint (`[policy] path`, `[policy.lora]`): the run's own

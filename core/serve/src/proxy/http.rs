@@ -45,7 +45,14 @@ pub(crate) struct Served {
 }
 
 fn refuse(status: u16, message: &str, param: Option<&str>) -> Response {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    refused(Refusal {
+        param: param.map(str::to_owned),
+        ..Refusal::new(status, message)
+    })
+}
+
+fn refused(r: Refusal) -> Response {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let kind = match status.as_u16() {
         400 => "invalid_request_error",
         401 => "authentication_error",
@@ -54,11 +61,57 @@ fn refuse(status: u16, message: &str, param: Option<&str>) -> Response {
         429 => "rate_limit_error",
         _ => "server_error",
     };
-    (status, axum::Json(error_body(message, kind, param))).into_response()
+    let body = error_body(&r.message, kind, r.param.as_deref(), r.code);
+    (status, axum::Json(body)).into_response()
 }
 
-fn refused(r: Refusal) -> Response {
-    refuse(r.status, &r.message, r.param.as_deref())
+/// Middleware: every 429 says when to come back (`Retry-After`), whichever route refused.
+async fn retry_after(
+    State(s): State<Arc<Served>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    if response.status() == StatusCode::TOO_MANY_REQUESTS
+        && !response.headers().contains_key(header::RETRY_AFTER)
+    {
+        let wait = s.retry_after.as_secs().max(1);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(wait));
+    }
+    response
+}
+
+/// The deepest a request's JSON may nest (within serde_json's own bound on what it reads as
+/// values, 128; which it does not apply to what it skips).
+const MAX_DEPTH: usize = 64;
+
+/// How deep `body`'s JSON nests (its arrays and objects), read as bytes: past `MAX_DEPTH` the
+/// body is refused before it is parsed.
+fn depth(body: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0, false, false);
+    for &b in body {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// The bearer key of a request.
@@ -72,13 +125,22 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// The body as `T`, or a 400 naming the field.
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Refusal> {
+    let deepest = depth(body);
+    if deepest > MAX_DEPTH {
+        return Err(Refusal::new(
+            400,
+            format!("the request's body nests {deepest} deep: at most {MAX_DEPTH}"),
+        ));
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         Refusal {
-            status: 400,
-            message: format!("the request's body cannot be read: {}", e.inner()),
             param: (path != ".").then_some(path),
+            ..Refusal::new(
+                400,
+                format!("the request's body cannot be read: {}", e.inner()),
+            )
         }
     })
 }
@@ -182,18 +244,11 @@ async fn start_session(State(s): State<Arc<Served>>, headers: HeaderMap, body: B
             "item": attached.item,
         }))
         .into_response(),
-        None => {
-            let mut response = refuse(
-                429,
-                "the run admits no more sessions now (its staleness bound): retry later",
-                None,
-            );
-            let wait = s.retry_after.as_secs().max(1).to_string();
-            if let Ok(v) = HeaderValue::from_str(&wait) {
-                response.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-            response
-        }
+        None => refuse(
+            429,
+            "the run admits no more sessions now (its staleness bound): retry later",
+            None,
+        ),
     }
 }
 
@@ -275,6 +330,34 @@ pub(crate) fn router(served: Arc<Served>) -> Router {
         .route(routes::MODELS, get(models))
         .route(routes::HEALTH, get(health))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            served.clone(),
+            retry_after,
+        ))
         .layer(axum::middleware::from_fn(crate::server::bounded_body))
         .with_state(served)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_nested_too_deep_is_refused_before_it_is_read() {
+        assert_eq!(depth(br#"{"a": [1, {"b": "[[[{{{"}], "c": "\"]]"}"#), 3);
+        let deep = format!(
+            "{{\"messages\": [], \"x\": {}{}}}",
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        let refused = parse::<serde_json::Value>(&Bytes::from(deep)).unwrap_err();
+        assert_eq!(refused.status, 400);
+        assert!(
+            refused.message.contains("10001 deep"),
+            "{}",
+            refused.message
+        );
+        let fine = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(parse::<serde_json::Value>(&Bytes::from(fine)).is_ok());
+    }
 }

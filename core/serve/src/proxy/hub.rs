@@ -37,6 +37,8 @@ pub(crate) struct Refusal {
     pub(crate) status: u16,
     pub(crate) message: String,
     pub(crate) param: Option<String>,
+    /// OpenAI's `code` (`context_length_exceeded`), where it has one.
+    pub(crate) code: Option<&'static str>,
 }
 
 impl Refusal {
@@ -45,7 +47,14 @@ impl Refusal {
             status,
             message: message.into(),
             param: None,
+            code: None,
         }
+    }
+
+    /// The same, naming the request's field `param`.
+    pub(crate) fn on(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
     }
 }
 

@@ -357,7 +357,9 @@ impl Agent {
         };
         Ok(reward
             .with_detail("turns", session.tally.turns)
-            .with_detail("splits", session.tally.splits))
+            .with_detail("splits", session.tally.splits)
+            .with_detail("session_id", session.id())
+            .with_detail("interactions", session.interactions()))
     }
 }
 

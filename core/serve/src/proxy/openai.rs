@@ -2,14 +2,17 @@
 //! takes, the answer's shape (`choices[].message.tool_calls`, `finish_reason`, `usage`), the
 //! chunks of a streamed answer, and OpenAI's error body.
 
-use areal_sdk::tool_calls::{ParsedTurn, ToolCallFormat, parse_tool_calls};
+use areal_sdk::tool_calls::{ParsedTurn, ToolCall, ToolCallFormat, parse_tool_calls};
 use areal_sdk::{ChatMessage, ToolSchema};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-/// `POST /v1/chat/completions`: the fields the proxy reads. Others (`model`, `user`,
-/// `metadata`, `seed`...) are accepted and ignored; those that would change what is sampled in
-/// a way the proxy cannot honour are refused by [`ChatRequest::check`].
+/// `POST /v1/chat/completions`: the fields the proxy reads. Of the rest, those that change
+/// nothing sampled (`user`, `metadata`, `store`...) are taken as they come, those at their
+/// no-effect value (`presence_penalty: 0`, `response_format: {"type": "text"}`...) too; any
+/// other, or any field the proxy does not know, is refused by name by [`ChatRequest::check`]
+/// (as OpenAI refuses an unrecognised argument): a field accepted and ignored would be a lie
+/// to the client.
 #[derive(Clone, Debug, Deserialize)]
 pub(crate) struct ChatRequest {
     pub(crate) messages: Vec<Value>,
@@ -37,6 +40,74 @@ pub(crate) struct ChatRequest {
     pub(crate) logprobs: Option<bool>,
     #[serde(default)]
     pub(crate) model: Option<String>,
+    #[serde(default)]
+    pub(crate) seed: Option<Value>,
+    /// Every other field, checked by [`check_rest`].
+    #[serde(flatten)]
+    pub(crate) rest: Map<String, Value>,
+}
+
+/// Fields that change nothing the proxy samples or answers: taken with any value.
+const NO_EFFECT: &[&str] = &[
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+];
+
+/// Whether `value` of field `name` asks for nothing beyond what the proxy does (the field's
+/// default, or null): `None` when the proxy does not know the field.
+fn at_default(name: &str, value: &Value) -> Option<bool> {
+    let none = value.is_null();
+    Some(match name {
+        "frequency_penalty" | "presence_penalty" => none || value.as_f64() == Some(0.0),
+        "top_logprobs" => none || value.as_u64() == Some(0),
+        "logit_bias" => none || value.as_object().is_some_and(Map::is_empty),
+        "parallel_tool_calls" => none || value.as_bool() == Some(true),
+        "response_format" => none || value == &json!({"type": "text"}),
+        "modalities" => none || value == &json!(["text"]),
+        "functions" => none || value.as_array().is_some_and(Vec::is_empty),
+        "function_call" | "audio" | "prediction" | "web_search_options" | "reasoning_effort"
+        | "verbosity" => none,
+        _ => return None,
+    })
+}
+
+/// What is wrong with the fields the proxy does not read, if anything: the first, by name.
+fn check_rest(rest: &Map<String, Value>) -> Result<(), BadField> {
+    for (name, value) in rest {
+        if NO_EFFECT.contains(&name.as_str()) {
+            continue;
+        }
+        match at_default(name, value) {
+            Some(true) => {}
+            Some(false) => {
+                let why = match name.as_str() {
+                    "response_format" => {
+                        "only {\"type\": \"text\"}: a structured answer would need \
+                         constrained decoding"
+                    }
+                    "functions" | "function_call" => "the deprecated form: use `tools`",
+                    "parallel_tool_calls" => "only true: a turn's calls are all the policy writes",
+                    "top_logprobs" => "only 0: the policy's alternatives are not kept",
+                    _ => "the proxy samples the policy as it is and cannot honour it",
+                };
+                return Err(BadField::new(
+                    name.clone(),
+                    format!("{name} = {value}: {why}"),
+                ));
+            }
+            None => {
+                return Err(BadField::new(
+                    name.clone(),
+                    format!("Unrecognized request argument supplied: {name}"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A request refused: the field, and why (a 400 naming it).
@@ -60,9 +131,9 @@ impl BadField {
 pub(crate) struct Asked {
     pub(crate) messages: Vec<ChatMessage>,
     pub(crate) tools: Vec<ToolSchema>,
-    /// Whether the answer's tool calls are read out of its text (`tool_choice` is not
-    /// `none`).
-    pub(crate) parse_calls: bool,
+    /// The names of the tools the answer may call: those offered, none when `tool_choice`
+    /// is `none`. A call to any other name is text.
+    pub(crate) callable: Vec<String>,
     pub(crate) max_tokens: Option<usize>,
     pub(crate) temperature: Option<f32>,
     pub(crate) top_p: Option<f32>,
@@ -74,6 +145,8 @@ pub(crate) struct Asked {
     pub(crate) n: usize,
     /// Texts that end a turn (`stop`).
     pub(crate) stop: Vec<String>,
+    /// The client's `seed`: the same seed and messages sample the same turn.
+    pub(crate) seed: Option<u64>,
 }
 
 /// The most stop texts a request may give (OpenAI's bound).
@@ -88,6 +161,16 @@ impl ChatRequest {
         if self.messages.is_empty() {
             return Err(BadField::new("messages", "at least one message is needed"));
         }
+        check_rest(&self.rest)?;
+        let seed = match &self.seed {
+            None | Some(Value::Null) => None,
+            // (a negative seed is as good a seed: its bits)
+            Some(v) => Some(
+                v.as_u64()
+                    .or_else(|| v.as_i64().map(|s| s as u64))
+                    .ok_or_else(|| BadField::new("seed", format!("{v}: an integer")))?,
+            ),
+        };
         let n = self.n.unwrap_or(1);
         if !(1..=MAX_CHOICES).contains(&n) {
             return Err(BadField::new(
@@ -116,7 +199,7 @@ impl ChatRequest {
                 format!("at most {MAX_STOP} texts, none empty"),
             ));
         }
-        let parse_calls = match &self.tool_choice {
+        let calls_allowed = match &self.tool_choice {
             None | Some(Value::Null) => true,
             Some(Value::String(s)) if s == "auto" => true,
             Some(Value::String(s)) if s == "none" => false,
@@ -142,6 +225,11 @@ impl ChatRequest {
             .enumerate()
             .map(|(i, t)| tool(t).map_err(|e| BadField::new(format!("tools[{i}]"), e)))
             .collect::<Result<Vec<_>, _>>()?;
+        let callable = if calls_allowed {
+            tools.iter().map(|t| t.name.clone()).collect()
+        } else {
+            Vec::new()
+        };
         if let Some(t) = self.temperature
             && !(t.is_finite() && t >= 0.0)
         {
@@ -168,7 +256,7 @@ impl ChatRequest {
         Ok(Asked {
             messages,
             tools,
-            parse_calls,
+            callable,
             max_tokens,
             temperature: self.temperature,
             top_p: self.top_p,
@@ -178,6 +266,7 @@ impl ChatRequest {
             model: self.model.unwrap_or_else(|| "policy".into()),
             n,
             stop,
+            seed,
         })
     }
 }
@@ -297,19 +386,23 @@ fn tool(value: &Value) -> Result<ToolSchema, String> {
 }
 
 /// The assistant's message a turn's text makes: its tool calls read out of it in `format`
-/// when `parse_calls` (each given the id `{id_prefix}_{k}`), the rest its content. A turn with
-/// a call that cannot be read is all content (as vLLM's parsers leave it).
+/// (each given the id `{id_prefix}_{k}`), the rest its content. A turn with no tool
+/// `callable`, with a call that cannot be read, or with a call to a name not callable is all
+/// content (as OpenAI and vLLM answer: a client is never handed a call to a tool it did not
+/// offer).
 pub(crate) fn assistant_message(
     text: &str,
     format: ToolCallFormat,
-    parse_calls: bool,
+    callable: &[String],
     id_prefix: &str,
 ) -> ChatMessage {
-    if !parse_calls {
+    if callable.is_empty() {
         return ChatMessage::new("assistant", text);
     }
     let ParsedTurn { content, calls } = parse_tool_calls(text, format);
-    if calls.is_empty() || calls.iter().any(Result::is_err) {
+    let offered =
+        |call: &Result<ToolCall, _>| call.as_ref().is_ok_and(|c| callable.contains(&c.name));
+    if calls.is_empty() || !calls.iter().all(offered) {
         return ChatMessage::new("assistant", text);
     }
     let calls = calls
@@ -500,13 +593,18 @@ impl Answer {
 }
 
 /// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}`.
-pub(crate) fn error_body(message: &str, kind: &str, param: Option<&str>) -> Value {
+pub(crate) fn error_body(
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Value {
     json!({
         "error": {
             "message": message,
             "type": kind,
             "param": param,
-            "code": Value::Null,
+            "code": code,
         }
     })
 }
@@ -544,7 +642,19 @@ mod tests {
         assert_eq!(asked.messages[3].tool_call_id.as_deref(), Some("c1"));
         assert_eq!(asked.tools[0].name, "f");
         assert_eq!(asked.max_tokens, Some(7));
-        assert!(asked.parse_calls);
+        assert_eq!(asked.callable, ["f"]);
+        // with tool_choice none, or no tools offered, nothing is callable
+        let none = |extra: Value| {
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}]});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            request(body).unwrap().callable
+        };
+        assert!(none(json!({"tool_choice": "none"})).is_empty());
+        assert!(none(json!({"tools": []})).is_empty());
+        assert_eq!(none(json!({"tool_choice": "auto"})), ["f"]);
     }
 
     #[test]
@@ -565,6 +675,56 @@ mod tests {
         assert_eq!(base(json!({"max_tokens": 0})), "max_tokens");
         assert_eq!(base(json!({"temperature": -1.0})), "temperature");
         assert_eq!(base(json!({"top_p": 0.0})), "top_p");
+        assert_eq!(base(json!({"seed": "x"})), "seed");
+        // fields that would be ignored are refused by name, unknown ones too
+        for (field, value) in [
+            ("response_format", json!({"type": "json_object"})),
+            (
+                "response_format",
+                json!({"type": "json_schema", "json_schema": {"name": "x"}}),
+            ),
+            ("presence_penalty", json!(0.5)),
+            ("frequency_penalty", json!(-1)),
+            ("logit_bias", json!({"12": 5})),
+            ("top_logprobs", json!(3)),
+            ("parallel_tool_calls", json!(false)),
+            ("functions", json!([{"name": "f"}])),
+            ("function_call", json!("auto")),
+            ("audio", json!({"voice": "alloy"})),
+            ("modalities", json!(["text", "audio"])),
+            ("prediction", json!({"type": "content", "content": "x"})),
+            ("reasoning_effort", json!("high")),
+            ("verbosity", json!("low")),
+            ("web_search_options", json!({})),
+            ("top_k", json!(20)),
+            ("chat_template_kwargs", json!({"enable_thinking": false})),
+            ("guided_json", json!({})),
+        ] {
+            let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+            body[field] = value.clone();
+            let refused = request(body).unwrap_err();
+            assert_eq!(refused.param, field, "{field} = {value}");
+            assert!(refused.message.contains(field), "{}", refused.message);
+        }
+        let unknown = request(json!({"messages": [{"role": "user", "content": "hi"}], "top_k": 2}))
+            .unwrap_err();
+        assert_eq!(
+            unknown.message,
+            "Unrecognized request argument supplied: top_k"
+        );
+        // what changes nothing is taken, at any value or at its no-effect one
+        let harmless = request(json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "user": "u", "metadata": {"k": "v"}, "store": false, "service_tier": "auto",
+            "safety_identifier": "s", "prompt_cache_key": "p",
+            "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
+            "top_logprobs": 0, "parallel_tool_calls": true, "response_format": {"type": "text"},
+            "modalities": ["text"], "functions": [], "function_call": null, "audio": null,
+            "prediction": null, "web_search_options": null, "reasoning_effort": null,
+            "verbosity": null, "seed": -3,
+        }))
+        .unwrap();
+        assert_eq!(harmless.seed, Some(-3i64 as u64));
         assert_eq!(
             base(json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})),
             "messages[0]"
@@ -583,7 +743,8 @@ mod tests {
     #[test]
     fn a_turn_with_calls_becomes_openais_message() {
         let text = "let me compute\n<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"6*7\"}}\n</tool_call>";
-        let m = assistant_message(text, ToolCallFormat::Hermes, true, "call_x");
+        let python = ["python".to_owned()];
+        let m = assistant_message(text, ToolCallFormat::Hermes, &python, "call_x");
         assert_eq!(m.content, "let me compute");
         let json = message_json(&m);
         assert_eq!(json["tool_calls"][0]["id"], "call_x_0");
@@ -594,14 +755,20 @@ mod tests {
         // read back as a client sends it, it is the same message
         assert_eq!(message(&json).unwrap(), m);
         assert_eq!(finish_reason(true, &m), "tool_calls");
-        // tool_choice none: all text
-        let plain = assistant_message(text, ToolCallFormat::Hermes, false, "c");
+        // tool_choice none, or no tools offered: all text
+        let plain = assistant_message(text, ToolCallFormat::Hermes, &[], "c");
         assert_eq!(plain.content, text);
+        assert_eq!(finish_reason(true, &plain), "stop");
+        // a call to a tool not offered: all text (the client could not run it)
+        let other = assistant_message(text, ToolCallFormat::Hermes, &["search".into()], "c");
+        assert!(other.tool_calls.is_empty());
+        assert_eq!(other.content, text);
+        assert_eq!(finish_reason(true, &other), "stop");
         // a call that cannot be read leaves the text whole
         let broken = assistant_message(
             "<tool_call>{oops</tool_call>",
             ToolCallFormat::Hermes,
-            true,
+            &python,
             "c",
         );
         assert!(broken.tool_calls.is_empty());

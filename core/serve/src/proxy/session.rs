@@ -12,6 +12,7 @@
 use areal_sdk::tool_calls::ToolCallFormat;
 use areal_sdk::{
     ChatMessage, EpisodeContext, FinishReason, PluginError, Reward, ToolSchema, TurnOptions,
+    mix_seed,
 };
 
 use super::hub::Refusal;
@@ -36,6 +37,8 @@ pub(crate) struct Session {
     tools: Vec<ToolSchema>,
     /// The interactions of the current sample, in order (their ids).
     interactions: Vec<String>,
+    /// Those of each sample split off, in order.
+    parts: Vec<Vec<String>>,
     /// Every interaction's id so far, to tell a stale id from an unknown one.
     earlier: Vec<String>,
     /// The reward set on the last interaction, not yet given to its turn.
@@ -57,6 +60,7 @@ impl Session {
             seen: None,
             tools: Vec::new(),
             interactions: Vec::new(),
+            parts: Vec::new(),
             earlier: Vec::new(),
             pending: None,
             last_content: String::new(),
@@ -119,15 +123,15 @@ impl Session {
             if k == 0 {
                 prompt_tokens = ctx.prompt_ids().len() + ctx.completion().len();
             }
-            sampled.push(self.turn(ctx, &asked, &format!("{id}_{k}")).await?);
+            sampled.push(self.turn(ctx, &asked, k, &format!("{id}_{k}")).await?);
             self.tally.turns += 1;
+            self.interactions.push(id.clone());
         }
         // the choice the session goes on with is the first the client reads
         let choices: Vec<Choice> = sampled.into_iter().rev().collect();
         let mut seen = asked.messages;
         seen.push(choices[0].message.clone());
         self.seen = Some(seen);
-        self.interactions.push(id.clone());
         self.earlier.push(id.clone());
         self.last_content = choices[0].message.content.clone();
         Ok(Answer {
@@ -147,7 +151,7 @@ impl Session {
         self.flush_reward(ctx)?;
         ctx.split().map_err(internal)?;
         self.tally.splits += 1;
-        self.interactions.clear();
+        self.parts.push(std::mem::take(&mut self.interactions));
         self.seen = None;
         Ok(())
     }
@@ -158,12 +162,13 @@ impl Session {
         self.tools = asked.tools.clone();
     }
 
-    /// One turn of the policy after the messages appended, as choice `call_ids` names its
-    /// calls.
+    /// One turn of the policy after the messages appended, as choice `k` whose calls
+    /// `call_ids` names.
     async fn turn(
         &mut self,
         ctx: &mut dyn EpisodeContext,
         asked: &Asked,
+        k: usize,
         call_ids: &str,
     ) -> Result<Choice, Refusal> {
         let mut options = TurnOptions::default();
@@ -171,12 +176,21 @@ impl Session {
         options.temperature = asked.temperature;
         options.top_p = asked.top_p;
         options.stop = asked.stop.clone();
+        // the client's seed: each choice its own draw, the same again for the same seed
+        options.seed = asked.seed.map(|seed| mix_seed(seed, k as u64));
         let before = ctx.completion().len();
-        // (what the request asks was checked: a failure here is the policy's side, and the
-        // session's tokens now hold messages no turn answers: it ends, as a failed generation
-        // ends any episode)
+        let input = ctx.prompt_ids().len() + before;
         let turn = match ctx.generate_with(&options).await {
             Ok(turn) => turn,
+            // the request's own fault (its messages past the model's context), and the
+            // context took its messages back: the session goes on as before the request (what
+            // the session has seen is as it was; a split it made leaves it at a new sample's
+            // start)
+            Err(e) if e.is_invalid_request() && ctx.completion().len() < before => {
+                return Err(refused_turn(&e, input));
+            }
+            // (otherwise a failure is the policy's side, and the session's tokens now hold
+            // messages no turn answers: it ends, as a failed generation ends any episode)
             Err(e) => {
                 let refusal = Refusal::new(
                     503,
@@ -193,7 +207,7 @@ impl Session {
             .filter_map(|s| turn.text.find(s.as_str()))
             .min()
             .map_or(turn.text.as_str(), |at| &turn.text[..at]);
-        let message = assistant_message(text, self.format, asked.parse_calls, call_ids);
+        let message = assistant_message(text, self.format, &asked.callable, call_ids);
         let logprobs = asked.logprobs.then(|| {
             let c = ctx.completion();
             let tokenizer = ctx.tokenizer();
@@ -216,11 +230,7 @@ impl Session {
 
     /// `/rl/set_reward`: `reward` for interaction `id` (the last when `None`).
     pub(crate) fn set_reward(&mut self, reward: f64, id: Option<&str>) -> Result<(), Refusal> {
-        Reward::check_value(reward).map_err(|e| Refusal {
-            status: 400,
-            message: e.to_string(),
-            param: Some("reward".into()),
-        })?;
+        Reward::check_value(reward).map_err(|e| Refusal::new(400, e.to_string()).on("reward"))?;
         let Some(last) = self.interactions.last() else {
             return Err(Refusal::new(
                 400,
@@ -231,21 +241,20 @@ impl Session {
             None => {}
             Some(id) if id == last => {}
             Some(id) if self.earlier.iter().any(|e| e == id) => {
-                return Err(Refusal {
-                    status: 409,
-                    message: format!(
+                return Err(Refusal::new(
+                    409,
+                    format!(
                         "{id} is not the session's last interaction ({last}): a reward is set \
                          on the last one, before the next request"
                     ),
-                    param: Some("interaction_id".into()),
-                });
+                )
+                .on("interaction_id"));
             }
             Some(id) => {
-                return Err(Refusal {
-                    status: 404,
-                    message: format!("this session has no interaction {id}"),
-                    param: Some("interaction_id".into()),
-                });
+                return Err(
+                    Refusal::new(404, format!("this session has no interaction {id}"))
+                        .on("interaction_id"),
+                );
             }
         }
         self.pending = Some(reward);
@@ -269,6 +278,39 @@ impl Session {
     /// The last answer's content.
     pub(crate) fn last_content(&self) -> &str {
         &self.last_content
+    }
+
+    /// The session's id.
+    pub(crate) fn id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// The interactions (their ids) of each of the episode's samples, in order: those split
+    /// off, then the current one.
+    pub(crate) fn interactions(&self) -> Vec<Vec<String>> {
+        let mut out = self.parts.clone();
+        out.push(self.interactions.clone());
+        out
+    }
+}
+
+/// A turn the generator refused as the request's fault, as OpenAI answers it: 400, and for
+/// messages past the model's context its `context_length_exceeded`, naming both lengths.
+fn refused_turn(e: &PluginError, input: usize) -> Refusal {
+    match e.exceeded_context() {
+        Some((_, context)) => Refusal {
+            code: Some("context_length_exceeded"),
+            ..Refusal::new(
+                400,
+                format!(
+                    "This model's maximum context length is {context} tokens. However, your \
+                     messages resulted in {input} tokens. Please reduce the length of the \
+                     messages."
+                ),
+            )
+            .on("messages")
+        },
+        None => Refusal::new(400, format!("the policy refused the request: {e}")).on("messages"),
     }
 }
 
