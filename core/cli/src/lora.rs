@@ -22,9 +22,12 @@ pub(crate) struct MergeArgs {
     /// `runs/NAME/checkpoint/adapter`.
     #[arg(long)]
     adapter: PathBuf,
-    /// Where to write the merged checkpoint (created; must not hold a checkpoint already).
+    /// Where to write the merged checkpoint: a new or empty folder (never a link).
     #[arg(long)]
     out: PathBuf,
+    /// Replace `--out` when it is a folder that holds anything (a checkpoint merged before).
+    #[arg(long)]
+    overwrite: bool,
 }
 
 pub(crate) fn run(command: LoraCommand) -> anyhow::Result<()> {
@@ -35,20 +38,15 @@ pub(crate) fn run(command: LoraCommand) -> anyhow::Result<()> {
 
 #[allow(clippy::print_stdout, reason = "the command's output is its stdout")]
 fn merge(args: &MergeArgs) -> anyhow::Result<()> {
-    if args.out.join(areal_model::hf::CONFIG_FILE).exists() {
-        anyhow::bail!(
-            "{} already holds a checkpoint: give an empty or new folder",
-            args.out.display()
-        );
-    }
-    let adapter_config = areal_model::merge_adapter(&args.base, &args.adapter, &args.out)
-        .with_context(|| {
-            format!(
-                "merging {} into {}",
-                args.adapter.display(),
-                args.base.display()
-            )
-        })?;
+    let adapter_config =
+        areal_model::merge_adapter(&args.base, &args.adapter, &args.out, args.overwrite)
+            .with_context(|| {
+                format!(
+                    "merging {} into {}",
+                    args.adapter.display(),
+                    args.base.display()
+                )
+            })?;
     println!(
         "merged {} (rank {}, {} projections) into {}: {}",
         args.adapter.display(),

@@ -30,6 +30,33 @@ fn failed(message: impl Into<String>) -> PluginError {
 pub struct ChatTemplate {
     env: Environment<'static>,
     special: BTreeMap<String, String>,
+    /// Where it came from, for its errors.
+    origin: String,
+}
+
+/// The instructions one rendering may run (minijinja's fuel): a real template spends a few
+/// hundred a message, so this renders conversations of 10^5 messages, and stops a template
+/// that loops without end in a second or so.
+pub(crate) const RENDER_FUEL: u64 = 50_000_000;
+
+/// The most bytes one rendering may write (past the longest context a model reads).
+pub(crate) const RENDER_BYTES: usize = 32 << 20;
+
+/// Writes into a string up to [`RENDER_BYTES`], then fails.
+struct Bounded(Vec<u8>);
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > RENDER_BYTES {
+            return Err(std::io::Error::other("too long"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A special token of `tokenizer_config.json`: a string, or an `AddedToken` object.
@@ -156,9 +183,20 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
+        env.set_fuel(Some(RENDER_FUEL));
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| failed(format!("the chat template does not parse: {e:#}")))?;
-        Ok(Self { env, special })
+        Ok(Self {
+            env,
+            special,
+            origin: "the chat template".into(),
+        })
+    }
+
+    /// The same, its errors naming it as `origin` (its file).
+    pub fn named(mut self, origin: impl Into<String>) -> Self {
+        self.origin = origin.into();
+        self
     }
 
     /// The chat template of the checkpoint folder `dir`, if it has one, with the special
@@ -166,14 +204,7 @@ impl ChatTemplate {
     /// recent transformers save it), else `tokenizer_config.json`'s `chat_template`: a string,
     /// or the entry named `default` of a list of named templates.
     pub fn from_folder(dir: &Path) -> Result<Option<Self>, PluginError> {
-        let read = |name: &str| {
-            let path = dir.join(name);
-            match std::fs::read_to_string(&path) {
-                Ok(text) => Ok(Some(text)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(failed(format!("cannot read {}: {e}", path.display()))),
-            }
-        };
+        let read = |name: &str| crate::tokenizer::read_side_file(&dir.join(name));
         Self::from_files(
             dir,
             read(TOKENIZER_CONFIG_FILE)?.as_deref(),
@@ -215,8 +246,15 @@ impl ChatTemplate {
                 )));
             }
         };
+        let origin = match jinja {
+            Some(_) => format!(
+                "the chat template {}",
+                dir.join(CHAT_TEMPLATE_FILE).display()
+            ),
+            None => format!("the chat template of {}", path.display()),
+        };
         Self::new(&source, special_tokens(&config))
-            .map(Some)
+            .map(|t| Some(t.named(origin)))
             .map_err(|e| failed(format!("{}: {e}", path.display())))
     }
 
@@ -258,9 +296,23 @@ impl ChatTemplate {
         };
         context.insert("tools".into(), tools);
         context.insert("documents".into(), Value::from(()));
-        template
-            .render(Value::from_iter(context))
-            .map_err(|e| failed(format!("rendering the chat template: {e:#}")))
+        // bounded: in instructions (fuel) and in what it writes
+        let mut out = Bounded(Vec::new());
+        match template.render_captured_to(Value::from_iter(context), &mut out) {
+            Ok(_) => String::from_utf8(out.0)
+                .map_err(|_| failed(format!("rendering {}: not UTF-8", self.origin))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(failed(format!(
+                "rendering {}: it ran {RENDER_FUEL} instructions without ending (a loop \
+                 without end?)",
+                self.origin
+            ))),
+            Err(e) if e.kind() == ErrorKind::WriteFailure => Err(failed(format!(
+                "rendering {}: it wrote past {} MiB",
+                self.origin,
+                RENDER_BYTES >> 20
+            ))),
+            Err(e) => Err(failed(format!("rendering {}: {e:#}", self.origin))),
+        }
     }
 }
 
@@ -305,5 +357,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("first must be user"), "{e}");
+    }
+
+    /// Rendering is bounded: a template that loops without end, recurses, or writes without
+    /// end stops with an error naming it, well within a second's work.
+    #[test]
+    fn a_template_that_would_not_end_is_stopped_naming_it() {
+        let fails = |source: &str| {
+            ChatTemplate::new(source, BTreeMap::new())
+                .unwrap()
+                .named("the chat template /m/chat_template.jinja")
+                .render(&[ChatMessage::new("user", "hi")], &[], true)
+                .unwrap_err()
+                .to_string()
+        };
+        for looping in [
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "{% set ns = namespace(n=0) %}{% for i in range(100000) %}{% for j in range(100000) %}{% set ns.n = ns.n + 1 %}{% endfor %}{% endfor %}",
+        ] {
+            let e = fails(looping);
+            assert!(
+                e.contains("the chat template /m/chat_template.jinja")
+                    && e.contains("instructions without ending"),
+                "{looping}: {e}"
+            );
+        }
+        let e = fails("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+        assert!(e.contains("/m/chat_template.jinja"), "{e}");
+        for writing in [
+            "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+            "{% for i in range(10) %}{{ 'x' * 10000000 }}{% endfor %}",
+        ] {
+            let e = fails(writing);
+            assert!(e.contains("wrote past 32 MiB"), "{writing}: {e}");
+        }
+        // a real conversation of many messages is far within the bound
+        let long: Vec<ChatMessage> = (0..20_000)
+            .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "some words"))
+            .collect();
+        let t = ChatTemplate::new(
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}",
+            BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(
+            t.render(&long, &[], false).unwrap().len(),
+            10_000 * (38 + 43)
+        );
     }
 }

@@ -316,6 +316,28 @@ impl Transformer {
             .any(|l| l.projections().iter().any(|(_, _, p)| p.lora.is_some()))
     }
 
+    /// Whether adapters of `config` fit this model, checked before anything is allocated: a
+    /// rank past a projection's larger side adds nothing a full matrix could not, and a huge
+    /// one would claim memory by itself.
+    pub fn check_lora(&self, config: &AdapterConfig) -> Result<(), PluginError> {
+        let r = config.rank;
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (kind, name, proj) in layer.projections() {
+                if !config.targets(i, kind, name) {
+                    continue;
+                }
+                let [d_in, d_out] = proj.weight.val().dims();
+                if r > d_in.max(d_out) {
+                    return Err(failed(format!(
+                        "rank {r} is past the {d_in}×{d_out} of layer {i}'s {name}: at most {}",
+                        d_in.max(d_out)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// This model with adapters described by `config` on its targeted projections, everything
     /// else frozen but a value head: fresh adapters drawn from `seed` (`B = 0`: the model
     /// computes what the base does), or `tensors` in PEFT's names and layout, each present
@@ -330,9 +352,10 @@ impl Transformer {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut given: Option<BTreeMap<String, NamedTensor>> =
             tensors.map(|ts| ts.into_iter().map(|t| (t.name.clone(), t)).collect());
+        let r = config.rank;
+        self.check_lora(config)?;
         let value_head = self.value_head.clone();
         let mut model = self.no_grad();
-        let r = config.rank;
         for (i, layer) in model.layers.iter_mut().enumerate() {
             for (kind, name, proj) in layer.projections_mut() {
                 if !config.targets(i, kind, name) {
@@ -501,6 +524,8 @@ pub fn load_adapter(dir: &Path) -> Result<(AdapterConfig, Vec<NamedTensor>), Plu
     let weights = dir.join(ADAPTER_WEIGHTS_FILE);
     let (tensors, _) = areal_sdk_train::weights_file::read_safetensors(&weights)
         .map_err(|e| caused("cannot load the adapter", e))?;
+    NamedTensor::check_finite(&tensors)
+        .map_err(|what| failed(format!("{}: {what}", weights.display())))?;
     Ok((config, tensors))
 }
 
@@ -511,11 +536,18 @@ pub fn is_adapter(dir: &Path) -> bool {
 
 /// Fold the PEFT adapter in `adapter` into the checkpoint `base` and write the result as a full
 /// checkpoint folder `out` (on the CPU); the adapter's configuration.
+///
+/// `out` must be new or an empty folder, unless `overwrite`; it is never a link. The
+/// checkpoint is written into a folder of its own made beside `out` (only files it creates,
+/// in a folder no one else has written to), which then takes `out`'s place: a link planted in
+/// `out` is never written through, and a merge that fails leaves `out` as it was.
 pub fn merge_adapter(
     base: &Path,
     adapter: &Path,
     out: &Path,
+    overwrite: bool,
 ) -> Result<AdapterConfig, PluginError> {
+    let replaced = check_output(out, overwrite)?;
     let device = burn::tensor::Device::flex();
     let (config, model, tokenizer) = crate::hf::load_checkpoint(base, &device)?;
     let (adapter_config, tensors) = load_adapter(adapter)?;
@@ -532,6 +564,85 @@ pub fn merge_adapter(
             )
         })?
         .merged();
-    crate::hf::save_checkpoint(out, &config, &merged, &tokenizer)?;
-    Ok(adapter_config)
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent)
+        .map_err(|e| caused(format!("cannot create {}", parent.display()), e))?;
+    let fresh = fresh_folder(&parent, out)?;
+    let written = crate::hf::save_checkpoint(&fresh, &config, &merged, &tokenizer).and_then(|()| {
+        if replaced {
+            std::fs::remove_dir_all(out)
+                .map_err(|e| caused(format!("cannot remove {}", out.display()), e))?;
+        }
+        std::fs::rename(&fresh, out).map_err(|e| {
+            caused(
+                format!("cannot move the checkpoint to {}", out.display()),
+                e,
+            )
+        })
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&fresh);
+    }
+    written.map(|()| adapter_config)
+}
+
+/// Whether `out` may take a merged checkpoint: `Ok(true)` when a folder there will be
+/// replaced (`overwrite`), `Ok(false)` when it is new or an empty folder.
+fn check_output(out: &Path, overwrite: bool) -> Result<bool, PluginError> {
+    let meta = match std::fs::symlink_metadata(out) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(caused(format!("cannot read {}", out.display()), e)),
+    };
+    if meta.file_type().is_symlink() {
+        return Err(failed(format!(
+            "{} is a link: give the folder itself, or a new one",
+            out.display()
+        )));
+    }
+    if !meta.is_dir() {
+        return Err(failed(format!("{} is not a folder", out.display())));
+    }
+    let empty = std::fs::read_dir(out)
+        .map_err(|e| caused(format!("cannot read {}", out.display()), e))?
+        .next()
+        .is_none();
+    match (empty, overwrite) {
+        (true, _) => Ok(false),
+        (false, true) => Ok(true),
+        (false, false) => Err(failed(format!(
+            "{} is not empty{}: give a new folder, or --overwrite to replace it",
+            out.display(),
+            if out.join(crate::hf::CONFIG_FILE).exists() {
+                " (it already holds a checkpoint)"
+            } else {
+                ""
+            }
+        ))),
+    }
+}
+
+/// A new folder in `parent`, made here (no one else's), for what becomes `out`.
+fn fresh_folder(parent: &Path, out: &Path) -> Result<PathBuf, PluginError> {
+    let name = out
+        .file_name()
+        .map_or_else(|| "merged".into(), |n| n.to_string_lossy().into_owned());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    for k in 0u32.. {
+        let path = parent.join(format!(
+            ".{name}.merging-{}-{nanos}-{k}",
+            std::process::id()
+        ));
+        match std::fs::create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && k < 100 => {}
+            Err(e) => return Err(caused(format!("cannot create {}", path.display()), e)),
+        }
+    }
+    unreachable!("the loop returns")
 }

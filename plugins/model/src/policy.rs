@@ -530,11 +530,11 @@ pub(crate) fn build(
     }
     policy.value_seed = ctx.build.seed ^ 0x7661_6c75_6521;
     if let Some(lora) = &options.lora {
-        let (config, tensors) = match &lora.path {
+        let (adapter, tensors) = match &lora.path {
             Some(dir) => {
-                let (config, tensors) = load_adapter(dir)
+                let (adapter, tensors) = load_adapter(dir)
                     .map_err(|e| config.invalid("lora.path", crate::lora::chain(&e)))?;
-                (config, Some(tensors))
+                (adapter, Some(tensors))
             }
             None => {
                 let mut adapter = AdapterConfig::from_options(lora)
@@ -543,7 +543,17 @@ pub(crate) fn build(
                 (adapter, None)
             }
         };
-        policy.set_lora(config, tensors, ctx.build.seed ^ 0x6c6f_7261);
+        let key = if lora.path.is_some() {
+            "lora.path"
+        } else {
+            "lora.rank"
+        };
+        policy
+            .module
+            .module()
+            .check_lora(&adapter)
+            .map_err(|e| config.invalid(key, crate::lora::chain(&e)))?;
+        policy.set_lora(adapter, tensors, ctx.build.seed ^ 0x6c6f_7261);
     }
     Ok(Box::new(policy))
 }

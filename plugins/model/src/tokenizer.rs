@@ -62,16 +62,8 @@ impl HfTokenizer {
     pub fn from_folder(dir: &Path, stop: Vec<u32>) -> Result<Self, PluginError> {
         let mut tokenizer = Self::from_file(&dir.join(TOKENIZER_FILE), stop)?;
         for name in TOKENIZER_SIDE_FILES {
-            let path = dir.join(name);
-            match std::fs::read_to_string(&path) {
-                Ok(text) => tokenizer.side_files.push((name.to_owned(), text)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(PluginError::failed(
-                        crate::NAME,
-                        format!("cannot read {}: {e}", path.display()),
-                    ));
-                }
+            if let Some(text) = read_side_file(&dir.join(name))? {
+                tokenizer.side_files.push((name.to_owned(), text));
             }
         }
         let side = |name: &str| {
@@ -140,9 +132,20 @@ impl HfTokenizer {
         Ok(())
     }
 
-    /// Read `tokenizer.json`.
+    /// Read `tokenizer.json` (a regular file within [`MAX_JSON_FILE_BYTES`], checked before
+    /// it is read).
+    ///
+    /// [`MAX_JSON_FILE_BYTES`]: areal_sdk::resources::MAX_JSON_FILE_BYTES
     pub fn from_file(path: &Path, stop: Vec<u32>) -> Result<Self, PluginError> {
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+        let bytes =
+            areal_sdk::resources::read_file(path, areal_sdk::resources::MAX_JSON_FILE_BYTES)
+                .map_err(|e| {
+                    PluginError::failed(
+                        crate::NAME,
+                        format!("cannot read tokenizer {}: {e}", path.display()),
+                    )
+                })?;
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| {
             PluginError::failed(
                 crate::NAME,
                 format!("cannot read tokenizer {}: {e}", path.display()),
@@ -254,6 +257,21 @@ pub fn char_tokenizer(alphabet: &str) -> Result<HfTokenizer, PluginError> {
     inner.with_decoder(Some(Fuse::new()));
     inner.add_special_tokens(&[AddedToken::from(UNK, true), AddedToken::from(EOS, true)]);
     Ok(HfTokenizer::new(inner, vec![1]))
+}
+
+/// The text of a checkpoint's side file at `path` (`tokenizer_config.json`, the chat
+/// template...), `None` where there is none: a regular file within
+/// [`MAX_JSON_FILE_BYTES`](areal_sdk::resources::MAX_JSON_FILE_BYTES), checked before it is
+/// read.
+pub(crate) fn read_side_file(path: &Path) -> Result<Option<String>, PluginError> {
+    let cannot = |e: &dyn std::fmt::Display| {
+        PluginError::failed(crate::NAME, format!("cannot read {}: {e}", path.display()))
+    };
+    match areal_sdk::resources::read_file(path, areal_sdk::resources::MAX_JSON_FILE_BYTES) {
+        Ok(bytes) => String::from_utf8(bytes).map(Some).map_err(|e| cannot(&e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(cannot(&e)),
+    }
 }
 
 #[cfg(test)]

@@ -289,3 +289,139 @@ fn adapters_that_do_not_fit_are_refused_by_name() {
     assert!(e.contains("layers.0.self_attn.q_proj.lora_B.weight"), "{e}");
     assert!(e.contains("[16, 4]"), "{e}");
 }
+
+/// A base checkpoint and an adapter trained a step over it, in `dir`: their folders.
+fn base_and_adapter(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let base = dir.join("base");
+    policy(5, None).save(&base).unwrap();
+    let mut adapted = policy(5, Some(lora(2, &["q_proj", "down_proj"])));
+    let batch = batch(adapted.tokenizer().as_ref());
+    adapted.start_rl().unwrap();
+    let mut optimizer = AdamWConfig::new().init();
+    step(&mut adapted, &mut optimizer, &batch);
+    let trained = dir.join("trained");
+    adapted.save(&trained).unwrap();
+    (base, trained.join(areal_model::ADAPTER_DIR))
+}
+
+/// An adapter with a value that is not finite is refused naming the tensor, by every way in
+/// (`load_adapter`, a policy's `load`, `merge_adapter`), and nothing is written.
+#[test]
+fn an_adapter_that_is_not_finite_is_refused_naming_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let (base, adapter) = base_and_adapter(dir.path());
+    let (config, tensors) = load_adapter(&adapter).unwrap();
+    for (k, bad) in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY]
+        .into_iter()
+        .enumerate()
+    {
+        let mut poisoned = tensors.clone();
+        let t = k % poisoned.len();
+        let i = poisoned[t].data.len() / 2;
+        poisoned[t].data[i] = bad;
+        let name = poisoned[t].name.clone();
+        let folder = dir.path().join(format!("poisoned-{k}"));
+        save_adapter(&folder, &config, &poisoned).unwrap();
+        let e = chain(&load_adapter(&folder).unwrap_err());
+        assert!(e.contains(&name) && e.contains("must be finite"), "{e}");
+        let mut over = policy(5, None);
+        let e = chain(&over.load(&folder).unwrap_err());
+        assert!(e.contains(&name), "{e}");
+        let out = dir.path().join(format!("merged-{k}"));
+        let e = chain(&areal_model::merge_adapter(&base, &folder, &out, false).unwrap_err());
+        assert!(e.contains(&name), "{e}");
+        assert!(!out.exists(), "a refused merge wrote {}", out.display());
+    }
+}
+
+/// A rank past what the model's projections can use is refused before anything is
+/// allocated (a rank of 2^32 would claim gigabytes at once).
+#[test]
+fn a_rank_past_the_projections_is_refused_before_it_is_allocated() {
+    let model = policy(1, None);
+    let config = lora(1 << 32, &["q_proj"]);
+    let e = model.model().check_lora(&config).unwrap_err().to_string();
+    assert!(e.contains("rank 4294967296") && e.contains("q_proj"), "{e}");
+    assert!(model.model().check_lora(&lora(32, &["q_proj"])).is_ok());
+    let e = model
+        .model()
+        .clone()
+        .with_lora(&config, None, 0)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rank 4294967296"), "{e}");
+}
+
+/// `merge_adapter` writes only files it creates, in a folder of its own that then takes the
+/// output's place: a link planted in the output is never written through; an output that
+/// holds anything is refused unless `overwrite`; an output that is a link, always.
+#[cfg(unix)]
+#[test]
+fn a_merge_never_writes_through_a_link_in_its_output() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let (base, adapter) = base_and_adapter(dir.path());
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "the user's").unwrap();
+    let unchanged = || assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the user's");
+    let merge = |out: &std::path::Path, overwrite: bool| {
+        areal_model::merge_adapter(&base, &adapter, out, overwrite).map_err(|e| chain(&e))
+    };
+    // each file a merge writes, planted as a link to the victim
+    for planted in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        let out = dir.path().join(format!("out-{planted}"));
+        std::fs::create_dir(&out).unwrap();
+        symlink(&victim, out.join(planted)).unwrap();
+        let e = merge(&out, false).unwrap_err();
+        assert!(
+            e.contains("is not empty") && e.contains("--overwrite"),
+            "{e}"
+        );
+        unchanged();
+        // asked by name: the folder is replaced, the link with it, its target untouched
+        merge(&out, true).unwrap();
+        unchanged();
+        // (a fresh character tokenizer has no tokenizer_config.json: the link is just gone)
+        if let Ok(meta) = std::fs::symlink_metadata(out.join(planted)) {
+            assert!(meta.is_file(), "{planted} is still a link");
+        }
+        assert!(out.join("model.safetensors").is_file());
+    }
+    // the output itself a link (to a folder, to the victim, dangling): refused
+    let folder = dir.path().join("elsewhere");
+    std::fs::create_dir(&folder).unwrap();
+    for (name, target) in [
+        ("to-folder", folder.clone()),
+        ("to-file", victim.clone()),
+        ("dangling", dir.path().join("nothing")),
+    ] {
+        let out = dir.path().join(name);
+        symlink(&target, &out).unwrap();
+        for overwrite in [false, true] {
+            let e = merge(&out, overwrite).unwrap_err();
+            assert!(e.contains("is a link"), "{name}: {e}");
+        }
+    }
+    unchanged();
+    assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0);
+    assert!(!dir.path().join("nothing").exists());
+    // a new folder and an empty one take the merge; a second merge is refused
+    let out = dir.path().join("merged");
+    merge(&out, false).unwrap();
+    let e = merge(&out, false).unwrap_err();
+    assert!(e.contains("already holds a checkpoint"), "{e}");
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    merge(&dir.path().join("empty"), false).unwrap();
+    // nothing is left beside the outputs
+    let stray: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("merging"))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
+}
