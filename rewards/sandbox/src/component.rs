@@ -41,12 +41,27 @@ pub use bindings::areal::reward::types::{Outcome as Scored, Sample, Verdict as G
 /// Where compiled components are cached: `$AREAL_COMPONENT_CACHE`, else
 /// `~/.cache/areal-rs/components`, else the temporary folder's `areal-rs-components`.
 pub fn component_cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("AREAL_COMPONENT_CACHE") {
+    user_cache_dir("AREAL_COMPONENT_CACHE", "components")
+}
+
+/// Where the interpreter's compiled modules and snapshots are cached: `$AREAL_MODULE_CACHE`,
+/// else `~/.cache/areal-rs/modules`, else the temporary folder's `areal-rs-modules`. Never
+/// beside the interpreter: it may be installed where its user cannot write (read-only,
+/// shared by users), and what is loaded as machine code must come from the user's own
+/// folder.
+pub fn module_cache_dir() -> PathBuf {
+    user_cache_dir("AREAL_MODULE_CACHE", "modules")
+}
+
+/// `$variable`, else `~/.cache/areal-rs/<name>`, else the temporary folder's
+/// `areal-rs-<name>`.
+fn user_cache_dir(variable: &str, name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os(variable).filter(|d| !d.is_empty()) {
         return dir.into();
     }
-    match std::env::var_os("HOME") {
-        Some(home) => Path::new(&home).join(".cache/areal-rs/components"),
-        None => std::env::temp_dir().join("areal-rs-components"),
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(home) => Path::new(&home).join(".cache/areal-rs").join(name),
+        None => std::env::temp_dir().join(format!("areal-rs-{name}")),
     }
 }
 

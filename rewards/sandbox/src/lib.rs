@@ -41,7 +41,7 @@ mod watchdog;
 
 pub use component::{
     CallOutcome, CallReport, ComponentHost, Grants, GuestVerdict, MAX_REPLY_BYTES, Sample, Scored,
-    component_cache_dir,
+    component_cache_dir, module_cache_dir,
 };
 pub use guest::{INTERPRETER_ENV, Interpreter, InterpreterError};
 pub use pool::Pool;

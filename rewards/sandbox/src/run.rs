@@ -52,7 +52,9 @@ impl Mode {
 pub struct Settings {
     /// Metering mode.
     pub mode: Mode,
-    /// Where compiled modules are cached (default `<interpreter folder>/compiled`).
+    /// Where compiled modules are cached (default [`module_cache_dir`]).
+    ///
+    /// [`module_cache_dir`]: crate::module_cache_dir
     pub cache_dir: Option<PathBuf>,
     /// Pre-initialise: Python source that runs once, when the sandbox is built, in the
     /// reactor build of the interpreter (`areal-guest.wasm`); the instance is then

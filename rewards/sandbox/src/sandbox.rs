@@ -87,7 +87,7 @@ impl Sandbox {
         let cache_dir = settings
             .cache_dir
             .clone()
-            .unwrap_or_else(|| interpreter.wasm().with_file_name("compiled"));
+            .unwrap_or_else(crate::component::module_cache_dir);
         let linker = guest_linker(&engine)?;
         let (module, entry, key) = match &settings.preinit {
             None => {

@@ -242,3 +242,21 @@ fn deterministic_sessions_repeat_bit_for_bit() {
         assert!(a.iter().all(|(_, fuel)| fuel.is_some_and(|f| f > 0)));
     });
 }
+
+/// The compiled snapshot is cached in the user's own folder (`module_cache_dir`,
+/// `$AREAL_MODULE_CACHE`), never beside the interpreter, which may be installed read-only or
+/// shared by users.
+#[test]
+fn the_compiled_snapshot_is_cached_in_the_users_folder_not_beside_the_interpreter() {
+    let _ = sandbox(Mode::Fast);
+    let interpreter = areal_sandbox::Interpreter::locate().unwrap();
+    let folder = interpreter.wasm().parent().unwrap().to_owned();
+    assert!(!folder.join("compiled").exists(), "{}", folder.display());
+    let cache = areal_sandbox::module_cache_dir();
+    let cached: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap_or_else(|e| panic!("{}: {e}", cache.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("snapshot-") && n.ends_with(".cwasm"))
+        .collect();
+    assert!(!cached.is_empty(), "nothing cached in {}", cache.display());
+}
