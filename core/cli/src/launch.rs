@@ -77,7 +77,7 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
         .clone()
         .or_else(|| args.train.out.clone())
         .unwrap_or_else(|| Path::new("runs").join(utc_timestamp()));
-    let logs = out.join("servers");
+    let logs = out.join(areal_core::LAUNCH_DIR);
     // The run's own config.toml says `kind = "remote"`; what the servers serve is kept beside
     // their logs, so that a resumed run's servers serve the same.
     let served = logs.join(SERVED_CONFIG);
@@ -94,6 +94,10 @@ fn local(mut args: LocalArgs, started: Instant) -> anyhow::Result<()> {
     }
     // a bad config fails here, before any server starts
     let config = loader(&server_config)?.load()?;
+    if args.train.resume.is_none() {
+        // a new run's folder is checked before the servers' logs go in (as the run checks it)
+        areal_core::prepare_run_folder(&out, args.train.overwrite)?;
+    }
     std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
     if args.train.resume.is_none() {
         areal_core::atomic::write(&served, config.to_toml().as_bytes())

@@ -78,6 +78,7 @@ pub use processes::{ProcessError, ServerProcesses, TOKEN_ENV};
 pub use reward_cache::RewardCache;
 pub use reward_service::{RewardService, Verified};
 pub use run::run;
+pub use runlog::{LAUNCH_DIR, prepare_run_folder};
 pub use staleness::{AdmissionCounts, StalenessManager};
 pub use summary::RunSummary;
 

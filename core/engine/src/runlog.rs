@@ -71,7 +71,8 @@ impl RunLog {
         if overwrite {
             remove_run_files(dir)?;
         } else {
-            let entries = entries_besides_lock(dir)?;
+            // (a launcher's servers' logs were written for this run, after the same check)
+            let entries = entries_besides_lock(dir, true)?;
             if !entries.is_empty() {
                 return Err(EngineError::RunFolderNotEmpty {
                     dir: dir.to_owned(),
@@ -339,14 +340,46 @@ fn remove_run_files(dir: &Path) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// What `dir` holds besides a run's lock file (which a finished run leaves behind), sorted;
-/// at most 5 names, then how many more.
-fn entries_besides_lock(dir: &Path) -> Result<Vec<String>, EngineError> {
+/// The folder `areal launch local` writes its servers' logs into, before the run starts in the
+/// same folder.
+pub const LAUNCH_DIR: &str = "servers";
+
+/// Make `dir` ready for a new run, before anything else writes there (`areal launch local`
+/// calls it before its servers' logs go in): refused when it holds anything
+/// ([`EngineError::RunFolderNotEmpty`]) unless `overwrite`, which deletes what a run and its
+/// launcher write there, and nothing else.
+pub fn prepare_run_folder(dir: &Path, overwrite: bool) -> Result<(), EngineError> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    if overwrite {
+        remove_run_files(dir)?;
+        let launched = dir.join(LAUNCH_DIR);
+        if std::fs::symlink_metadata(&launched).is_ok_and(|m| m.is_dir()) {
+            std::fs::remove_dir_all(&launched).map_err(|e| EngineError::io(&launched, e))?;
+        }
+        return Ok(());
+    }
+    let entries = entries_besides_lock(dir, false)?;
+    if entries.is_empty() {
+        Ok(())
+    } else {
+        Err(EngineError::RunFolderNotEmpty {
+            dir: dir.to_owned(),
+            entries,
+        })
+    }
+}
+
+/// What `dir` holds besides a run's lock file (which a finished run leaves behind), and,
+/// when `launched`, the logs of the servers launched for this run ([`LAUNCH_DIR`]), sorted; at
+/// most 5 names, then how many more.
+fn entries_besides_lock(dir: &Path, launched: bool) -> Result<Vec<String>, EngineError> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| EngineError::io(dir, e))? {
         let name = entry.map_err(|e| EngineError::io(dir, e))?.file_name();
         let name = name.to_string_lossy().into_owned();
-        if name != LOCK_FILE {
+        if name != LOCK_FILE && !(launched && name == LAUNCH_DIR) {
             names.push(name);
         }
     }

@@ -260,3 +260,15 @@ impl tonic::service::Interceptor for SendToken {
 pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
+
+/// `N` bytes from the system's generator. Keys and ids a client could otherwise guess are
+/// drawn from it; without it there is nothing safe to hand out, and the server stops.
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
+    use std::io::Read as _;
+    let mut bytes = [0u8; N];
+    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if let Err(e) = read {
+        panic!("cannot read /dev/urandom for a key: {e}");
+    }
+    bytes
+}

@@ -10,7 +10,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,7 +48,6 @@ struct Live {
 struct ToolServer {
     tools: Vec<Arc<dyn Tool>>,
     sessions: Arc<Mutex<HashMap<u64, Live>>>,
-    next_id: AtomicU64,
     options: ToolServerOptions,
 }
 
@@ -102,15 +100,23 @@ impl Tools for ToolServer {
             .open(open.seed)
             .await
             .map_err(|e| Status::internal(format!("opening a session of {}: {e}", open.tool)))?;
-        // ids that do not repeat and are not the previous one plus one
-        let id = areal_sdk::mix_seed(0x746f_6f6c, self.next_id.fetch_add(1, Ordering::Relaxed));
-        self.sessions().insert(
-            id,
-            Live {
-                session: Arc::new(tokio::sync::Mutex::new(session)),
-                last_used: Instant::now(),
-            },
-        );
+        // ids drawn from the system's generator: a client (even one with the server's token)
+        // cannot guess another episode's session to call or close it
+        let live = Live {
+            session: Arc::new(tokio::sync::Mutex::new(session)),
+            last_used: Instant::now(),
+        };
+        let id = {
+            let mut sessions = self.sessions();
+            let id = loop {
+                let id = u64::from_le_bytes(crate::security::random_bytes());
+                if id != 0 && !sessions.contains_key(&id) {
+                    break id;
+                }
+            };
+            sessions.insert(id, live);
+            id
+        };
         Ok(Response::new(pb::SessionOpened { session_id: id }))
     }
 
@@ -192,7 +198,6 @@ pub async fn serve_tools(
     let server = ToolServer {
         tools,
         sessions,
-        next_id: AtomicU64::new(1),
         options,
     };
     let service = ToolsServer::new(server)
@@ -205,4 +210,61 @@ pub async fn serve_tools(
     .await;
     sweeper.abort();
     served
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Session ids are drawn from the system's generator: ids of the old scheme (a seeded
+    /// counter another client could run forward) name nothing, and no two ids are related.
+    #[tokio::test]
+    async fn session_ids_cannot_be_guessed_from_another_sessions() {
+        let server = ToolServer {
+            tools: vec![Arc::new(areal_testkit::Shift::new(
+                areal_testkit::ShiftOptions::default(),
+            ))],
+            sessions: Arc::default(),
+            options: ToolServerOptions::default(),
+        };
+        let mut ids = Vec::new();
+        for seed in 0..64 {
+            let open = pb::OpenSession {
+                header: Some(areal_proto::header()),
+                tool: "testkit-shift".into(),
+                seed,
+            };
+            ids.push(
+                server
+                    .open(Request::new(open))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .session_id,
+            );
+        }
+        let distinct: std::collections::BTreeSet<u64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), ids.len());
+        // what the counter would have given, and each id's neighbours: nothing there
+        let guesses = (1..=64).map(|k| areal_sdk::mix_seed(0x746f_6f6c, k)).chain(
+            ids.iter()
+                .flat_map(|&id| [id.wrapping_add(1), id.wrapping_sub(1)]),
+        );
+        for guess in guesses {
+            assert!(!distinct.contains(&guess), "{guess} was guessable");
+            let call = pb::ToolCall {
+                header: Some(areal_proto::header()),
+                session_id: guess,
+                arguments_json: "{\"text\": \"a\"}".into(),
+            };
+            let refused = server.call(Request::new(call)).await.unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::NotFound);
+        }
+        // the ids spread over all 64 bits
+        let high = ids.iter().filter(|&&id| id >> 63 == 1).count();
+        assert!(
+            (8..=56).contains(&high),
+            "{high} of 64 with the top bit set"
+        );
+    }
 }

@@ -7,7 +7,6 @@
 //! waits the run has no room and the answer is 429.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Read;
 use std::sync::Mutex;
 
 use tokio::sync::{mpsc, oneshot};
@@ -107,12 +106,7 @@ const ENDED_KEPT: usize = 4096;
 
 /// `prefix` and 24 random bytes from the system's generator, in hex.
 pub(crate) fn random_id(prefix: &str) -> String {
-    let mut bytes = [0u8; 24];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if let Err(e) = read {
-        // no system randomness: keys would be guessable, which a proxy must not hand out
-        panic!("cannot read /dev/urandom for a session key: {e}");
-    }
+    let bytes: [u8; 24] = crate::security::random_bytes();
     let mut out = String::with_capacity(prefix.len() + 48);
     out.push_str(prefix);
     for b in bytes {
