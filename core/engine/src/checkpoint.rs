@@ -11,7 +11,7 @@ use crate::context::RunContext;
 use crate::error::EngineError;
 
 /// The checkpoint's folder in a run folder.
-pub(crate) const NAME: &str = "checkpoint";
+pub(crate) const NAME: &str = crate::runlog::CHECKPOINT_DIR;
 
 /// How long to wait between attempts at saving the checkpoint.
 const RETRY_EVERY: Duration = Duration::from_secs(10);

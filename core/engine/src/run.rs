@@ -28,9 +28,6 @@ use crate::summary::{RunSummary, summarise};
 use crate::warmup;
 use crate::worker::ComputeWorker;
 
-/// The reward workers' folder in a run folder (their configs, token and logs).
-pub(crate) const REWARD_WORKERS_DIR: &str = "reward-workers";
-
 /// Run `plugins` as `config` says until `train.steps` steps are trained.
 pub async fn run(
     config: Config,
@@ -358,7 +355,7 @@ async fn start_reward_workers(
         return Ok((verifier, None));
     }
     let config = config.clone();
-    let dir = out_dir.map(|d| d.join(REWARD_WORKERS_DIR));
+    let dir = out_dir.map(|d| d.join(crate::runlog::REWARD_WORKERS_DIR));
     tokio::task::spawn_blocking(move || {
         let workers = crate::reward_workers::in_workers(&config, &mut verifier, dir.as_deref())?;
         Ok((verifier, workers))

@@ -288,6 +288,12 @@ pub(crate) const METRICS_FILE: &str = "metrics.jsonl";
 /// Name of the folder of resume checkpoints of a run folder.
 pub(crate) const CHECKPOINTS_DIR: &str = "checkpoints";
 
+/// The final checkpoint's folder in a run folder.
+pub(crate) const CHECKPOINT_DIR: &str = "checkpoint";
+
+/// The reward workers' folder in a run folder (their configs, token and logs).
+pub(crate) const REWARD_WORKERS_DIR: &str = "reward-workers";
+
 /// Name of the resolved config of a run folder.
 pub(crate) const CONFIG_FILE: &str = "config.toml";
 
@@ -301,11 +307,7 @@ fn write_config(dir: &Path, config: &Config) -> Result<(), EngineError> {
 
 /// The folders a run writes at the top of its run folder (the final checkpoint, the resume
 /// checkpoints, the reward workers' files).
-const RUN_DIRS: [&str; 3] = [
-    crate::checkpoint::NAME,
-    CHECKPOINTS_DIR,
-    crate::run::REWARD_WORKERS_DIR,
-];
+const RUN_DIRS: [&str; 3] = [CHECKPOINT_DIR, CHECKPOINTS_DIR, REWARD_WORKERS_DIR];
 
 /// The files a run writes at the top of its run folder, besides its TensorBoard events and
 /// its lock.

@@ -204,7 +204,7 @@ impl ChatTemplate {
     /// recent transformers save it), else `tokenizer_config.json`'s `chat_template`: a string,
     /// or the entry named `default` of a list of named templates.
     pub fn from_folder(dir: &Path) -> Result<Option<Self>, PluginError> {
-        let read = |name: &str| crate::tokenizer::read_side_file(&dir.join(name));
+        let read = |name: &str| read_side_file(&dir.join(name));
         Self::from_files(
             dir,
             read(TOKENIZER_CONFIG_FILE)?.as_deref(),
@@ -313,6 +313,21 @@ impl ChatTemplate {
             ))),
             Err(e) => Err(failed(format!("rendering {}: {e:#}", self.origin))),
         }
+    }
+}
+
+/// The text of a checkpoint's side file at `path` (`tokenizer_config.json`, the chat
+/// template...), `None` where there is none: a regular file within
+/// [`MAX_JSON_FILE_BYTES`](areal_sdk::resources::MAX_JSON_FILE_BYTES), checked before it is
+/// read.
+pub(crate) fn read_side_file(path: &Path) -> Result<Option<String>, PluginError> {
+    let cannot = |e: &dyn std::fmt::Display| {
+        PluginError::failed(crate::NAME, format!("cannot read {}: {e}", path.display()))
+    };
+    match areal_sdk::resources::read_file(path, areal_sdk::resources::MAX_JSON_FILE_BYTES) {
+        Ok(bytes) => String::from_utf8(bytes).map(Some).map_err(|e| cannot(&e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(cannot(&e)),
     }
 }
 

@@ -62,7 +62,7 @@ impl HfTokenizer {
     pub fn from_folder(dir: &Path, stop: Vec<u32>) -> Result<Self, PluginError> {
         let mut tokenizer = Self::from_file(&dir.join(TOKENIZER_FILE), stop)?;
         for name in TOKENIZER_SIDE_FILES {
-            if let Some(text) = read_side_file(&dir.join(name))? {
+            if let Some(text) = crate::chat::read_side_file(&dir.join(name))? {
                 tokenizer.side_files.push((name.to_owned(), text));
             }
         }
@@ -257,21 +257,6 @@ pub fn char_tokenizer(alphabet: &str) -> Result<HfTokenizer, PluginError> {
     inner.with_decoder(Some(Fuse::new()));
     inner.add_special_tokens(&[AddedToken::from(UNK, true), AddedToken::from(EOS, true)]);
     Ok(HfTokenizer::new(inner, vec![1]))
-}
-
-/// The text of a checkpoint's side file at `path` (`tokenizer_config.json`, the chat
-/// template...), `None` where there is none: a regular file within
-/// [`MAX_JSON_FILE_BYTES`](areal_sdk::resources::MAX_JSON_FILE_BYTES), checked before it is
-/// read.
-pub(crate) fn read_side_file(path: &Path) -> Result<Option<String>, PluginError> {
-    let cannot = |e: &dyn std::fmt::Display| {
-        PluginError::failed(crate::NAME, format!("cannot read {}: {e}", path.display()))
-    };
-    match areal_sdk::resources::read_file(path, areal_sdk::resources::MAX_JSON_FILE_BYTES) {
-        Ok(bytes) => String::from_utf8(bytes).map(Some).map_err(|e| cannot(&e)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(cannot(&e)),
-    }
 }
 
 #[cfg(test)]
