@@ -81,6 +81,10 @@ def _call(job):
 
 
 def _number(x):
+    # numpy's numbers (np.float32(0.5), np.int64(1), np.sum of an array, a 0-d array) are the
+    # Python numbers they hold, as verl takes them; a bool is refused either way
+    if type(x).__module__ == "numpy" and getattr(x, "shape", None) == ():
+        x = x.item()
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise TypeError
     return float(x)
@@ -95,6 +99,10 @@ def areal_main():
     # The snapshot froze the random module's state: draw this run's own seed (the OS's in
     # fast mode, the seeded source's in deterministic mode).
     random.seed()
+    # numpy's global generator was frozen in the snapshot too: it draws from this run's seed
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(random.getrandbits(32))
     # os.environ was read when the snapshot was taken: the environment is what the config
     # grants (`env`), nothing else.
     os.environ.clear()

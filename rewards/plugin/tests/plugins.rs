@@ -529,3 +529,33 @@ fn every_input_of_a_plugin_is_in_its_cache_identity() {
         "an edited file of a mounted folder"
     );
 }
+
+/// A Python reward's numpy numbers are the Python numbers they hold (verl takes them so);
+/// a bool is refused as Python's is; numpy's generator draws from each run's seed, not the
+/// state the snapshot froze.
+#[test]
+fn numpy_numbers_count_and_numpy_draws_from_each_runs_seed() {
+    let file = fixture("tests/fixtures/numpy_reward.py");
+    let v = build(json!({ "kind": "python", "path": file })).unwrap();
+    for (kind, score) in [
+        ("f32", 0.5),
+        ("i64", 1.0),
+        ("mean", 0.5),
+        ("sum", 0.75),
+        ("dict", 0.25),
+    ] {
+        let reward = verify(v.as_ref(), &input(1, kind, 16)).unwrap();
+        assert_eq!(reward.value, score, "{kind}: {reward:?}");
+    }
+    fails_with(v.as_ref(), "bool", &file, "not a number");
+    let draws: std::collections::BTreeSet<String> = (0..4)
+        .map(|i| {
+            verify(v.as_ref(), &input(i, "rand", 16))
+                .unwrap()
+                .provenance
+                .details["draw"]
+                .to_string()
+        })
+        .collect();
+    assert_eq!(draws.len(), 4, "{draws:?}");
+}
