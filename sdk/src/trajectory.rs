@@ -167,6 +167,13 @@ impl Completion {
         self.sampled_versions().count()
     }
 
+    /// Keep only the first `len` tokens (with their logprobs and versions).
+    pub fn truncate(&mut self, len: usize) {
+        self.token_ids.truncate(len);
+        self.behaviour_logprobs.truncate(len);
+        self.versions.truncate(len);
+    }
+
     /// Append a continuation generated after an interruption; the finish reason becomes the
     /// continuation's. Earlier tokens keep their logprobs and versions.
     pub fn extend(&mut self, continuation: Completion) {

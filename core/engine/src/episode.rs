@@ -748,9 +748,7 @@ impl EpisodeRun<'_> {
             if let Some(keep) = stop_end(self.runner.tokenizer().as_ref(), ids, stop)? {
                 let dropped = ids.len() - keep;
                 let c = &mut self.completion;
-                c.token_ids.truncate(start + keep);
-                c.behaviour_logprobs.truncate(start + keep);
-                c.versions.truncate(start + keep);
+                c.truncate(start + keep);
                 c.finish_reason = FinishReason::Stop;
                 self.input.truncate(self.input.len() - dropped);
                 break;
@@ -796,11 +794,8 @@ impl EpisodeRun<'_> {
             return;
         }
         self.stats.turns = self.stats.turns.saturating_sub(1);
-        let c = &mut self.completion;
-        let dropped = c.len() - len;
-        c.token_ids.truncate(len);
-        c.behaviour_logprobs.truncate(len);
-        c.versions.truncate(len);
+        let dropped = self.completion.len() - len;
+        self.completion.truncate(len);
         self.input.truncate(self.input.len() - dropped);
         self.conversation = conversation.clone();
         self.conversation_lost = *conversation_lost;

@@ -196,10 +196,7 @@ impl RolloutState {
     /// Sample `j` of group `group_id` took back its tokens after its first `len`.
     pub(crate) fn withdrawn(&mut self, group_id: u64, j: usize, len: usize) {
         if let Some(sample) = self.sample(group_id, j) {
-            let c = &mut sample.completion;
-            c.token_ids.truncate(len);
-            c.behaviour_logprobs.truncate(len);
-            c.versions.truncate(len);
+            sample.completion.truncate(len);
         }
     }
 

@@ -72,13 +72,7 @@ impl RunLog {
             remove_run_files(dir)?;
         } else {
             // (a launcher's servers' logs were written for this run, after the same check)
-            let entries = entries_besides_lock(dir, true)?;
-            if !entries.is_empty() {
-                return Err(EngineError::RunFolderNotEmpty {
-                    dir: dir.to_owned(),
-                    entries,
-                });
-            }
+            refuse_unless_empty(dir, true)?;
         }
         write_config(dir, config)?;
         let path = dir.join(METRICS_FILE);
@@ -362,21 +356,14 @@ pub fn prepare_run_folder(dir: &Path, overwrite: bool) -> Result<(), EngineError
         }
         return Ok(());
     }
-    let entries = entries_besides_lock(dir, false)?;
-    if entries.is_empty() {
-        Ok(())
-    } else {
-        Err(EngineError::RunFolderNotEmpty {
-            dir: dir.to_owned(),
-            entries,
-        })
-    }
+    refuse_unless_empty(dir, false)
 }
 
-/// What `dir` holds besides a run's lock file (which a finished run leaves behind), and,
-/// when `launched`, the logs of the servers launched for this run ([`LAUNCH_DIR`]), sorted; at
-/// most 5 names, then how many more.
-fn entries_besides_lock(dir: &Path, launched: bool) -> Result<Vec<String>, EngineError> {
+/// [`EngineError::RunFolderNotEmpty`] when `dir` holds anything besides a run's lock file
+/// (which a finished run leaves behind) and, when `launched`, the logs of the servers launched
+/// for this run ([`LAUNCH_DIR`]); it names what is there, sorted, at most 5 names, then how
+/// many more.
+fn refuse_unless_empty(dir: &Path, launched: bool) -> Result<(), EngineError> {
     let mut names = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| EngineError::io(dir, e))? {
         let name = entry.map_err(|e| EngineError::io(dir, e))?.file_name();
@@ -385,13 +372,19 @@ fn entries_besides_lock(dir: &Path, launched: bool) -> Result<Vec<String>, Engin
             names.push(name);
         }
     }
+    if names.is_empty() {
+        return Ok(());
+    }
     names.sort();
     if names.len() > 5 {
         let more = names.len() - 5;
         names.truncate(5);
         names.push(format!("{more} more"));
     }
-    Ok(names)
+    Err(EngineError::RunFolderNotEmpty {
+        dir: dir.to_owned(),
+        entries: names,
+    })
 }
 
 /// The TensorBoard event files areal wrote into `dir`.

@@ -923,15 +923,14 @@ fn messages_past_the_context_are_refused_and_the_session_goes_on() {
         // the first request too long: the session has not started
         let first = too_long(json!([{"role": "user", "content": long}])).await;
         assert!(first.contains("resulted in 118 tokens"), "{first}");
+        let fits = |messages: Value| async move {
+            let body = json!({"messages": messages});
+            let (status, _, answer) = http(chat_at, Some(key_of), Some(&body.to_string())).await;
+            assert_eq!(status, 200, "{answer}");
+            json_of(&answer)
+        };
         let mut messages = json!([{"role": "user", "content": "count"}]);
-        let (status, _, answer) = http(
-            &chat,
-            Some(&key),
-            Some(&json!({"messages": messages}).to_string()),
-        )
-        .await;
-        assert_eq!(status, 200, "{answer}");
-        let answer = json_of(&answer);
+        let answer = fits(messages.clone()).await;
         assert_eq!(answer["choices"][0]["message"]["content"], "one");
         // an extension too long, twice: refused, the session as it was
         let m = messages.as_array_mut().unwrap();
@@ -941,14 +940,8 @@ fn messages_past_the_context_are_refused_and_the_session_goes_on() {
         too_long(json!(longer)).await;
         too_long(json!(longer)).await;
         m.push(json!({"role": "user", "content": "again"}));
-        let (status, _, answer) = http(
-            &chat,
-            Some(&key),
-            Some(&json!({"messages": messages}).to_string()),
-        )
-        .await;
-        assert_eq!(status, 200, "{answer}");
-        assert_eq!(json_of(&answer)["choices"][0]["message"]["content"], "two");
+        let answer = fits(messages).await;
+        assert_eq!(answer["choices"][0]["message"]["content"], "two");
         let (status, _, _) = http(&format!("{proxy}/rl/end_session"), Some(&key), Some("{}")).await;
         assert_eq!(status, 200);
         let group = group.await.unwrap().unwrap();

@@ -39,8 +39,6 @@ pub(crate) struct Session {
     interactions: Vec<String>,
     /// Those of each sample split off, in order.
     parts: Vec<Vec<String>>,
-    /// Every interaction's id so far, to tell a stale id from an unknown one.
-    earlier: Vec<String>,
     /// The reward set on the last interaction, not yet given to its turn.
     pending: Option<f64>,
     /// The last answer's content (what `without_reward = "grade"` grades).
@@ -61,7 +59,6 @@ impl Session {
             tools: Vec::new(),
             interactions: Vec::new(),
             parts: Vec::new(),
-            earlier: Vec::new(),
             pending: None,
             last_content: String::new(),
             session_id: session_id.to_owned(),
@@ -132,7 +129,6 @@ impl Session {
         let mut seen = asked.messages;
         seen.push(choices[0].message.clone());
         self.seen = Some(seen);
-        self.earlier.push(id.clone());
         self.last_content = choices[0].message.content.clone();
         Ok(Answer {
             id,
@@ -240,7 +236,15 @@ impl Session {
         match id {
             None => {}
             Some(id) if id == last => {}
-            Some(id) if self.earlier.iter().any(|e| e == id) => {
+            // (an id of an earlier interaction is stale, not unknown)
+            Some(id)
+                if self
+                    .parts
+                    .iter()
+                    .flatten()
+                    .chain(&self.interactions)
+                    .any(|e| e == id) =>
+            {
                 return Err(Refusal::new(
                     409,
                     format!(
