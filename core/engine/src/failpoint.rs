@@ -6,7 +6,11 @@
 //! - `train`: a training step (warm-up or RL) was computed but not yet handed back;
 //! - `checkpoint`: a resume checkpoint's files are written, not yet put in place.
 //!
-//! Without the variable a point costs one atomic load.
+//! `AREAL_STALL=NAME:MS` instead makes the run wait `MS` milliseconds (blocking its thread, as
+//! a descheduled thread on a busy machine waits) each time it is about to reach `NAME`: a
+//! test's way to make the slow moments of a loaded machine happen every time.
+//!
+//! Without the variables a point costs one atomic load.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +37,32 @@ fn armed() -> Option<&'static Armed> {
             })
         })
         .as_ref()
+}
+
+struct Stall {
+    name: String,
+    wait: std::time::Duration,
+}
+
+fn stall_armed() -> Option<&'static Stall> {
+    static STALL: OnceLock<Option<Stall>> = OnceLock::new();
+    STALL
+        .get_or_init(|| {
+            let spec = std::env::var("AREAL_STALL").ok()?;
+            let (name, ms) = spec.split_once(':')?;
+            Some(Stall {
+                name: name.to_owned(),
+                wait: std::time::Duration::from_millis(ms.parse().ok()?),
+            })
+        })
+        .as_ref()
+}
+
+/// The run is about to reach the point `name`: wait there if `AREAL_STALL` names it.
+pub(crate) fn stall(name: &str) {
+    if let Some(stall) = stall_armed().filter(|s| s.name == name) {
+        std::thread::sleep(stall.wait);
+    }
 }
 
 /// The run reached the point `name`.

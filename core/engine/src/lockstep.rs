@@ -91,6 +91,12 @@ impl Lockstep {
             if let Some(stopped) = inner.stopped() {
                 return Err(stopped);
             }
+            // a batch is buffered: hand it over now, with every episode waiting for a turn or
+            // ended, and not after one more round whose answers the episodes would still be
+            // recording while the trainer's checkpoint copies the rollout state
+            if let Some(groups) = inner.state().take(batch) {
+                return Ok(Some(groups));
+            }
             let turns = self.rounds.run_round(&inner.runner).await;
             if turns == 0 && !self.started.is_empty() {
                 return Err(EngineError::internal(

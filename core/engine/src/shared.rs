@@ -136,6 +136,7 @@ pub(crate) struct Recorder {
 
 impl Progress for Recorder {
     fn extended(&self, j: usize, part: &Completion) {
+        crate::failpoint::stall("rollout");
         self.inner.state().extended(self.group_id, j, part);
     }
 

@@ -12,6 +12,12 @@ use super::{
     Background, assert_ledger_balances, records, summary, testkit_config, text, wait_for_line,
 };
 
+thread_local! {
+    /// The `AREAL_STALL` that this test's runs are given (each test runs on a thread of its
+    /// own).
+    static STALL: std::cell::Cell<Option<&'static str>> = const { std::cell::Cell::new(None) };
+}
+
 /// `areal train -q ARGS`, killed at `failpoint` when given.
 fn train(args: &[&str], failpoint: Option<&str>) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_areal"));
@@ -20,9 +26,13 @@ fn train(args: &[&str], failpoint: Option<&str>) -> Output {
         .arg("-q")
         .args(args)
         .env_remove("RUST_LOG")
-        .env_remove("AREAL_FAILPOINT");
+        .env_remove("AREAL_FAILPOINT")
+        .env_remove("AREAL_STALL");
     if let Some(point) = failpoint {
         command.env("AREAL_FAILPOINT", point);
+    }
+    if let Some(stall) = STALL.get() {
+        command.env("AREAL_STALL", stall);
     }
     command.output().expect("run areal")
 }
@@ -222,6 +232,27 @@ fn a_deterministic_run_killed_anywhere_ends_with_the_same_samples_and_weights() 
     ] {
         assert_eq!(a[key], k[key], "{key}");
     }
+}
+
+/// The same when recording what the generator answered is slow (each part waits 5 ms before
+/// it is recorded, as a descheduled thread does on a busy machine): a batch is handed to the
+/// trainer only once every episode has recorded its answers, so no checkpoint copies the
+/// rollout state while one is still being recorded, and resuming regenerates nothing.
+#[test]
+fn a_deterministic_run_recording_slowly_resumes_with_the_same_samples_and_weights() {
+    STALL.set(Some("rollout:5"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit(
+        dir.path(),
+        &[
+            "deterministic=true",
+            "checkpoint.every=2",
+            "train.steps=12",
+            "rollout.chunk_tokens=3",
+            "reward_service.deadline_ms=600000",
+        ],
+    );
+    killed_ends_as_alone(dir.path(), &config, &["train:5", "train:5"], 12);
 }
 
 /// The same for episodes of several turns with a stateful tool between them
