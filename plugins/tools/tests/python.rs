@@ -130,6 +130,44 @@ fn a_bad_call_is_an_answer_the_model_reads() {
 }
 
 #[test]
+fn exit_quit_and_closed_streams_end_the_cell_and_keep_the_session() {
+    let t = tool(json!({}));
+    block_on(async {
+        let mut s = t.open(0).await.unwrap();
+        call(&mut s, "kept = 0").await;
+        let ends = [
+            "exit()",
+            "quit()",
+            "import sys\nsys.exit(3)",
+            "import sys\nsys.stdin.close()",
+            "import sys\nsys.stdout.close()",
+        ];
+        for (i, end) in ends.iter().enumerate() {
+            let ended = call(&mut s, &format!("print('last words')\n{end}")).await;
+            assert_eq!(ended, ToolOutput::ok("last words\n"), "{end}");
+            assert_eq!(
+                call(&mut s, "kept += 1\nkept").await,
+                ToolOutput::ok(format!("{}\n", i + 1)),
+                "after {end}, the same interpreter"
+            );
+        }
+        // closing the descriptor itself leaves nothing to talk to: the session restarts
+        let closed = call(&mut s, "import os\nprint('bye')\nos.close(1)").await;
+        assert!(closed.error, "{closed:?}");
+        assert!(
+            closed.text.starts_with("bye\n[the interpreter crashed")
+                && closed.text.ends_with(
+                    "the next call starts a new interpreter: names defined before are gone]"
+                ),
+            "{closed:?}"
+        );
+        let gone = call(&mut s, "kept").await;
+        assert!(gone.error && gone.text.contains("NameError"), "{gone:?}");
+        assert_eq!(call(&mut s, "6 * 7").await, ToolOutput::ok("42\n"));
+    });
+}
+
+#[test]
 fn floods_loops_and_hoards_cost_one_call() {
     let t = tool(json!({ "timeout_s": 0.3, "memory_mb": 128, "output_bytes": 256 }));
     block_on(async {

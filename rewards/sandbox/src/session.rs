@@ -22,9 +22,12 @@ use crate::watchdog::{Restorer, Watch};
 /// stdin is a cell, run in the session's one namespace; what it prints, then the value of its
 /// last line when that is an expression (as a notebook shows it), then the traceback of an
 /// exception it raised (its own frames only), come out on stdout. A cell that raised ends
-/// with `Exited(2)`, one that did not with `Exited(0)` (`exit()` included).
+/// with `Exited(2)`, one that did not with `Exited(0)` (`exit()` included). Each cell starts
+/// with `sys.stdin`/`stdout`/`stderr` open on descriptors 0–2 whatever the cells before did to
+/// them; one that closed a descriptor itself (`os.close`) aborts the interpreter, which ends
+/// the session as a trap does.
 pub const PYTHON_CELLS: &str = r#"
-import ast as _ast, sys as _sys, traceback as _traceback
+import ast as _ast, os as _os, sys as _sys, traceback as _traceback
 
 _areal_namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 
@@ -36,9 +39,52 @@ class _AreaLCellRaised(Exception):
 _sys.excepthook = lambda *_: None
 # line by line, so that what a cell printed before a limit stopped it reaches the host
 _sys.stdout.reconfigure(line_buffering=True)
+_areal_streams = [_sys.stdin, _sys.stdout, _sys.stderr]
+
+def _areal_stream(fd):
+    # a cell may close or replace sys.stdin/stdout/stderr (`exit()` closes stdin before it
+    # raises SystemExit): every cell starts with the three open, on the same descriptors
+    stream = _areal_streams[fd]
+    if stream.closed:
+        # stdout line by line, as at the start
+        stream = open(fd, "r" if fd == 0 else "w", buffering=1 if fd == 1 else -1,
+                      encoding="utf-8", errors="backslashreplace", closefd=False)
+        _areal_streams[fd] = stream
+    return stream
+
+def _areal_read_cell():
+    chunks = []
+    while True:
+        chunk = _os.read(0, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+def _areal_descriptors():
+    # a cell that closed the descriptors themselves (os.close) leaves an interpreter the host
+    # cannot talk to: it ends the session, as a crash does
+    try:
+        for fd in range(3):
+            _os.fstat(fd)
+    except BaseException as error:
+        _areal_abort(error)
+
+def _areal_abort(error):
+    try:
+        _os.write(2, f"the cell driver cannot go on: {error!r}\n".encode())
+    except BaseException:
+        pass
+    _os.abort()
 
 def areal_main():
-    source = _sys.stdin.read()
+    _areal_descriptors()
+    try:
+        _sys.stdin, _sys.stdout, _sys.stderr = (_areal_stream(fd) for fd in range(3))
+        _sys.__stdin__, _sys.__stdout__, _sys.__stderr__ = _sys.stdin, _sys.stdout, _sys.stderr
+        source = _areal_read_cell()
+        out = _sys.stdout
+    except BaseException as error:
+        _areal_abort(error)
     try:
         tree = _ast.parse(source, "<cell>", "exec")
         last = None
@@ -48,18 +94,29 @@ def areal_main():
         if last is not None:
             value = eval(compile(last, "<cell>", "eval"), _areal_namespace)
             if value is not None:
-                print(repr(value))
+                print(repr(value), file=_areal_stream(1))
     except SystemExit:
         pass
     except BaseException as error:
+        _areal_descriptors()
         tb = error.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != "<cell>":
             tb = tb.tb_next
-        _sys.stdout.flush()
-        _traceback.print_exception(type(error), error, tb, file=_sys.stdout)
-        _sys.stdout.flush()
+        # the report goes where the cell began writing, whatever it did to sys.stdout since
+        _areal_flush(out)
+        out = _areal_stream(1)
+        _traceback.print_exception(type(error), error, tb, file=out)
+        _areal_flush(out)
         raise _AreaLCellRaised() from None
-    _sys.stdout.flush()
+    _areal_descriptors()
+    _areal_flush(out)
+    _areal_flush(_sys.stdout)
+
+def _areal_flush(stream):
+    try:
+        stream.flush()
+    except BaseException:
+        pass
 "#;
 
 /// What one call of a session gave (for [`PYTHON_CELLS`], one cell).

@@ -138,6 +138,76 @@ fn an_exception_is_the_cells_traceback_and_the_session_goes_on() {
 }
 
 #[test]
+fn a_cell_that_exits_or_closes_its_streams_ends_itself_not_the_session() {
+    let sb = sandbox(Mode::Fast);
+    block_on(async {
+        let mut s = Session::start(&sb, &limits(), 0).await.unwrap();
+        cell(&mut s, "kept = 41").await;
+        // `exit()` and `quit()` close sys.stdin before they raise SystemExit
+        let cells = [
+            "print('bye')\nexit()",
+            "quit()",
+            "exit(5)",
+            "import sys\nsys.exit('why')",
+            "import sys\nsys.stdin.close()",
+            "import sys\nsys.stdout.close()",
+            "import sys\nsys.stderr.close()",
+            "import sys, io\nsys.stdout = io.StringIO()",
+            "import sys\nsys.stdin = None\nsys.stdout = None",
+            "import sys\nsys.stdout.close()\nraise ValueError('after closing')",
+        ];
+        for (i, source) in cells.iter().enumerate() {
+            let report = cell(&mut s, source).await;
+            if source.contains("raise") {
+                assert_eq!(report.outcome, Outcome::Exited(2), "{source}");
+                assert!(
+                    text(&report).contains("ValueError: after closing"),
+                    "{source}: {}",
+                    text(&report)
+                );
+            } else {
+                assert_eq!(
+                    report.outcome,
+                    Outcome::Exited(0),
+                    "{source}: {}",
+                    text(&report)
+                );
+            }
+            if i == 0 {
+                assert_eq!(text(&report), "bye\n");
+            }
+            let after = cell(&mut s, &format!("kept += 1\nprint('still', {i})\nkept")).await;
+            assert_eq!(
+                after.outcome,
+                Outcome::Exited(0),
+                "after {source}: {} {}",
+                text(&after),
+                String::from_utf8_lossy(&after.stderr)
+            );
+            assert_eq!(
+                text(&after),
+                format!("still {i}\n{}\n", 42 + i),
+                "after {source}"
+            );
+            let input = cell(&mut s, "input()").await;
+            assert!(
+                text(&input).contains("EOFError"),
+                "after {source}: {}",
+                text(&input)
+            );
+            let raised = cell(&mut s, "1 / 0").await;
+            assert!(
+                text(&raised).contains("ZeroDivisionError"),
+                "after {source}: {}",
+                text(&raised)
+            );
+        }
+        assert!(s.is_alive());
+        assert_eq!(s.calls(), 1 + 4 * cells.len() as u64);
+    });
+}
+
+#[test]
 fn output_past_the_cap_is_cut_and_the_session_goes_on() {
     let sb = sandbox(Mode::Fast);
     block_on(async {
