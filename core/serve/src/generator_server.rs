@@ -40,27 +40,28 @@ struct GeneratorServer {
 /// would fail the same way); a request the plugin refuses as malformed is the caller's
 /// (`INVALID_ARGUMENT`).
 fn plugin_failed(what: &str, e: &PluginError) -> Status {
+    let why = crate::error_chain(e);
     if e.is_invalid_request() {
-        Status::invalid_argument(format!("{what}: {e}"))
+        Status::invalid_argument(format!("{what}: {why}"))
     } else {
-        Status::aborted(format!("{what}: {e}"))
+        Status::aborted(format!("{what}: {why}"))
     }
 }
 
 impl GeneratorServer {
     /// An update as it arrived, its adapter put over the base it names: the one that came
-    /// with it (then kept), or the one held (`FAILED_PRECONDITION` if another).
-    fn with_base(&self, received: Received) -> Result<WeightUpdate, Status> {
+    /// with it (kept once the update is loaded), or the one held (`FAILED_PRECONDITION` if
+    /// another).
+    fn with_base(&self, received: Received) -> Result<(WeightUpdate, Option<String>), Status> {
         let Received {
             mut update,
             base_sha256,
         } = received;
         let Some(sha) = base_sha256 else {
-            return Ok(update);
+            return Ok((update, None));
         };
-        let mut held = self.base.lock().expect("base lock");
         if update.tensors.is_empty() {
-            match &*held {
+            match &*self.base.lock().expect("base lock") {
                 Some((held_sha, base)) if *held_sha == sha => update.tensors = base.clone(),
                 _ => {
                     return Err(Status::failed_precondition(format!(
@@ -68,19 +69,28 @@ impl GeneratorServer {
                     )));
                 }
             }
-        } else {
-            *held = Some((sha, update.tensors.clone()));
+            return Ok((update, None));
         }
-        Ok(update)
+        Ok((update, Some(sha)))
     }
 
-    async fn load(&self, update: WeightUpdate) -> Result<Response<pb::WeightsHeld>, Status> {
+    /// Load `update`; once the plugin took it, hold its base (of sha256 `new_base`) for the
+    /// adapters that come alone. A refused update changes nothing the server holds.
+    async fn load(
+        &self,
+        update: WeightUpdate,
+        new_base: Option<String>,
+    ) -> Result<Response<pb::WeightsHeld>, Status> {
         let version = update.version;
+        let base = new_base.map(|sha| (sha, update.tensors.clone()));
         let _one_at_a_time = self.loading.lock().await;
         self.generator
             .update_weights(update)
             .await
             .map_err(|e| plugin_failed(&format!("loading weights of version {version}"), &e))?;
+        if let Some(base) = base {
+            *self.base.lock().expect("base lock") = Some(base);
+        }
         *self.held.lock().expect("held lock") = Some(version);
         tracing::info!(target: "areal::serve", version, "weights loaded");
         Ok(Response::new(pb::WeightsHeld { version }))
@@ -166,9 +176,9 @@ impl GeneratorService for GeneratorServer {
         let arrived = tokio::task::spawn_blocking(move || assembler.finish())
             .await
             .map_err(|e| Status::internal(format!("checking the weights failed: {e}")))??;
-        let update = self.with_base(arrived)?;
+        let (update, new_base) = self.with_base(arrived)?;
         tracing::debug!(target: "areal::serve", version = update.version, receive_ms = received.as_secs_f64() * 1e3, check_ms = (started.elapsed() - received).as_secs_f64() * 1e3, "weights received");
-        self.load(update).await
+        self.load(update, new_base).await
     }
 
     async fn load_weights(
@@ -184,7 +194,7 @@ impl GeneratorService for GeneratorServer {
         .await
         .map_err(|e| Status::internal(format!("reading the weights failed: {e}")))?
         .map_err(|e| Status::invalid_argument(crate::error_chain(&e)))?;
-        self.load(update).await
+        self.load(update, None).await
     }
 
     async fn stats(

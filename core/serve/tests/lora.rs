@@ -326,3 +326,194 @@ async fn an_adapter_that_never_arrives_stops_the_update_naming_the_server() {
         "{text}"
     );
 }
+
+/// Issue 45: one poisoned update stopped the burn generator's decoding thread, and every later
+/// generation and good update failed with "the decoding thread has stopped". Every kind of
+/// update the decoder refuses is refused naming why; the server serves its last good weights
+/// (the same greedy tokens, of the same version) and takes the next good update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_update_leaves_the_server_serving_its_last_good_weights() {
+    let server = ServerThread::start(
+        Listen::new("127.0.0.1:0".parse().unwrap(), None),
+        |listen, on_bound| {
+            serve_generator(burn(), 1 << 10, listen, on_bound, std::future::pending())
+        },
+    );
+    let mut client = GeneratorClient::connect(server.url()).await.unwrap();
+    let good = base_policy().weight_update(0);
+    let send = async |client: &mut GeneratorClient<tonic::transport::Channel>,
+                      update: &WeightUpdate| {
+        client
+            .update_weights(tokio_stream::iter(areal_proto::weight_chunks(
+                update,
+                1 << 14,
+            )))
+            .await
+    };
+    send(&mut client, &good).await.unwrap();
+    let prompt = base_policy().tokenizer().encode("12+34=").unwrap();
+    let greedy = GenerateRequest {
+        sample_id: 1,
+        input_ids: prompt,
+        max_new_tokens: 12,
+        sampling: SamplingParams::greedy(),
+        stop_token_ids: vec![],
+    };
+    let generate = async |client: &mut GeneratorClient<tonic::transport::Channel>| {
+        let mut events = client
+            .generate(areal_proto::generate_request(&greedy))
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        let (mut tokens, mut versions) = (Vec::new(), Vec::new());
+        while let Some(event) = events.message().await.map_err(|e| e.to_string())? {
+            if let Some(pb::generate_event::Event::Tokens(chunk)) = event.event {
+                tokens.extend(chunk.token_ids);
+                versions.extend(chunk.versions);
+            }
+        }
+        Ok::<_, String>((tokens, versions))
+    };
+    let before = generate(&mut client).await.unwrap();
+    assert_eq!(before.0.len(), 12);
+    assert!(before.1.iter().all(|&v| v == 0), "{before:?}");
+
+    let architecture = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut a = (*good.architecture).clone();
+        edit(&mut a);
+        WeightUpdate {
+            architecture: Arc::new(a),
+            ..good.clone()
+        }
+    };
+    let tensors = |edit: &dyn Fn(&mut Vec<areal_sdk::NamedTensor>)| {
+        let mut t = (*good.tensors).clone();
+        edit(&mut t);
+        WeightUpdate {
+            tensors: Arc::new(t),
+            ..good.clone()
+        }
+    };
+    let (_, adapters) = updates(1);
+    let adapter = |edit: &dyn Fn(&mut areal_sdk::Adapter)| {
+        let mut a = (**adapters[0].adapter.as_ref().unwrap()).clone();
+        edit(&mut a);
+        WeightUpdate {
+            adapter: Some(Arc::new(a)),
+            ..adapters[0].clone()
+        }
+    };
+    let bad: Vec<(&str, WeightUpdate, &str)> = vec![
+        (
+            "no architecture",
+            WeightUpdate {
+                architecture: Arc::new(serde_json::Value::Null),
+                ..good.clone()
+            },
+            "does not describe a transformer",
+        ),
+        (
+            "heads that do not divide the width",
+            architecture(&|a| a["num_attention_heads"] = json!(3)),
+            "num_attention_heads",
+        ),
+        (
+            "an unknown model type",
+            architecture(&|a| a["model_type"] = json!("mamba")),
+            "model_type",
+        ),
+        (
+            "a context no cache fits",
+            architecture(&|a| a["max_position_embeddings"] = json!(1u64 << 40)),
+            "cache",
+        ),
+        (
+            "a negative norm epsilon",
+            architecture(&|a| a["rms_norm_eps"] = json!(-1e9)),
+            "rms_norm_eps",
+        ),
+        (
+            "a RoPE base of zero",
+            architecture(&|a| a["rope_theta"] = json!(0.0)),
+            "rope_theta",
+        ),
+        (
+            "a missing tensor",
+            tensors(&|t| {
+                t.pop();
+            }),
+            "model.norm.weight",
+        ),
+        (
+            "a tensor of the wrong shape",
+            tensors(&|t| {
+                t[0].shape[0] -= 1;
+                let n = t[0].shape.iter().product();
+                t[0].data.truncate(n);
+            }),
+            "model.embed_tokens.weight",
+        ),
+        (
+            "a tensor the model does not use",
+            tensors(&|t| {
+                let mut extra = t[0].clone();
+                extra.name = "model.extra.weight".into();
+                t.push(extra);
+            }),
+            "model.extra.weight",
+        ),
+        (
+            "weights whose logits overflow",
+            tensors(&|t| {
+                t.iter_mut()
+                    .for_each(|t| t.data.iter_mut().for_each(|v| *v = 3e38))
+            }),
+            "finite",
+        ),
+        (
+            "an adapter of rank 0",
+            adapter(&|a| a.config["r"] = json!(0)),
+            "adapter",
+        ),
+        (
+            "an adapter of the wrong shape",
+            adapter(&|a| {
+                a.tensors[0].shape[0] += 1;
+                let n = a.tensors[0].shape.iter().product();
+                a.tensors[0].data.resize(n, 0.0);
+            }),
+            "lora_A",
+        ),
+        (
+            "an adapter whose logits overflow",
+            adapter(&|a| {
+                a.tensors
+                    .iter_mut()
+                    .for_each(|t| t.data.iter_mut().for_each(|v| *v = 1e30))
+            }),
+            "finite",
+        ),
+    ];
+    for (what, update, says) in bad {
+        let update = WeightUpdate {
+            version: 1,
+            ..update
+        };
+        let status = send(&mut client, &update).await.expect_err(what);
+        assert!(
+            status.message().contains(says),
+            "{what}: {}",
+            status.message()
+        );
+        assert_eq!(
+            generate(&mut client).await,
+            Ok(before.clone()),
+            "after {what}: the last good weights"
+        );
+    }
+    // a good update after all that is taken, and served
+    let next = adapted(7).weight_update(2);
+    send(&mut client, &next).await.unwrap();
+    let after = generate(&mut client).await.unwrap();
+    assert!(after.1.iter().all(|&v| v == 2), "{after:?}");
+}

@@ -88,7 +88,10 @@ fn failed_to_start(e: &std::io::Error) -> PluginError {
 }
 
 fn gone() -> PluginError {
-    PluginError::failed(NAME, "the decoding thread has stopped")
+    PluginError::failed(
+        NAME,
+        "the decoding thread dropped the request: it has stopped, or a forward pass failed (its log says why)",
+    )
 }
 
 impl BurnGenerator {

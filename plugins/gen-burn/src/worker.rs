@@ -103,6 +103,41 @@ fn failed(message: impl Into<String>) -> PluginError {
     PluginError::failed(crate::NAME, message)
 }
 
+/// Tokens of the forward pass that checks new weights before they are served.
+const PROBE_TOKENS: usize = 8;
+
+/// What a panic said, when it said it with a string.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
+/// The base a new version's adapter goes over.
+enum NewBase {
+    /// Full weights: no adapter, no base kept.
+    None,
+    /// The base held already (the same tensors): kept.
+    Kept,
+    /// A base built for this update.
+    Built(
+        std::sync::Arc<Vec<areal_sdk::NamedTensor>>,
+        Box<Transformer>,
+    ),
+}
+
+/// A weight update built and checked, before it replaces what is held.
+struct Built {
+    config: ModelConfig,
+    model: Transformer,
+    base: NewBase,
+    /// `None`: the held cache fits and is reused.
+    cache: Option<Vec<LayerKv>>,
+    capacity: usize,
+}
+
 impl Worker {
     pub(crate) fn new(
         device: Device,
@@ -145,8 +180,18 @@ impl Worker {
                 continue;
             }
             let started = Instant::now();
-            self.admit();
-            self.step();
+            // a panic in a forward pass fails the sequences it was decoding, not the thread
+            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.admit();
+                self.step();
+            }));
+            if let Err(panic) = stepped {
+                let why = panic_message(&panic);
+                tracing::error!(target: "areal::gen_burn", "decoding failed: {why}");
+                for a in self.active.drain(..) {
+                    let _ = a.reply.send(Err(failed(format!("decoding failed: {why}"))));
+                }
+            }
             self.stats.lock().expect("stats lock").busy += started.elapsed();
         }
     }
@@ -156,9 +201,6 @@ impl Worker {
             Command::Generate(request, reply) => self.waiting.push_back((request, reply)),
             Command::GenerateMany(requests) => self.waiting.extend(requests),
             Command::Update(update, done) => {
-                // Caches were computed with the old weights: running sequences return what
-                // they have and are resubmitted by their callers.
-                self.interrupt_all();
                 let loaded = self.load(update);
                 // counted before the caller hears back, so that it reads its own update
                 self.stats.lock().expect("stats lock").weight_loads += 1;
@@ -183,7 +225,67 @@ impl Worker {
         }
     }
 
+    /// Take `update`, or refuse it and keep serving the weights held: the new model is built
+    /// and probed beside the old one, which is replaced only when all of it succeeded (a
+    /// panic while building counts as a refusal, not as the end of the decoding thread).
     fn load(&mut self, update: WeightUpdate) -> Result<(), PluginError> {
+        let version = update.version;
+        let mut old = self.loaded.take();
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.build(&update, old.as_ref())
+        }))
+        .unwrap_or_else(|panic| {
+            Err(failed(format!(
+                "weight update {version} could not be built: {}",
+                panic_message(&panic)
+            )))
+        });
+        let built = match built {
+            Ok(built) => built,
+            Err(e) => {
+                let held = old.as_ref().map_or_else(
+                    || "no weights are held yet".to_owned(),
+                    |l| format!("version {} is still served", l.version),
+                );
+                self.loaded = old;
+                // the cause in the message, which every caller shows
+                let why =
+                    std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
+                        e.source()
+                    })
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                return Err(failed(format!(
+                    "weight update {version} refused ({held}): {why}"
+                )));
+            }
+        };
+        // Caches were computed with the old weights: running sequences return what they have
+        // and are resubmitted by their callers. (A refused update interrupts nothing.)
+        self.interrupt_all();
+        let base = match built.base {
+            NewBase::None => None,
+            NewBase::Built(tensors, model) => Some((tensors, *model)),
+            NewBase::Kept => old.as_mut().and_then(|l| l.base.take()),
+        };
+        let cache = match built.cache {
+            Some(cache) => cache,
+            None => old.take().expect("a reused cache is the old one's").cache,
+        };
+        self.loaded = Some(Loaded {
+            config: built.config,
+            base,
+            model: built.model,
+            version,
+            cache,
+            capacity: built.capacity,
+        });
+        Ok(())
+    }
+
+    /// The model, base and cache `update` needs, built beside `old` (what is held).
+    fn build(&self, update: &WeightUpdate, old: Option<&Loaded>) -> Result<Built, PluginError> {
         let config: ModelConfig =
             serde_json::from_value((*update.architecture).clone()).map_err(|e| {
                 failed(format!(
@@ -191,71 +293,111 @@ impl Worker {
                     update.version
                 ))
             })?;
-        // the base is built once: later versions bring only their adapter
-        let held = self.loaded.as_mut().and_then(|l| l.base.take());
-        let base = match held {
-            Some((tensors, model))
-                if update.adapter.is_some()
-                    && std::sync::Arc::ptr_eq(&tensors, &update.tensors) =>
-            {
-                Some((tensors, model))
-            }
-            _ => None,
-        };
-        let (model, base) = match (&update.adapter, base) {
-            (None, _) => (
-                import(&config, update.tensors.as_ref().clone(), &self.device)?,
-                None,
-            ),
-            (Some(adapter), held) => {
-                let (tensors, base) = match held {
-                    Some(held) => held,
-                    None => (
-                        update.tensors.clone(),
-                        import(&config, update.tensors.as_ref().clone(), &self.device)?,
-                    ),
-                };
-                let adapted = base.adapted(adapter)?;
-                let model = match self.adapters {
-                    AdapterMode::Merged => adapted.merged(),
-                    AdapterMode::Unmerged => adapted,
-                };
-                (model, Some((tensors, base)))
-            }
-        };
+        config
+            .check_fits()
+            .map_err(|e| failed(format!("config.json: {e}")))?;
         let capacity = self
             .max_len
             .unwrap_or(config.max_position_embeddings)
             .min(config.max_position_embeddings);
-        let reuse = self
-            .loaded
-            .as_ref()
-            .is_some_and(|l| l.config == config && l.capacity == capacity);
-        let cache = match self.loaded.take() {
-            Some(old) if reuse => old.cache,
-            _ => {
-                let shape = [
-                    self.max_batch,
-                    config.kv_heads(),
-                    capacity,
-                    config.head_dim(),
-                ];
-                (0..config.num_hidden_layers)
-                    .map(|_| LayerKv {
-                        k: Tensor::zeros(shape, &self.device),
-                        v: Tensor::zeros(shape, &self.device),
-                    })
-                    .collect()
+        let reuse_cache = old.is_some_and(|l| l.config == config && l.capacity == capacity);
+        let cache_shape = [
+            self.max_batch,
+            config.kv_heads(),
+            capacity,
+            config.head_dim(),
+        ];
+        if !reuse_cache {
+            // keys and values of every layer, f32: checked before anything is allocated
+            let bytes = cache_shape
+                .iter()
+                .fold(8 * config.num_hidden_layers as u128, |n, &d| {
+                    n.saturating_mul(d as u128)
+                });
+            areal_sdk::resources::check_memory(
+                &format!(
+                    "a key/value cache of {} rows × {capacity} positions × {} layers",
+                    self.max_batch, config.num_hidden_layers
+                ),
+                bytes,
+            )
+            .map_err(failed)?;
+        }
+        // the base is built once: later versions bring only their adapter
+        let held = old
+            .and_then(|l| l.base.as_ref())
+            .filter(|(tensors, _)| {
+                update.adapter.is_some() && std::sync::Arc::ptr_eq(tensors, &update.tensors)
+            })
+            .map(|(_, model)| model);
+        let (model, base) = match &update.adapter {
+            None => (
+                import(&config, update.tensors.as_ref().clone(), &self.device)?,
+                NewBase::None,
+            ),
+            Some(adapter) => {
+                let (adapted, base) = match held {
+                    Some(model) => (model.adapted(adapter)?, NewBase::Kept),
+                    None => {
+                        let model = import(&config, update.tensors.as_ref().clone(), &self.device)?;
+                        let adapted = model.adapted(adapter)?;
+                        (
+                            adapted,
+                            NewBase::Built(update.tensors.clone(), Box::new(model)),
+                        )
+                    }
+                };
+                let model = match self.adapters {
+                    AdapterMode::Merged => adapted.merged(),
+                    AdapterMode::Unmerged => adapted,
+                };
+                (model, base)
             }
         };
-        self.loaded = Some(Loaded {
+        self.probe(&model, &config, capacity)?;
+        let cache = (!reuse_cache).then(|| {
+            (0..config.num_hidden_layers)
+                .map(|_| LayerKv {
+                    k: Tensor::zeros(cache_shape, &self.device),
+                    v: Tensor::zeros(cache_shape, &self.device),
+                })
+                .collect()
+        });
+        Ok(Built {
             config,
-            base,
             model,
-            version: update.version,
+            base,
             cache,
             capacity,
-        });
+        })
+    }
+
+    /// Weights that cannot be sampled from (logits that overflow to infinity or NaN, from
+    /// finite but huge values or a degenerate norm) are refused before they replace any: a
+    /// forward pass over a few tokens must give finite logits.
+    fn probe(
+        &self,
+        model: &Transformer,
+        config: &ModelConfig,
+        capacity: usize,
+    ) -> Result<(), PluginError> {
+        let n = capacity.min(config.vocab_size).min(PROBE_TOKENS);
+        let ids: Vec<i64> = (0..n as i64).collect();
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), &self.device);
+        let logits = model
+            .forward(tokens)
+            .into_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .map_err(|e| failed(format!("reading the probe's logits: {e:?}")))?;
+        let bad = logits.iter().filter(|l| !l.is_finite()).count();
+        if bad > 0 {
+            return Err(failed(format!(
+                "the weights give {bad} non-finite logits of {} on a probe of {n} tokens: they \
+                 cannot be sampled from (weights or an adapter too large, or a degenerate norm)",
+                logits.len()
+            )));
+        }
         Ok(())
     }
 

@@ -232,6 +232,15 @@ impl ModelConfig {
         if self.head_dim == Some(0) {
             return Err("`head_dim` must be positive".into());
         }
+        // a norm of sqrt(mean(x²) + eps) and RoPE's base^(-2i/d) are NaN or infinite otherwise
+        for (name, value) in [
+            ("rms_norm_eps", self.rms_norm_eps),
+            ("rope_theta", self.rope_theta),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(format!("`{name}` {value} must be a positive number"));
+            }
+        }
         if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "`hidden_size` {} is not a multiple of `num_attention_heads` {}",
@@ -393,6 +402,18 @@ mod tests {
         c.check().unwrap();
         c.num_key_value_heads = Some(3);
         assert!(c.check().unwrap_err().contains("num_key_value_heads"));
+        for (eps, theta) in [
+            (-1e-6, 1e4),
+            (0.0, 1e4),
+            (f64::NAN, 1e4),
+            (1e-6, 0.0),
+            (1e-6, f64::INFINITY),
+        ] {
+            let mut c = ModelConfig::small(20, 64, 2, 4, 2, 128);
+            (c.rms_norm_eps, c.rope_theta) = (eps, theta);
+            let err = c.check().unwrap_err();
+            assert!(err.contains("must be a positive number"), "{err}");
+        }
         let mut c = ModelConfig::small(20, 60, 2, 4, 2, 128);
         c.hidden_size = 66;
         assert!(c.check().unwrap_err().contains("hidden_size"));
