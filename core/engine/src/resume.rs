@@ -324,7 +324,14 @@ fn verify(dir: &Path) -> Result<RunState, String> {
         areal_sdk::resources::MAX_JSON_FILE_BYTES * 16,
     )
     .map_err(|e| format!("{STATE_FILE}: {e}"))?;
-    parse_state(&text)
+    let state = parse_state(&text)?;
+    // the base adapters train over is frozen: the one the state holds must be the one they
+    // were trained over
+    for part in [crate::worker::POLICY_DIR, crate::worker::REFERENCE_DIR] {
+        areal_sdk_train::state::check_frozen(&trainer_dir(dir).join(part))
+            .map_err(|why| why.replace(&format!("{}/", dir.display()), ""))?;
+    }
+    Ok(state)
 }
 
 /// A checkpoint's `state.json`, read and checked ([`RunState::check`]); why not otherwise.

@@ -92,8 +92,8 @@ pub(crate) struct TrainerState {
 }
 
 /// Folders of a saved trainer state.
-const POLICY_DIR: &str = "policy";
-const REFERENCE_DIR: &str = "reference";
+pub(crate) const POLICY_DIR: &str = "policy";
+pub(crate) const REFERENCE_DIR: &str = "reference";
 
 /// The handle the run holds; dropping it ends the worker once its current command is done.
 pub(crate) struct ComputeWorker {

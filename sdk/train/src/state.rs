@@ -55,11 +55,28 @@ pub fn save_state<M: Module>(
     optimizer: Option<&ModuleOptimizer>,
     dir: &Path,
 ) -> Result<(), StateError> {
-    write_safetensors(
-        &dir.join(PARAMETERS_FILE),
-        &module_weights(module),
-        &HashMap::new(),
-    )?;
+    let entries = walk(module, true);
+    let frozen: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.frozen)
+        .map(|e| e.path.as_str())
+        .collect();
+    let tensors: Vec<NamedTensor> = entries.iter().filter_map(|e| e.values.clone()).collect();
+    let mut metadata = HashMap::new();
+    // a module that trains some parameters and not others (adapters over a base); one that
+    // trains none (a reference) or all has nothing to record
+    if !frozen.is_empty() && frozen.len() < entries.len() {
+        // what an adapter is trained over: recorded, so that a base changed since is found
+        metadata.insert(
+            FROZEN_KEY.to_owned(),
+            serde_json::to_string(&frozen).expect("names serialise"),
+        );
+        metadata.insert(
+            FROZEN_SHA256_KEY.to_owned(),
+            frozen_sha256(&tensors, &frozen),
+        );
+    }
+    write_safetensors(&dir.join(PARAMETERS_FILE), &tensors, &metadata)?;
     let Some(optimizer) = optimizer else {
         return Ok(());
     };
@@ -97,12 +114,20 @@ pub fn load_state<M: Module>(
     dir: &Path,
 ) -> Result<M, StateError> {
     let path = dir.join(PARAMETERS_FILE);
-    let (tensors, _) = read_safetensors(&path)?;
+    let (tensors, metadata) = read_safetensors(&path)?;
     let expected = paths(module);
     let mismatch = |message: String| StateError::Mismatch {
         path: path.clone(),
         message,
     };
+    check_frozen_in(&tensors, &metadata).map_err(&mismatch)?;
+    let entries = walk(module, false);
+    let frozen = entries.iter().filter(|e| e.frozen).count();
+    if frozen > 0 && frozen < entries.len() && !metadata.contains_key(FROZEN_SHA256_KEY) {
+        return Err(mismatch(format!(
+            "records no sha256 of the {frozen} frozen parameters (the base) this model trains over"
+        )));
+    }
     let mut by_name: BTreeMap<String, NamedTensor> =
         tensors.into_iter().map(|t| (t.name.clone(), t)).collect();
     if let Some(extra) = by_name.keys().find(|k| !expected.values().any(|p| p == *k)) {
@@ -147,12 +172,85 @@ pub fn load_state<M: Module>(
     Ok(loaded)
 }
 
+/// Metadata key of a parameters file: the paths of the frozen parameters (those that take no
+/// gradient: the base an adapter trains over), as a JSON list.
+const FROZEN_KEY: &str = "areal.frozen";
+/// Metadata key of a parameters file: the sha256 of its frozen parameters when it was saved.
+const FROZEN_SHA256_KEY: &str = "areal.frozen_sha256";
+
+/// The sha256 of the tensors of `tensors` named in `names`, in that order (each name, shape
+/// and little-endian values; a name `tensors` lacks hashes as such).
+fn frozen_sha256(tensors: &[NamedTensor], names: &[&str]) -> String {
+    use sha2::{Digest, Sha256};
+    let by_name: HashMap<&str, &NamedTensor> =
+        tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let mut hash = Sha256::new();
+    for name in names {
+        hash.update((name.len() as u64).to_le_bytes());
+        hash.update(name.as_bytes());
+        match by_name.get(name) {
+            Some(t) => {
+                hash.update((t.shape.len() as u64).to_le_bytes());
+                for &d in &t.shape {
+                    hash.update((d as u64).to_le_bytes());
+                }
+                for &x in &t.data {
+                    hash.update(x.to_le_bytes());
+                }
+            }
+            None => hash.update(u64::MAX.to_le_bytes()),
+        }
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// That the frozen parameters of a parameters file are what it recorded when it was saved.
+fn check_frozen_in(
+    tensors: &[NamedTensor],
+    metadata: &HashMap<String, String>,
+) -> Result<(), String> {
+    let (Some(names), Some(recorded)) = (metadata.get(FROZEN_KEY), metadata.get(FROZEN_SHA256_KEY))
+    else {
+        return match metadata.contains_key(FROZEN_KEY) || metadata.contains_key(FROZEN_SHA256_KEY) {
+            true => Err(format!(
+                "records its frozen parameters without their sha256 ({FROZEN_KEY} and {FROZEN_SHA256_KEY} go together)"
+            )),
+            false => Ok(()),
+        };
+    };
+    let names: Vec<String> = serde_json::from_str(names)
+        .map_err(|e| format!("the list of its frozen parameters does not read: {e}"))?;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let sum = frozen_sha256(tensors, &names);
+    if sum != *recorded {
+        return Err(format!(
+            "its frozen parameters (the base the adapters were trained over, {} tensors) have sha256 {sum}, \
+             but {recorded} when they were saved: the base was changed",
+            names.len()
+        ));
+    }
+    Ok(())
+}
+
+/// That the frozen parameters (the base an adapter trains over) of the training state saved in
+/// `dir` are those it was saved with: the check [`load_state`] makes, without a module, for a
+/// caller that decides between checkpoints before it loads one. A state with no frozen
+/// parameters, or no state at all in `dir`, passes.
+pub fn check_frozen(dir: &Path) -> Result<(), String> {
+    let path = dir.join(PARAMETERS_FILE);
+    if !path.exists() {
+        return Ok(());
+    }
+    let (tensors, metadata) = read_safetensors(&path).map_err(|e| e.to_string())?;
+    check_frozen_in(&tensors, &metadata).map_err(|why| format!("{}: {why}", path.display()))
+}
+
 /// Every float parameter of `module` as a [`NamedTensor`], named by its path in the module
 /// tree (`layers.0.attention.weight`).
 pub fn module_weights<M: Module>(module: &M) -> Vec<NamedTensor> {
     walk(module, true)
         .into_iter()
-        .filter_map(|(_, _, values)| values)
+        .filter_map(|e| e.values)
         .collect()
 }
 
@@ -160,17 +258,27 @@ pub fn module_weights<M: Module>(module: &M) -> Vec<NamedTensor> {
 fn parameters<M: Module>(module: &M) -> Vec<(String, ParamId)> {
     walk(module, false)
         .into_iter()
-        .map(|(path, id, _)| (path, id))
+        .map(|e| (e.path, e.id))
         .collect()
 }
 
-/// Every float parameter of `module` in visiting order: its path, its id and, with `values`,
-/// itself as plain data.
-fn walk<M: Module>(module: &M, values: bool) -> Vec<(String, ParamId, Option<NamedTensor>)> {
+/// A float parameter met walking a module.
+struct Entry {
+    path: String,
+    id: ParamId,
+    /// Whether it takes no gradient.
+    frozen: bool,
+    /// Its values, when asked for.
+    values: Option<NamedTensor>,
+}
+
+/// Every float parameter of `module` in visiting order: its path, its id, whether it is
+/// frozen and, with `values`, itself as plain data.
+fn walk<M: Module>(module: &M, values: bool) -> Vec<Entry> {
     struct Walk {
         path: Vec<String>,
         values: bool,
-        out: Vec<(String, ParamId, Option<NamedTensor>)>,
+        out: Vec<Entry>,
     }
     impl ModuleVisitor for Walk {
         fn enter_module(&mut self, name: &str, _container_type: &str) {
@@ -191,7 +299,12 @@ fn walk<M: Module>(module: &M, values: bool) -> Vec<(String, ParamId, Option<Nam
                         .expect("tensor data was converted to f32"),
                 }
             });
-            self.out.push((name, param.id, tensor));
+            self.out.push(Entry {
+                frozen: !param.val().is_require_grad(),
+                path: name,
+                id: param.id,
+                values: tensor,
+            });
         }
     }
     let mut walk = Walk {
@@ -372,6 +485,54 @@ mod tests {
             .into_iter()
             .map(|t| (t.name, t.data.iter().map(|x| x.to_bits()).collect()))
             .collect()
+    }
+
+    /// Issue 45: a state whose frozen base was changed (its file's checksum made to match)
+    /// loaded and trained. Now the sha256 of the frozen parameters is recorded with them and
+    /// a changed base is refused, by `load_state` and by `check_frozen`, which a resume runs
+    /// before it picks a checkpoint.
+    #[test]
+    fn a_frozen_base_changed_since_it_was_saved_is_refused() {
+        let device = Device::default().autodiff();
+        let frozen = |net: Net| Net {
+            a: net.a.no_grad(),
+            b: net.b,
+        };
+        let trained = frozen(net(&device));
+        let dir = tempfile::tempdir().unwrap();
+        save_state(&trained, None, dir.path()).unwrap();
+        let path = dir.path().join(PARAMETERS_FILE);
+        let (tensors, metadata) = read_safetensors(&path).unwrap();
+        assert!(metadata[FROZEN_KEY].contains("a.weight"), "{metadata:?}");
+        check_frozen(dir.path()).unwrap();
+        load_state(&frozen(net(&device)), None, dir.path()).unwrap();
+
+        // what is trained may change; the base may not
+        let edit = |name: &str, metadata: &HashMap<String, String>| {
+            let mut changed = tensors.clone();
+            changed.iter_mut().find(|t| t.name == name).unwrap().data[0] += 1.0;
+            write_safetensors(&path, &changed, metadata).unwrap();
+        };
+        edit("b.weight", &metadata);
+        check_frozen(dir.path()).unwrap();
+        edit("a.weight", &metadata);
+        let why = check_frozen(dir.path()).unwrap_err();
+        assert!(why.contains("the base was changed"), "{why}");
+        let why = load_state(&frozen(net(&device)), None, dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("the base was changed"), "{why}");
+        // nor may its record go
+        edit("b.weight", &HashMap::new());
+        check_frozen(dir.path()).unwrap();
+        let why = load_state(&frozen(net(&device)), None, dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("records no sha256"), "{why}");
+        // a model that trains everything records nothing, and loads without
+        save_state(&net(&device), None, dir.path()).unwrap();
+        assert!(!read_safetensors(&path).unwrap().1.contains_key(FROZEN_KEY));
+        load_state(&net(&device), None, dir.path()).unwrap();
     }
 
     /// Saved after three AdamW steps and loaded into a model and optimizer built afresh (new

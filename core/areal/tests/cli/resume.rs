@@ -804,3 +804,104 @@ fn a_resume_is_held_to_the_config_its_checkpoint_was_trained_with() {
         before
     );
 }
+
+/// Issue 45: a newest checkpoint whose frozen base (the weights adapters train over) was
+/// changed, its manifest made to match, resumed and trained on it. The sha256 of the frozen
+/// parameters is recorded with them; a changed base passes the checkpoint over as damaged,
+/// naming why, and the one before it is used.
+#[test]
+fn a_checkpoint_whose_frozen_base_was_changed_is_passed_over_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = strings(&[
+        "--set",
+        "deterministic=true",
+        "--set",
+        "warmup.enabled=false",
+        "--set",
+        "eval.enabled=false",
+        "--set",
+        "train.steps=4",
+        "--set",
+        "checkpoint.every=2",
+        "--set",
+        "policy.lora.rank=4",
+    ]);
+    let first = dir.path().join("first");
+    straight(&first, &config);
+    let newest = "step-00000004";
+    for pick in ["first", "last"] {
+        let run = dir.path().join(format!("run-{pick}"));
+        copy_tree(&first, &run);
+        let checkpoint = run.join("checkpoints").join(newest);
+        let file = "trainer/policy/parameters.safetensors";
+        let path = checkpoint.join(file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let frozen: Vec<String> =
+            serde_json::from_str(header["__metadata__"]["areal.frozen"].as_str().unwrap()).unwrap();
+        assert!(frozen.len() > 4, "{frozen:?}");
+        let name = if pick == "first" {
+            &frozen[0]
+        } else {
+            frozen.last().unwrap()
+        };
+        let at = 8 + n + header[name]["data_offsets"][0].as_u64().unwrap() as usize;
+        let value = f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) + 0.5;
+        bytes[at..at + 4].copy_from_slice(&value.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let manifest = checkpoint.join("manifest.json");
+        let mut sums: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+        use sha2::Digest;
+        sums[file] = sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+            .into();
+        std::fs::write(&manifest, serde_json::to_vec_pretty(&sums).unwrap()).unwrap();
+
+        let out = train(
+            &[
+                "--resume",
+                run.to_str().unwrap(),
+                "--set",
+                "train.steps=6",
+                "--allow-config-change",
+            ],
+            None,
+        );
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{pick}: {stderr}");
+        assert!(
+            stderr.contains(newest)
+                && stderr.contains("damaged checkpoint")
+                && stderr.contains("the base was changed"),
+            "{pick}: {stderr}"
+        );
+        let resume = records(&run, "resume").pop().unwrap();
+        assert_eq!(resume["checkpoint"], "step-00000002", "{pick}: {resume}");
+        let skipped = resume["skipped"][0].as_str().unwrap();
+        assert!(
+            skipped.starts_with(newest)
+                && skipped.contains(file)
+                && skipped.contains("the base was changed"),
+            "{pick}: {skipped}"
+        );
+        assert_eq!(trained(&run).len(), 6, "{pick}: steps 3 to 6 trained again");
+        assert_eq!(trained(&run)[..2], trained(&first)[..2]);
+    }
+}
+
+/// A copy of the folder `from` at `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
