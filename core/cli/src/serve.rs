@@ -52,6 +52,11 @@ pub(crate) struct GeneratorArgs {
     /// come from the client.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// With --api sglang|vllm: a folder `/load_lora_adapter` may load adapters from (its
+    /// subfolders included; repeat for several). By default the folder that holds the weights
+    /// loaded last, where a run's `weights_dir` puts the base and each version's adapter.
+    #[arg(long = "adapter-dir", value_name = "DIR")]
+    adapter_dirs: Vec<PathBuf>,
     #[command(flatten)]
     common: ServeArgs,
 }
@@ -227,12 +232,18 @@ fn serve_generator(
         listen: addr,
         api,
         model,
+        adapter_dirs,
         common: args,
     }: GeneratorArgs,
 ) -> anyhow::Result<()> {
     if api == Api::Grpc && model.is_some() {
         crate::usage!(
             "--model is for --api sglang|vllm; a gRPC server gets its weights from the run"
+        );
+    }
+    if api == Api::Grpc && !adapter_dirs.is_empty() {
+        crate::usage!(
+            "--adapter-dir is for --api sglang|vllm; a gRPC server gets its adapters from the run"
         );
     }
     let listen = listen(addr, &args)?;
@@ -262,6 +273,7 @@ fn serve_generator(
             config.rollout.max_new_tokens,
             tokenizer,
             model.as_deref(),
+            &adapter_dirs,
             listen,
             |addr| {
                 // one line a launcher (or a user) can wait for

@@ -71,6 +71,9 @@ struct Served {
     adapters: Mutex<BTreeMap<String, (String, Arc<Adapter>)>>,
     /// The adapter the generator holds (`None`: the base).
     active: Mutex<Option<String>>,
+    /// Folders adapters may be loaded from (resolved); empty: the folder holding the weights
+    /// loaded last.
+    adapter_dirs: Vec<PathBuf>,
 }
 
 /// Adapters one server holds at most (SGLang's default `--max-loras-per-batch`): past it, a
@@ -267,8 +270,38 @@ impl Served {
         let Some((base, _)) = self.base.lock().expect("base lock").clone() else {
             return Err(bad("no weights loaded yet: an adapter needs its base"));
         };
-        {
-            let adapters = self.adapters.lock().expect("adapters lock");
+        // a client names a folder on the server's disk: only those it may load from (links
+        // resolved), as SGLang's and vLLM's deployments restrict it
+        let folder = folder
+            .canonicalize()
+            .map_err(|e| bad(format!("{path:?}: {e}")))?;
+        let allowed = if self.adapter_dirs.is_empty() {
+            let loaded = self.model_path.lock().expect("path lock").clone();
+            loaded
+                .and_then(|p| p.canonicalize().ok())
+                .and_then(|p| p.parent().map(Path::to_path_buf))
+                .into_iter()
+                .collect()
+        } else {
+            self.adapter_dirs.clone()
+        };
+        if !allowed.iter().any(|dir| folder.starts_with(dir)) {
+            let dirs: Vec<String> = allowed.iter().map(|d| d.display().to_string()).collect();
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "{path:?} is outside the folders this server loads adapters from ({}): start it with --adapter-dir to allow others",
+                    if dirs.is_empty() {
+                        "none yet".to_owned()
+                    } else {
+                        dirs.join(", ")
+                    }
+                ),
+            ));
+        }
+        // checked before the folder is read (a cheap refusal) and again, with the insertion,
+        // under one lock: loads that run together never pass the bound between them
+        let admissible = |adapters: &BTreeMap<String, (String, Arc<Adapter>)>| {
             if adapters.contains_key(name) && !inplace {
                 return Err(bad(format!("the adapter {name:?} is already loaded")));
             }
@@ -277,20 +310,30 @@ impl Served {
                     "this server holds {MAX_LOADED_ADAPTERS} adapters, its most: unload one first"
                 )));
             }
-        }
+            Ok(())
+        };
+        admissible(&self.adapters.lock().expect("adapters lock"))?;
+        let read_over = base.clone();
         let adapter = tokio::task::spawn_blocking(move || {
             let adapter = weights_folder::read_adapter(&folder)
                 .map_err(|e| format!("cannot read the adapter: {}", crate::error_chain(&e)))?;
-            fits(&adapter, &base).map(|()| adapter)
+            fits(&adapter, &read_over).map(|()| adapter)
         })
         .await
         .map_err(|e| refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
         .map_err(bad)?;
         let _one_at_a_time = self.loading.lock().await;
-        self.adapters
-            .lock()
-            .expect("adapters lock")
-            .insert(name.to_owned(), (path.to_owned(), Arc::new(adapter)));
+        let held = self.base.lock().expect("base lock").clone();
+        if !held.is_some_and(|(now, _)| Arc::ptr_eq(&now, &base)) {
+            return Err(bad(
+                "other weights were loaded while the adapter was read: load it again over them",
+            ));
+        }
+        {
+            let mut adapters = self.adapters.lock().expect("adapters lock");
+            admissible(&adapters)?;
+            adapters.insert(name.to_owned(), (path.to_owned(), Arc::new(adapter)));
+        }
         let mut active = self.active.lock().expect("active lock");
         if active.as_deref() == Some(name) {
             // replaced in place: switched to again by the next request that names it
@@ -920,7 +963,9 @@ fn router(served: Arc<Served>) -> Router {
 /// `shutdown` completes, refusing requests for more than `max_new_tokens` tokens.
 /// `on_bound` gets the address actually bound (port 0 picks one) once the server accepts
 /// calls. If `initial` is given, that checkpoint folder is loaded first (as the model a
-/// server starts with), reported as version `default`.
+/// server starts with), reported as version `default`. Adapters load only from folders
+/// under `adapter_dirs`, or, when it is empty, under the folder that holds the weights
+/// loaded last (where a client's `weights_dir` puts the base and each version's adapter).
 #[allow(
     clippy::too_many_arguments,
     reason = "the server's parts, each a caller's choice"
@@ -931,12 +976,22 @@ pub async fn serve_inference_api(
     max_new_tokens: usize,
     tokenizer: Option<Arc<dyn Tokenizer>>,
     initial: Option<&Path>,
+    adapter_dirs: &[PathBuf],
     listen: Listen,
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let tls = listen.tls.as_ref().map(ServerTls::rustls).transpose()?;
+    let adapter_dirs = adapter_dirs
+        .iter()
+        .map(|dir| {
+            dir.canonicalize().map_err(|e| {
+                ServeError::Unsupported(format!("the adapter folder {}: {e}", dir.display()))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let served = Arc::new(Served {
+        adapter_dirs,
         api,
         generator,
         max_new_tokens,

@@ -80,6 +80,7 @@ impl Server {
                 1 << 22,
                 Some(tokenizer),
                 None,
+                &[],
                 listen,
                 on_bound,
                 std::future::pending(),
@@ -628,6 +629,7 @@ async fn the_http_servers_shut_down_whatever_clients_do() {
         1 << 22,
         None,
         None,
+        &[],
         Listen::new("127.0.0.1:0".parse().unwrap(), None),
         move |a| bound.send(a).unwrap(),
         async move {

@@ -195,6 +195,7 @@ fn inference_server(api: InferenceApi) -> ServerThread {
                 1 << 10,
                 None,
                 None,
+                &[],
                 listen,
                 on_bound,
                 std::future::pending(),
@@ -516,4 +517,88 @@ async fn a_refused_update_leaves_the_server_serving_its_last_good_weights() {
     send(&mut client, &next).await.unwrap();
     let after = generate(&mut client).await.unwrap();
     assert!(after.1.iter().all(|&v| v == 2), "{after:?}");
+}
+
+/// `POST url` with a JSON body, over a plain socket: the status code.
+async fn post_status(url: &str, body: &serde_json::Value) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    let body = body.to_string();
+    let request = format!(
+        "POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, answer.split_once("\r\n\r\n").unwrap().1.to_owned())
+}
+
+/// Issue 45: with 12 loads at once, SGLang's and vLLM's `/load_lora_adapter` answered 200 to
+/// 11–12 of them against a bound of 8 (the bound was checked before the folder was read and
+/// not again when the adapter went in). The bound now holds whatever runs together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_adapter_loads_never_pass_the_bound() {
+    for (api, route) in [
+        (InferenceApi::Sglang, "load_lora_adapter"),
+        (InferenceApi::Vllm, "v1/load_lora_adapter"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let server = inference_server(api);
+        let generator = fleet(
+            api.name(),
+            vec![server.url()],
+            json!({ "weights_dir": dir.path() }),
+        );
+        eventually("the server takes work", async || {
+            generator.report().contains("(ready")
+        })
+        .await;
+        let (_, mut updates) = updates(1);
+        generator.update_weights(updates.remove(0)).await.unwrap();
+        let folder = dir.path().join("v0000000000");
+        assert!(folder.join("adapter_config.json").is_file());
+        let url = format!("{}/{route}", server.url());
+        let loads: Vec<_> = (0..12)
+            .map(|i| {
+                let (url, folder) = (url.clone(), folder.clone());
+                tokio::spawn(async move {
+                    let body = json!({ "lora_name": format!("c{i}"), "lora_path": folder });
+                    post_status(&url, &body).await
+                })
+            })
+            .collect();
+        let mut taken = 0;
+        for load in loads {
+            let status = load.await.unwrap();
+            assert!(status.0 == 200 || status.0 == 400, "{api:?}: {status:?}");
+            taken += usize::from(status.0 == 200);
+        }
+        let listed = names(&get(&format!("{}/v1/models", server.url())).await);
+        // the run's own adapter, and 7 of the 12
+        assert_eq!((taken, listed.len()), (7, 8), "{api:?}: {listed:?}");
+
+        // only from the folder of the weights (links resolved), by default
+        let outside = tempfile::tempdir().unwrap();
+        for file in ["adapter_config.json", "adapter_model.safetensors"] {
+            std::fs::copy(folder.join(file), outside.path().join(file)).unwrap();
+        }
+        let link = dir.path().join("innocent");
+        std::os::unix::fs::symlink(outside.path(), &link).unwrap();
+        for path in [outside.path().to_path_buf(), link] {
+            let (status, body) = post_status(
+                &url,
+                &json!({ "lora_name": "c0", "lora_path": path, "load_inplace": true }),
+            )
+            .await;
+            assert_eq!(status, 403, "{api:?} {path:?}: {body}");
+            assert!(
+                body.contains("outside the folders this server loads adapters from"),
+                "{body}"
+            );
+        }
+    }
 }
