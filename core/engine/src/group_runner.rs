@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::PromptConfig;
 use crate::reward_service::{RewardService, Verified};
 
+/// Rewards lost to their verifier's failure that the log names, one line each, per run.
+const NAMED_REWARD_FAILURES: u64 = 10;
+
 /// Counters the group runner updates and each training step drains.
 #[derive(Debug, Default)]
 pub struct GroupCounters {
@@ -25,6 +28,9 @@ pub struct GroupCounters {
     pub interruptions: AtomicU64,
     /// Samples lost to verifier failures.
     pub reward_failures: AtomicU64,
+    /// Samples lost to verifier failures over the whole run (never drained): the first few are
+    /// named in the log.
+    pub reward_failures_seen: AtomicU64,
     /// Reward latencies in milliseconds since last drained.
     pub reward_latencies_ms: Mutex<Vec<f64>>,
     /// Rewards asked for since last drained.
@@ -331,6 +337,33 @@ impl GroupRunner {
             self.counters
                 .reward_failures
                 .fetch_add(1, Ordering::Relaxed);
+            // a reward's bug (an exception, a NaN, a string) costs the sample: say which, and
+            // why, for the first few; the rest are counted (`reward_failures` of each step)
+            let seen = self
+                .counters
+                .reward_failures_seen
+                .fetch_add(1, Ordering::Relaxed);
+            if seen < NAMED_REWARD_FAILURES {
+                let details = &verified.reward.provenance.details;
+                let why = details
+                    .get("error")
+                    .or_else(|| details.get("message"))
+                    .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_owned))
+                    .unwrap_or_default();
+                let why: String = why.chars().take(500).collect();
+                tracing::warn!(
+                    target: "areal::reward",
+                    sample_id,
+                    item = %item.id,
+                    verdict = verified.reward.verdict.as_str(),
+                    "the sample lost its reward and is not trained on: {why}{}",
+                    if seen + 1 == NAMED_REWARD_FAILURES {
+                        " (further ones are counted in each step's reward_failures, not named)"
+                    } else {
+                        ""
+                    }
+                );
+            }
         }
         Ok(verified)
     }

@@ -26,9 +26,25 @@ import types
 
 MARK = b"\x1eareal-reward\x1e"
 
-_module = types.ModuleType(MODULE)  # noqa: F821 (prepended by the host)
+# The file is a module of its own name, unless that name is another module's (a `types.py`
+# would replace the standard `types` in sys.modules, and numpy's import would then fail):
+# then it is registered as `areal_reward_<name>`.
+def _own_name(name):
+    import importlib.util
+
+    try:
+        taken = name in sys.modules or name in sys.stdlib_module_names or (
+            importlib.util.find_spec(name) is not None
+        )
+    except (ImportError, ValueError):
+        taken = True
+    return "areal_reward_" + name if taken else name
+
+
+MODULE = _own_name(MODULE)  # noqa: F821 (prepended by the host)
+_module = types.ModuleType(MODULE)
 _module.__file__ = FILE  # noqa: F821
-sys.modules[MODULE] = _module  # noqa: F821
+sys.modules[MODULE] = _module
 exec(compile(SOURCE, FILE, "exec"), _module.__dict__)  # noqa: F821
 _function = getattr(_module, FUNCTION, None)  # noqa: F821
 if not callable(_function):

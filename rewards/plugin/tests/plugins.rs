@@ -548,6 +548,9 @@ fn numpy_numbers_count_and_numpy_draws_from_each_runs_seed() {
         assert_eq!(reward.value, score, "{kind}: {reward:?}");
     }
     fails_with(v.as_ref(), "bool", &file, "not a number");
+    // np.mean([]) is NaN: the reward's bug, an error naming it (the sample is then counted
+    // in `reward_failures`, not trained on)
+    fails_with(v.as_ref(), "empty-mean", &file, "not finite");
     let draws: std::collections::BTreeSet<String> = (0..4)
         .map(|i| {
             verify(v.as_ref(), &input(i, "rand", 16))
@@ -558,4 +561,47 @@ fn numpy_numbers_count_and_numpy_draws_from_each_runs_seed() {
         })
         .collect();
     assert_eq!(draws.len(), 4, "{draws:?}");
+}
+
+/// Issue 45: a reward file named like a standard module (`types.py`) replaced it in
+/// `sys.modules`, and numpy's import then failed. It is registered under a name of its own.
+#[test]
+fn a_reward_file_named_like_a_standard_module_shadows_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // numpy's import is the one `types.py` broke; the others show the rule (and cost less)
+    for (stem, numpy) in [("types", true), ("json", false), ("random", false)] {
+        let path = dir.path().join(format!("{stem}.py"));
+        let (import, half) = if numpy {
+            ("import numpy as np\n", "np.float32(0.5)")
+        } else {
+            ("", "0.5")
+        };
+        std::fs::write(
+            &path,
+            format!(
+                "import sys, types, json, random\n{import}\n\
+                 def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    \
+                 assert sys.modules['types'] is types and hasattr(types, 'ModuleType')\n    \
+                 assert hasattr(json, 'dumps') and hasattr(random, 'random')\n    \
+                 return {{'score': {half}, 'module': __name__}}\n"
+            ),
+        )
+        .unwrap();
+        let v = build(json!({ "kind": "python", "path": path }))
+            .unwrap_or_else(|e| panic!("{stem}: {e}"));
+        let reward = verify(v.as_ref(), &input(1, "x", 16)).unwrap();
+        assert_eq!(reward.value, 0.5, "{stem}: {reward:?}");
+        assert_eq!(
+            reward.provenance.details["module"],
+            format!("areal_reward_{stem}")
+        );
+    }
+    let path = dir.path().join("my_scorer.py");
+    std::fs::write(&path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return {'score': 1.0, 'module': __name__}\n").unwrap();
+    let v = build(json!({ "kind": "python", "path": path })).unwrap();
+    let reward = verify(v.as_ref(), &input(1, "x", 16)).unwrap();
+    assert_eq!(
+        reward.provenance.details["module"], "my_scorer",
+        "a name no module has is kept"
+    );
 }

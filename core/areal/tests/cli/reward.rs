@@ -158,3 +158,56 @@ fn grade_reward_gives_one_reward_in_three_forms_the_same_results_in_order() {
     );
     assert!(stderr.contains("cache hits 202 of 203"), "{stderr}");
 }
+
+/// Issue 45: a Python reward's NaN (`np.mean([])`) cost the sample unnoticed. It is the
+/// reward's bug: an error naming the sample, in the log (the first few), counted in each
+/// step's `reward_failures` and the summary's, and the sample is not trained on.
+#[test]
+fn a_reward_that_answers_nan_costs_named_and_counted_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let reward = dir.path().join("sometimes_nan.py");
+    std::fs::write(
+        &reward,
+        "import random\n\ndef compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return float('nan') if random.random() < 0.5 else 0.5\n",
+    )
+    .unwrap();
+    let config = dir.path().join("config.toml");
+    let text_of = areal_testkit::CONFIG.replace(
+        "[reward]\nkind = \"testkit-successor\"",
+        &format!("[reward]\nkind = \"python\"\npath = {:?}", reward),
+    );
+    assert_ne!(text_of, areal_testkit::CONFIG);
+    std::fs::write(&config, text_of).unwrap();
+    let run = dir.path().join("run");
+    let out = areal(&[
+        "train",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--set",
+        "train.steps=3",
+        "--set",
+        "eval.enabled=false",
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let named: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("the sample lost its reward and is not trained on"))
+        .collect();
+    assert!(!named.is_empty() && named.len() <= 10, "{stderr}");
+    assert!(
+        named
+            .iter()
+            .all(|l| l.contains("sample_id=") && l.contains("not finite")),
+        "{named:?}"
+    );
+    let steps = super::records(&run, "step");
+    let lost: u64 = steps
+        .iter()
+        .map(|s| s["reward_failures"].as_u64().unwrap())
+        .sum();
+    assert!(lost > 0, "{steps:?}");
+    assert!(super::summary(&run)["reward_failures"].as_u64().unwrap() >= lost);
+}
