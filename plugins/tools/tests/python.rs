@@ -283,3 +283,40 @@ fn a_python_function_that_cannot_be_loaded_is_named() {
         function_tool(dir.path(), HYPOT, json!({"parameters": {"type": "string"}})).unwrap_err();
     assert!(schema.contains("tools[0].parameters"), "{schema}");
 }
+
+/// Issue 45: a `python-function` tool importing `random` and numpy drew the same numbers in
+/// every episode of every run (their state was frozen in the snapshot). Each episode now
+/// draws from its own seed: the same seed gives the same draws (deterministic mode), another
+/// seed others.
+#[test]
+fn a_function_tools_random_numbers_are_each_episodes_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = "import random\nimport numpy as np\n\ndef hypot(a, b):\n    return [random.getrandbits(30), int(np.random.randint(1 << 30))]\n";
+    let t =
+        function_tool(dir.path(), source, json!({ "mode": "deterministic" })).expect("the tool");
+    block_on(async {
+        let mut draws = Vec::new();
+        for seed in [7, 7, 8, 9] {
+            let mut s = t.open(seed).await.unwrap();
+            let first = s
+                .call(json!({"a": 1, "b": 2}).as_object().unwrap())
+                .await
+                .unwrap();
+            let second = s
+                .call(json!({"a": 1, "b": 2}).as_object().unwrap())
+                .await
+                .unwrap();
+            assert!(!first.error, "{first:?}");
+            assert_ne!(first.text, second.text, "a stream, not one number");
+            draws.push(first.text);
+        }
+        assert_eq!(
+            draws[0], draws[1],
+            "the same seed, the same draws: {draws:?}"
+        );
+        assert!(
+            draws[1] != draws[2] && draws[2] != draws[3] && draws[1] != draws[3],
+            "{draws:?}"
+        );
+    });
+}

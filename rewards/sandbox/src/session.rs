@@ -25,7 +25,8 @@ use crate::watchdog::{Restorer, Watch};
 /// with `Exited(2)`, one that did not with `Exited(0)` (`exit()` included). Each cell starts
 /// with `sys.stdin`/`stdout`/`stderr` open on descriptors 0–2 whatever the cells before did to
 /// them; one that closed a descriptor itself (`os.close`) aborts the interpreter, which ends
-/// the session as a trap does.
+/// the session as a trap does. A session's first call reseeds `random` and numpy's global
+/// generator, when the pre-initialisation imported them, from the session's random source.
 pub const PYTHON_CELLS: &str = r#"
 import ast as _ast, os as _os, sys as _sys, traceback as _traceback
 
@@ -76,7 +77,23 @@ def _areal_abort(error):
         pass
     _os.abort()
 
+_areal_fresh = [True]
+
+def _areal_reseed():
+    # the snapshot froze the state of every generator imported while it was taken (by a tool's
+    # file, say): a session's first call draws them a seed of its own (the session's random
+    # source: its seed in deterministic mode, the system's otherwise)
+    random = _sys.modules.get("random")
+    if random is not None:
+        random.seed(int.from_bytes(_os.urandom(16), "little"))
+    numpy = _sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(int.from_bytes(_os.urandom(4), "little"))
+
 def areal_main():
+    if _areal_fresh[0]:
+        _areal_fresh[0] = False
+        _areal_reseed()
     _areal_descriptors()
     try:
         _sys.stdin, _sys.stdout, _sys.stderr = (_areal_stream(fd) for fd in range(3))
