@@ -63,6 +63,19 @@ pub enum PluginError {
     },
 }
 
+/// An error with its causes on one line (`what: why: deeper`), for a message that is passed on
+/// as text (a server's status, a refusal another error quotes).
+pub fn error_chain(error: &dyn StdError) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 impl PluginError {
     /// A failure of `plugin` described by `message`.
     pub fn failed(plugin: impl Into<String>, message: impl Into<String>) -> Self {

@@ -69,7 +69,7 @@ pub use config::{BuildContext, PluginConfig};
 pub use episode::{
     Episode, EpisodeContext, EpisodeTraits, SINGLE_TURN, SingleTurn, Turn, TurnOptions,
 };
-pub use error::{BoxError, PluginError};
+pub use error::{BoxError, PluginError, error_chain};
 pub use generator::{FaultStats, Generator, GeneratorStats};
 pub use registry::{
     EpisodePlugin, GeneratorPlugin, PluginInfo, RewardPlugin, TaskPlugin, ToolPlugin,

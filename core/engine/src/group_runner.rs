@@ -344,13 +344,11 @@ impl GroupRunner {
                 .reward_failures_seen
                 .fetch_add(1, Ordering::Relaxed);
             if seen < NAMED_REWARD_FAILURES {
-                let details = &verified.reward.provenance.details;
-                let why = details
-                    .get("error")
-                    .or_else(|| details.get("message"))
-                    .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_owned))
-                    .unwrap_or_default();
-                let why: String = why.chars().take(500).collect();
+                let why: String = failure_message(&verified.reward)
+                    .unwrap_or_default()
+                    .chars()
+                    .take(500)
+                    .collect();
                 tracing::warn!(
                     target: "areal::reward",
                     sample_id,
@@ -415,6 +413,16 @@ impl GroupRunner {
     }
 }
 
+/// Why a verifier failed, as its failed reward says (`error` or `message` of its details).
+fn failure_message(reward: &Reward) -> Option<String> {
+    let details = &reward.provenance.details;
+    let said = details.get("error").or_else(|| details.get("message"))?;
+    Some(
+        said.as_str()
+            .map_or_else(|| said.to_string(), str::to_owned),
+    )
+}
+
 /// The group of `spec` from its rewarded samples (in any order): those whose verifier failed
 /// are left out; an error if every one did.
 pub(crate) fn assemble(
@@ -430,15 +438,7 @@ pub(crate) fn assemble(
         .count();
     if failed > 0 && failed == done.len() {
         let first = &done[0].reward;
-        let why = first
-            .provenance
-            .details
-            .get("error")
-            .or_else(|| first.provenance.details.get("message"))
-            .map_or_else(String::new, |m| match m.as_str() {
-                Some(text) => format!(": {text}"),
-                None => format!(": {m}"),
-            });
+        let why = failure_message(first).map_or_else(String::new, |text| format!(": {text}"));
         return Err(PluginError::failed(
             first.provenance.verifier.clone(),
             format!(

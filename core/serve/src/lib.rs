@@ -44,14 +44,4 @@ pub use reward_server::serve_reward;
 pub use security::{Listen, ServeError, ServerTls, TOKEN_ENV, token_from_env};
 pub use tool_server::{ToolServerOptions, serve_tools};
 
-/// An error with its causes, on one line (`what: why: deeper`).
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub(crate) use areal_sdk::error_chain;

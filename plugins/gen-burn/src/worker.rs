@@ -249,15 +249,9 @@ impl Worker {
                 );
                 self.loaded = old;
                 // the cause in the message, which every caller shows
-                let why =
-                    std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |e| {
-                        e.source()
-                    })
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(": ");
                 return Err(failed(format!(
-                    "weight update {version} refused ({held}): {why}"
+                    "weight update {version} refused ({held}): {}",
+                    areal_sdk::error_chain(&e)
                 )));
             }
         };
@@ -293,8 +287,9 @@ impl Worker {
                     update.version
                 ))
             })?;
+        // (whether the weights fit this machine, `import` checks when it builds them)
         config
-            .check_fits()
+            .check()
             .map_err(|e| failed(format!("config.json: {e}")))?;
         let capacity = self
             .max_len

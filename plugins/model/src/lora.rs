@@ -477,15 +477,7 @@ impl Transformer {
 }
 
 /// An error with its causes, on one line.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    out
-}
+pub(crate) use areal_sdk::error_chain as chain;
 
 fn caused(message: impl Into<String>, source: impl Into<areal_sdk::BoxError>) -> PluginError {
     PluginError::caused_by(crate::NAME, message, source)
