@@ -677,6 +677,66 @@ fn each_of_n_choices_is_a_sample_and_the_first_goes_on() {
     });
 }
 
+/// Streamed, `n` choices with `include_usage` and `logprobs` come as OpenAI streams them: per
+/// choice the role first and the finish last, every chunk's usage null but the last one's,
+/// which has no choices and the sum of the choices' tokens; and each choice's logprobs, a
+/// call's included, one per token it was charged for.
+#[test]
+fn a_streamed_answer_of_n_choices_carries_every_tokens_logprob_and_the_usage_last() {
+    let script = vec![call(6, 7), "two".to_owned(), "three".to_owned()];
+    let (proxy, runner) = online(&script);
+    runtime().block_on(async {
+        let group = one_episode(&runner);
+        let key = take_session(&proxy).await;
+        let body = json!({
+            "messages": [{"role": "user", "content": "What is 6 * 7?"}],
+            "tools": [{"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
+            "n": 3, "stream": true, "logprobs": true,
+            "stream_options": {"include_usage": true},
+        });
+        let chat = format!("{proxy}/v1/chat/completions");
+        let (status, _, events) = http(&chat, Some(&key), Some(&body.to_string())).await;
+        assert_eq!(status, 200, "{events}");
+        let data: Vec<&str> = events.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+        assert_eq!(data.last(), Some(&"[DONE]"));
+        let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| json_of(d)).collect();
+        let (usage, chunks) = chunks.split_last().unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert!(chunks.iter().all(|c| c["usage"].is_null()), "{chunks:?}");
+        // each choice: its role first, its finish last, its logprobs once
+        let mut roles = [0; 3];
+        let mut finished = [false; 3];
+        let mut logprobs = [0; 3];
+        let mut content = [String::new(), String::new(), String::new()];
+        let mut calls = [0; 3];
+        for c in chunks {
+            let choice = &c["choices"][0];
+            let i = usize::try_from(choice["index"].as_u64().unwrap()).unwrap();
+            assert!(!finished[i], "a chunk after choice {i}'s finish: {c}");
+            if choice["delta"]["role"] == "assistant" {
+                roles[i] += 1;
+            } else {
+                assert_eq!(roles[i], 1, "choice {i}'s role comes first: {c}");
+            }
+            content[i] += choice["delta"]["content"].as_str().unwrap_or("");
+            calls[i] += choice["delta"]["tool_calls"].as_array().map_or(0, Vec::len);
+            logprobs[i] += choice["logprobs"]["content"].as_array().map_or(0, Vec::len);
+            finished[i] = !choice["finish_reason"].is_null();
+        }
+        assert_eq!(finished, [true; 3]);
+        assert_eq!(roles, [1; 3]);
+        assert_eq!(content, ["three", "two", ""]);
+        assert_eq!(calls, [0, 0, 1]);
+        // "three", "two", the call, each with its stop token
+        let tokens = [6, 4, call(6, 7).len() + 1];
+        assert_eq!(logprobs, tokens);
+        assert_eq!(usage["usage"]["completion_tokens"], tokens.iter().sum::<usize>());
+        let (status, _, _) = http(&format!("{proxy}/rl/end_session"), Some(&key), Some("{}")).await;
+        assert_eq!(status, 200);
+        group.await.unwrap().unwrap();
+    });
+}
+
 /// `stop` ends a turn where its text first holds a stop text: the turn's tokens end with the
 /// one that completes it (what was sampled after it is dropped), the answer leaves the stop
 /// text out, and the session goes on in the template's markup, its check intact.

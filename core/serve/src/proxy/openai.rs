@@ -524,8 +524,11 @@ impl Answer {
     }
 
     /// The `chat.completion.chunk` objects of a streamed answer (each a server-sent event's
-    /// data, `[DONE]` after them): for each choice the role, the content, each call whole, the
-    /// finish reason; then the usage when `include_usage`.
+    /// data, `[DONE]` after them), as OpenAI streams them: for each choice the role (`content`
+    /// null when the turn is only calls), the content, each call whole, the finish reason;
+    /// then the usage when `include_usage`. Asked for, the turn's logprobs come with the first
+    /// chunk after the role, whichever it is, so that a client reading the stream has every
+    /// token's logprob the completion would have given it, calls and empty turns included.
     pub(crate) fn chunks(&self, include_usage: bool) -> Vec<Value> {
         let chunk = |index: usize, delta: Value, finish: Value, logprobs: Value| {
             let mut c = json!({
@@ -547,18 +550,21 @@ impl Answer {
         };
         let mut out = Vec::new();
         for (index, choice) in self.choices.iter().enumerate() {
+            let message = message_json(&choice.message);
             out.push(chunk(
                 index,
-                json!({"role": "assistant", "content": ""}),
+                json!({"role": "assistant", "content": message["content"].as_str().map(|_| "")}),
                 Value::Null,
                 Value::Null,
             ));
+            let mut logprobs = Some(choice.logprobs_json());
+            let mut next = || logprobs.take().unwrap_or(Value::Null);
             if !choice.message.content.is_empty() {
                 out.push(chunk(
                     index,
                     json!({"content": choice.message.content}),
                     Value::Null,
-                    choice.logprobs_json(),
+                    next(),
                 ));
             }
             for (k, call) in choice.message.tool_calls.iter().enumerate() {
@@ -568,15 +574,10 @@ impl Answer {
                     index,
                     json!({"tool_calls": [call]}),
                     Value::Null,
-                    Value::Null,
+                    next(),
                 ));
             }
-            out.push(chunk(
-                index,
-                json!({}),
-                json!(choice.finish_reason),
-                Value::Null,
-            ));
+            out.push(chunk(index, json!({}), json!(choice.finish_reason), next()));
         }
         if include_usage {
             out.push(json!({
