@@ -268,6 +268,9 @@ impl ToolSession for PythonSession {
         let session = match &mut self.session {
             Some(session) if session.is_alive() => session,
             _ => {
+                // the ended interpreter's memory goes back to the budget before a new one
+                // takes its own
+                self.session = None;
                 // each restart is a new interpreter, with a random stream of its own
                 let seed = self.seed ^ self.restarts.wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 self.restarts += 1;
@@ -306,10 +309,15 @@ impl ToolSession for PythonSession {
                 "stopped: the call ran past its limit of {} s",
                 self.options.timeout_s
             )),
-            Outcome::MemoryLimit => ended(format!(
-                "stopped: the call needed more than {} MB of memory",
-                self.options.memory_mb
-            )),
+            Outcome::MemoryLimit => ended(match report.over_budget {
+                Some(budget) => {
+                    format!("stopped: the call needed more memory than is left of {budget}")
+                }
+                None => format!(
+                    "stopped: the call needed more than {} MB of memory",
+                    self.options.memory_mb
+                ),
+            }),
             Outcome::OutputLimit => ended("stopped: too much output".into()),
             Outcome::Trapped(why) => ended(format!("the interpreter crashed ({why})")),
         })

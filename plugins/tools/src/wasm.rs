@@ -228,10 +228,15 @@ impl ToolSession for WasmSession {
             ToolCallOutcome::Refused(text) => ToolOutput::error(cut(text, max)),
             ToolCallOutcome::Stopped(outcome) => {
                 self.instance = None;
+                let why = match report.over_budget {
+                    Some(budget) => {
+                        format!("it would have taken more memory than is left of {budget}")
+                    }
+                    None => describe_stop(&outcome),
+                };
                 ToolOutput::error(format!(
-                    "[{}: stopped: {}; the next call starts a new instance: what it kept is gone]",
+                    "[{}: stopped: {why}; the next call starts a new instance: what it kept is gone]",
                     self.name,
-                    describe_stop(&outcome)
                 ))
             }
         })

@@ -320,3 +320,86 @@ fn a_function_tools_random_numbers_are_each_episodes_own() {
         );
     });
 }
+
+/// The sessions of every Python tool of a process, `python` and `python-function` alike, hold
+/// no more memory together than its budget (`AREAL_SESSION_MEMORY_MB`, set here to 320 MiB in
+/// a process of the test's own): the session that does not fit is refused and the call that
+/// would pass it stopped, both naming the budget and its setting; an episode's session that
+/// ends gives its memory back.
+#[test]
+fn the_sessions_of_every_python_tool_share_the_processs_memory_budget() {
+    const NAME: &str = "the_sessions_of_every_python_tool_share_the_processs_memory_budget";
+    if std::env::var_os("AREAL_TEST_BUDGET_CHILD").is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+            .env("AREAL_TEST_BUDGET_CHILD", "1")
+            .env(areal_sandbox::SESSION_MEMORY_ENV, "320")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        assert!(said.contains("1 passed"), "{said}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let plain = tool(json!({}));
+    let function = function_tool(dir.path(), HYPOT, json!({})).expect("the tool");
+    let args = json!({"a": 3, "b": 4}).as_object().cloned().unwrap();
+    block_on(async {
+        let mut open = Vec::new();
+        let refused = loop {
+            let t = if open.len() % 2 == 0 {
+                &plain
+            } else {
+                &function
+            };
+            let mut s = t.open(open.len() as u64).await.unwrap();
+            let first = if open.len() % 2 == 0 {
+                s.call(&code("1")).await
+            } else {
+                s.call(&args).await
+            };
+            match first {
+                Ok(answer) => assert!(!answer.error, "{answer:?}"),
+                Err(e) => break e.to_string(),
+            }
+            open.push(s);
+            assert!(open.len() < 10, "10 sessions in 320 MiB");
+        };
+        assert!(open.len() >= 2, "{refused}");
+        for words in [
+            "no memory left for another session",
+            "320 MiB",
+            "AREAL_SESSION_MEMORY_MB=320",
+        ] {
+            assert!(refused.contains(words), "{words}: {refused}");
+        }
+        // a call growing past what is left: stopped, naming the budget, the others go on
+        let hoard = call(
+            &mut open[0],
+            "blocks = [bytearray(1 << 20) for _ in range(200)]",
+        )
+        .await;
+        assert!(hoard.error, "{hoard:?}");
+        assert!(
+            hoard
+                .text
+                .contains("more memory than is left of the 320 MiB"),
+            "{hoard:?}"
+        );
+        assert!(
+            hoard.text.contains("AREAL_SESSION_MEMORY_MB=320"),
+            "{hoard:?}"
+        );
+        assert_eq!(call(&mut open[0], "2 + 2").await, ToolOutput::ok("4\n"));
+        assert_eq!(
+            open[1].call(&args).await.unwrap(),
+            ToolOutput::ok("call 2\n5.0\n")
+        );
+        // episodes end: their memory is the next one's
+        open.clear();
+        let mut next = plain.open(99).await.unwrap();
+        assert_eq!(call(&mut next, "3 * 3").await, ToolOutput::ok("9\n"));
+    });
+}

@@ -44,6 +44,7 @@ pub use component::{
     component_cache_dir, module_cache_dir,
 };
 pub use guest::{INTERPRETER_ENV, Interpreter, InterpreterError};
+pub use meter::{MemoryBudget, SESSION_MEMORY_ENV};
 pub use pool::Pool;
 pub use run::{
     Limits, MAX_CONCURRENT_RUNS, MAX_GUEST_RESOURCES, Mode, Outcome, Run, RunReport, SandboxError,

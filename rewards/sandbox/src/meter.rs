@@ -2,7 +2,8 @@
 //! limiter, time by the guest's own CPU time plus its sleeps, and the epoch ticker that checks
 //! reward components' time.
 
-use std::sync::Weak;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use wasmtime::{Engine, ResourceLimiter, Store};
@@ -44,8 +45,13 @@ pub(crate) struct MemoryCap {
     pub(crate) max: usize,
     pub(crate) peak: usize,
     pub(crate) exceeded: bool,
+    /// Whether what stopped the guest was the budget it is charged to, not its own cap.
+    pub(crate) over_budget: bool,
     /// The run's watchdog, told the memory's size (the interpreter's runs).
     watch: Option<(Watch, usize)>,
+    /// The budget the guest's memory is charged to (sessions and tool instances), with what
+    /// it holds of it and the last growth charged (given back if the growth then fails).
+    budget: Option<(MemoryBudget, usize, usize)>,
 }
 
 impl MemoryCap {
@@ -54,14 +60,29 @@ impl MemoryCap {
             max,
             peak: 0,
             exceeded: false,
+            over_budget: false,
             watch: None,
+            budget: None,
         }
     }
 
     pub(crate) fn watched(max: usize, watch: Watch) -> Self {
-        Self {
-            watch: Some((watch, 0)),
-            ..Self::new(max)
+        let mut cap = Self::new(max);
+        cap.watch = Some((watch, 0));
+        cap
+    }
+
+    /// Charge every byte of linear memory the guest takes from now on (instantiation's
+    /// included) to `budget`, until the store drops.
+    pub(crate) fn charge_to(&mut self, budget: &MemoryBudget) {
+        self.budget = Some((budget.clone(), 0, 0));
+    }
+}
+
+impl Drop for MemoryCap {
+    fn drop(&mut self) {
+        if let Some((budget, held, _)) = &self.budget {
+            budget.release(*held);
         }
     }
 }
@@ -77,6 +98,18 @@ impl ResourceLimiter for MemoryCap {
             self.exceeded = true;
             return Err(wasmtime::Error::msg("memory limit"));
         }
+        if let Some((budget, held, last)) = &mut self.budget {
+            // per memory: a component's modules have one each, and instantiation grows each
+            // from nothing
+            let more = desired.saturating_sub(current);
+            if !budget.try_charge(more) {
+                self.exceeded = true;
+                self.over_budget = true;
+                return Err(wasmtime::Error::msg("memory budget"));
+            }
+            *held += more;
+            *last = more;
+        }
         self.peak = self.peak.max(desired);
         if let Some((watch, before)) = &mut self.watch {
             *before = current;
@@ -86,6 +119,11 @@ impl ResourceLimiter for MemoryCap {
     }
 
     fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        if let Some((budget, held, last)) = &mut self.budget {
+            budget.release(*last);
+            *held -= *last;
+            *last = 0;
+        }
         if let Some((watch, before)) = &self.watch {
             watch.set_memory_len(*before);
         }
@@ -100,6 +138,114 @@ impl ResourceLimiter for MemoryCap {
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 1 << 20)
     }
+}
+
+/// The linear memory that guests kept alive between calls may hold together: every
+/// [`crate::Session`] and tool instance of a process is charged to one budget, so that their
+/// sum stays bounded however many are open (each one's own cap bounds only itself). A guest
+/// that would take more than the budget leaves is stopped as by its own memory limit, and
+/// what stopped it says so, naming the budget and its setting. Memory goes back to the budget
+/// when the session or instance drops.
+#[derive(Clone)]
+pub struct MemoryBudget(Arc<BudgetInner>);
+
+struct BudgetInner {
+    limit: usize,
+    held: AtomicUsize,
+    /// Where the limit came from, for what a stopped guest reads.
+    origin: String,
+}
+
+impl std::fmt::Debug for MemoryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBudget")
+            .field("limit", &self.limit())
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
+/// The variable that sets the process's budget of session memory, in MiB.
+pub const SESSION_MEMORY_ENV: &str = "AREAL_SESSION_MEMORY_MB";
+
+impl MemoryBudget {
+    /// A budget of `limit` bytes, `origin` saying where the limit was set (for the errors).
+    pub fn new(limit: usize, origin: impl Into<String>) -> Self {
+        Self(Arc::new(BudgetInner {
+            limit,
+            held: AtomicUsize::new(0),
+            origin: origin.into(),
+        }))
+    }
+
+    /// The process's budget, which sessions and tool instances are charged to: half of the
+    /// machine's physical memory, or [`SESSION_MEMORY_ENV`] MiB. A value that is not a whole
+    /// number of MiB from 64 on is an error naming the variable.
+    pub fn process() -> Result<&'static MemoryBudget, String> {
+        static PROCESS: OnceLock<Result<MemoryBudget, String>> = OnceLock::new();
+        PROCESS
+            .get_or_init(|| match std::env::var(SESSION_MEMORY_ENV) {
+                Ok(value) => match value.trim().parse::<usize>() {
+                    Ok(mb) if (64..=(1 << 30)).contains(&mb) => {
+                        Ok(Self::new(mb << 20, format!("{SESSION_MEMORY_ENV}={mb}")))
+                    }
+                    _ => Err(format!(
+                        "{SESSION_MEMORY_ENV} must be a number of MiB from 64 on, found {value:?}"
+                    )),
+                },
+                Err(_) => {
+                    let total = physical_memory().unwrap_or(8 << 30);
+                    Ok(Self::new(
+                        total / 2,
+                        format!("half of physical memory; {SESSION_MEMORY_ENV} sets it"),
+                    ))
+                }
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The limit, in bytes.
+    pub fn limit(&self) -> usize {
+        self.0.limit
+    }
+
+    /// What the guests charged to it hold now, in bytes.
+    pub fn held(&self) -> usize {
+        self.0.held.load(Ordering::SeqCst)
+    }
+
+    /// The budget in words, for what a guest it stopped reads.
+    pub fn describe(&self) -> String {
+        format!(
+            "the {} MiB that this process's Python sessions and tool instances may hold \
+             together ({}; {} MiB held)",
+            self.limit() >> 20,
+            self.0.origin,
+            self.held() >> 20
+        )
+    }
+
+    fn try_charge(&self, bytes: usize) -> bool {
+        self.0
+            .held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                held.checked_add(bytes).filter(|&h| h <= self.0.limit)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: usize) {
+        self.0.held.fetch_sub(bytes, Ordering::SeqCst);
+    }
+}
+
+/// Physical memory of the machine (`MemTotal`), in bytes.
+fn physical_memory() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// A store's guest state with the two limits every guest runs under.

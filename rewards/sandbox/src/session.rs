@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use wasmtime::{Store, TypedFunc};
 
 use crate::capture::{Capture, Feed};
+use crate::meter::MemoryBudget;
 use crate::run::{Limits, Mode, Outcome, SandboxError, classify};
 use crate::sandbox::Sandbox;
 use crate::store::{Guest, GuestIo};
@@ -154,6 +155,9 @@ pub struct CellReport {
     pub fuel: Option<u64>,
     /// Peak linear memory of the session so far, in bytes.
     pub peak_memory: usize,
+    /// When the outcome is [`Outcome::MemoryLimit`] because the session would have taken more
+    /// than its [`MemoryBudget`] left (not more than its own cap): the budget, in words.
+    pub over_budget: Option<String>,
 }
 
 /// A live interpreter and what it was given. See the module's docs.
@@ -169,6 +173,7 @@ pub struct Session {
     mode: Mode,
     limits: Limits,
     ended: Option<Outcome>,
+    budget: MemoryBudget,
     calls: u64,
     started: Instant,
 }
@@ -185,11 +190,24 @@ impl std::fmt::Debug for Session {
 impl Session {
     /// A session in `sandbox` (which must be pre-initialised: [`crate::Settings::preinit`],
     /// e.g. with [`PYTHON_CELLS`]) whose every call gets `limits` (its memory cap is the
-    /// session's); `seed` seeds the guest's random source in deterministic mode.
+    /// session's); `seed` seeds the guest's random source in deterministic mode. Its memory
+    /// is charged to the process's [`MemoryBudget`].
     pub async fn start(
         sandbox: &Sandbox,
         limits: &Limits,
         seed: u64,
+    ) -> Result<Self, SandboxError> {
+        let budget = MemoryBudget::process().map_err(wasmtime::Error::msg)?;
+        Self::start_within(sandbox, limits, seed, budget).await
+    }
+
+    /// [`Session::start`] with its memory charged to `budget`: refused, naming the budget,
+    /// when what the interpreter starts with does not fit in what the budget has left.
+    pub async fn start_within(
+        sandbox: &Sandbox,
+        limits: &Limits,
+        seed: u64,
+        budget: &MemoryBudget,
     ) -> Result<Self, SandboxError> {
         if sandbox.entry != "areal_run" {
             return Err(SandboxError::Wasmtime(wasmtime::Error::msg(
@@ -209,9 +227,17 @@ impl Session {
             seed,
         };
         let mut store = sandbox.store(io, limits, &watch)?;
+        store.data_mut().memory.charge_to(budget);
         let restore = watch.restorer();
         let instance = match sandbox.instantiate(&mut store).await {
             Ok(instance) => instance,
+            Err(_) if store.data().memory.over_budget => {
+                return Err(SandboxError::Wasmtime(wasmtime::Error::msg(format!(
+                    "no memory left for another session: the interpreter starts with more \
+                     than is left of {}",
+                    budget.describe()
+                ))));
+            }
             Err(_) if store.data().memory.exceeded => {
                 return Err(SandboxError::Wasmtime(wasmtime::Error::msg(format!(
                     "a memory limit of {} MiB is less than the pre-initialised interpreter \
@@ -233,6 +259,7 @@ impl Session {
             mode: sandbox.mode(),
             limits: limits.clone(),
             ended: None,
+            budget: budget.clone(),
             calls: 0,
             started: Instant::now(),
         })
@@ -252,6 +279,7 @@ impl Session {
                 wall: Duration::ZERO,
                 fuel: None,
                 peak_memory: self.store.data().memory.peak,
+                over_budget: self.over_budget(),
             });
         }
         self.calls += 1;
@@ -290,7 +318,14 @@ impl Session {
             wall: started.elapsed(),
             fuel,
             peak_memory: self.store.data().memory.peak,
+            over_budget: self.over_budget(),
         })
+    }
+
+    fn over_budget(&self) -> Option<String> {
+        let memory = &self.store.data().memory;
+        (self.ended == Some(Outcome::MemoryLimit) && memory.over_budget)
+            .then(|| self.budget.describe())
     }
 
     /// Whether the session still takes calls (no call of it was stopped or trapped).

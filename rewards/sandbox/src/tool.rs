@@ -15,7 +15,7 @@ use wasmtime::{Engine, Store};
 
 use crate::capture::Capture;
 use crate::component::{Grants, Linked, State, link, metered_store, not_a_component};
-use crate::meter::TimeBudget;
+use crate::meter::{MemoryBudget, TimeBudget};
 use crate::run::{Limits, Mode, Outcome, SandboxError, classify, wasmtime_version};
 
 #[allow(missing_docs, reason = "generated code")]
@@ -52,6 +52,9 @@ pub struct ToolCallReport {
     pub wall: Duration,
     /// Peak linear memory of the instance so far, in bytes.
     pub peak_memory: usize,
+    /// When a memory limit stopped it because the instance would have taken more than the
+    /// process's [`MemoryBudget`] left: the budget, in words.
+    pub over_budget: Option<String>,
 }
 
 /// A tool component, compiled, ready to open an instance per episode.
@@ -128,7 +131,8 @@ impl ToolHost {
 
     /// A fresh instance with `open(options, seed)` called: `Ok(Err(message))` when the
     /// component refused, `Ok(Ok(instance))` when it is ready. Errors are the host's, or a
-    /// limit that stopped `open` (as [`SandboxError::Component`], naming it).
+    /// limit that stopped `open` (as [`SandboxError::Component`], naming it). Its memory is
+    /// charged to the process's [`MemoryBudget`] while it lives.
     pub async fn open(
         &self,
         options: &str,
@@ -136,8 +140,10 @@ impl ToolHost {
         limits: &Limits,
     ) -> Result<Result<ToolInstance, String>, SandboxError> {
         let _alive = &self.ticker;
+        let budget = MemoryBudget::process().map_err(wasmtime::Error::msg)?;
         let (mut store, stdout, stderr) =
             metered_store(&self.engine, &self.grants, self.mode, limits, seed)?;
+        store.data_mut().memory.charge_to(budget);
         let opened = async {
             let tool = self.pre.instantiate_async(&mut store).await?;
             let answer = tool.call_open(&mut store, options, seed).await?;
@@ -149,6 +155,15 @@ impl ToolHost {
         };
         let (tool, answer) = match tokio::time::timeout(limits.wall, opened).await {
             Err(_elapsed) => return Err(stopped(Outcome::TimeLimit)),
+            Ok(Err(_)) if store.data().memory.over_budget => {
+                return Err(SandboxError::Component {
+                    path: self.path.clone(),
+                    message: format!(
+                        "opening a session: no memory left for another instance in {}",
+                        budget.describe()
+                    ),
+                });
+            }
             Ok(Err(e)) => return Err(stopped(classify(&e, store.data().memory.exceeded))),
             Ok(Ok(opened)) => opened,
         };
@@ -212,6 +227,7 @@ impl ToolInstance {
         let data = self.store.data_mut();
         data.time = TimeBudget::new((self.mode == Mode::Fast).then_some(limits.cpu));
         data.memory.exceeded = false;
+        data.memory.over_budget = false;
         let fueled = if self.mode == Mode::Deterministic {
             self.store.set_fuel(limits.fuel).err()
         } else {
@@ -238,12 +254,18 @@ impl ToolInstance {
             }
             other => other,
         };
+        let memory = &self.store.data().memory;
+        let over_budget = (outcome == ToolCallOutcome::Stopped(Outcome::MemoryLimit)
+            && memory.over_budget)
+            .then(|| MemoryBudget::process().map(MemoryBudget::describe))
+            .and_then(Result::ok);
         ToolCallReport {
             outcome,
             stdout,
             stderr: self.stderr.take().0,
             wall: started.elapsed(),
-            peak_memory: self.store.data().memory.peak,
+            peak_memory: memory.peak,
+            over_budget,
         }
     }
 }

@@ -6,7 +6,9 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use areal_sandbox::{CellReport, Limits, Mode, Outcome, PYTHON_CELLS, Sandbox, Session, Settings};
+use areal_sandbox::{
+    CellReport, Limits, MemoryBudget, Mode, Outcome, PYTHON_CELLS, Sandbox, Session, Settings,
+};
 
 fn sandbox(mode: Mode) -> Arc<Sandbox> {
     static FAST: OnceLock<Arc<Sandbox>> = OnceLock::new();
@@ -231,8 +233,71 @@ fn memory_past_the_cap_ends_the_session() {
         let hoard = cell(&mut s, "big = bytearray(512 << 20)").await;
         assert_eq!(hoard.outcome, Outcome::MemoryLimit);
         assert!(hoard.peak_memory <= 128 << 20);
+        assert_eq!(hoard.over_budget, None, "its own cap stopped it");
         assert!(!s.is_alive());
         let mut fresh = Session::start(&sb, &limits(), 0).await.unwrap();
+        assert_eq!(text(&cell(&mut fresh, "len([1, 2])").await), "2\n");
+    });
+}
+
+/// Sessions charged to one budget hold no more than it together: one more is refused and a
+/// session's growth past what is left ends it, both naming the budget; what a session held
+/// goes back when it drops.
+#[test]
+fn the_sessions_of_a_budget_hold_no_more_than_it_together() {
+    let sb = sandbox(Mode::Fast);
+    let roomy = Limits {
+        memory_bytes: 256 << 20,
+        ..limits()
+    };
+    block_on(async {
+        let budget = MemoryBudget::new(320 << 20, "the test's");
+        let mut open = Vec::new();
+        let refused = loop {
+            match Session::start_within(&sb, &roomy, 0, &budget).await {
+                Ok(s) => open.push(s),
+                Err(e) => break e.to_string(),
+            }
+            assert!(open.len() < 10, "10 sessions in 320 MiB");
+        };
+        assert!(open.len() >= 2, "{refused}");
+        assert!(
+            refused.contains("no memory left for another session"),
+            "{refused}"
+        );
+        assert!(
+            refused.contains("320 MiB") && refused.contains("the test's"),
+            "{refused}"
+        );
+        // what the budget holds is the sessions' memory, to the byte
+        let mut held = 0;
+        for s in &mut open {
+            let report = cell(s, "0").await;
+            assert_eq!(report.outcome, Outcome::Exited(0));
+            held += report.peak_memory;
+        }
+        assert_eq!(budget.held(), held);
+        let left = (320 << 20) - held;
+        assert!(left < held / open.len(), "one more would have fit");
+        // a session growing past what is left is stopped, naming the budget; the others go on
+        let grown = cell(
+            &mut open[0],
+            &format!("big = bytearray({})", left + (1 << 20)),
+        )
+        .await;
+        assert_eq!(grown.outcome, Outcome::MemoryLimit);
+        let why = grown.over_budget.expect("the budget stopped it");
+        assert!(
+            why.contains("320 MiB") && why.contains("the test's"),
+            "{why}"
+        );
+        assert!(!open[0].is_alive());
+        assert_eq!(text(&cell(&mut open[1], "1 + 1").await), "2\n");
+        open.clear();
+        assert_eq!(budget.held(), 0, "every byte given back");
+        let mut fresh = Session::start_within(&sb, &roomy, 0, &budget)
+            .await
+            .unwrap();
         assert_eq!(text(&cell(&mut fresh, "len([1, 2])").await), "2\n");
     });
 }
