@@ -1017,3 +1017,79 @@ fn messages_past_the_context_are_refused_and_the_session_goes_on() {
     });
     assert_eq!(counted(&runner), (1, 0, 0));
 }
+
+/// The live processes whose command line holds `mark`.
+fn alive_with(mark: &str) -> Vec<u32> {
+    let mut alive = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat.rfind(')').is_some_and(|at| {
+            matches!(stat[at + 1..].trim_start().chars().next(), Some('Z' | 'X'))
+        });
+        if !zombie && String::from_utf8_lossy(&cmdline).contains(mark) {
+            alive.push(pid);
+        }
+    }
+    alive
+}
+
+/// An agent program's episode ends with every process it started, however it tried to
+/// outlive it: a process in a session of its own, a daemon (fork, setsid, fork), a child
+/// holding its pipes; a fork bomb is killed past `max_processes`, and a tree of children
+/// within their own address spaces but past `memory_mb` together is killed too, each naming
+/// the bound it passed.
+#[test]
+fn no_process_of_an_agent_program_outlives_its_episode() {
+    let mut survivors = Vec::new();
+    for (case, options, failure) in [
+        ("setsid", json!({}), None),
+        ("daemon", json!({}), None),
+        ("pipes", json!({}), None),
+        (
+            "bomb",
+            json!({"max_processes": 32}),
+            Some("ran more than 32 processes at once (max_processes) and was killed"),
+        ),
+        (
+            "hoard",
+            json!({"memory_mb": 256}),
+            Some("more than memory_mb = 256 in all and was killed"),
+        ),
+    ] {
+        let mark = format!("areal-escape-{}-{case}", std::process::id());
+        let mut options = options;
+        options["command"] = json!(["python3", agent_file("escaping_agent.py"), case, mark]);
+        // (a backstop: the episode must end long before)
+        options["idle_s"] = json!(120);
+        let (group, _) = run(&[], agent(options), 1);
+        let left = alive_with(&mark);
+        for pid in &left {
+            // leave nothing on the machine whatever the verdict
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+        survivors.push((case, left.len()));
+        match (failure, group) {
+            (None, Ok(group)) => {
+                let reward = &group.samples[0].reward;
+                assert_eq!(reward.verdict, Verdict::NoAnswer, "{case}: {reward:?}");
+            }
+            // (a sample whose episode failed is lost, the failure named)
+            (Some(why), Err(e)) => assert!(e.to_string().contains(why), "{case}: {e}"),
+            (_, other) => panic!("{case}: {other:?}"),
+        }
+    }
+    assert!(
+        survivors.iter().all(|(_, n)| *n == 0),
+        "processes left: {survivors:?}"
+    );
+}

@@ -15,8 +15,9 @@
 //! [`session`]). `/rl/set_reward` rewards the session's last interaction; without one, the
 //! run's `[reward]` grades the last answer (or it counts 0, by `without_reward`).
 //!
-//! A program is bounded in memory (`memory_mb`) and in the time it takes between answers
-//! (`idle_s`: the policy's own time does not count); one that crashes, hangs or sends more
+//! A program is contained with every process it starts (a subreaper's tree, [`warden`]),
+//! bounded in processes (`max_processes`), memory (`memory_mb`) and the time it takes between
+//! answers (`idle_s`: the policy's own time does not count); one that crashes, hangs or sends more
 //! than its turns costs its episode (verdict `error`, the sample is not trained on), never the
 //! run. The proxy listens on loopback unless given a token; a session key opens only its
 //! session, an ended session is refused, bodies are bounded.
@@ -26,6 +27,7 @@ mod hub;
 mod openai;
 mod program;
 mod session;
+mod warden;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -84,8 +86,13 @@ pub struct AgentOptions {
     /// policy's time generating does not count. For agents from elsewhere, how long a
     /// session may sit without a call. By default 300.
     pub idle_s: f64,
-    /// The program's address space in MiB (`ulimit -v`); 0: no bound. By default 4096.
+    /// The program's memory in MiB: each of its processes' address space (`ulimit -v`), and
+    /// the resident memory of all the processes it runs together; 0: no bound. By default
+    /// 4096.
     pub memory_mb: u64,
+    /// The most processes a program may run at once, itself and all it started (a program
+    /// past it is killed with them). By default 256.
+    pub max_processes: usize,
     /// A session that ends without `/rl/set_reward`: `grade` (the run's `[reward]` grades
     /// the last answer, the default) or `zero`.
     pub without_reward: WithoutReward,
@@ -111,6 +118,7 @@ impl Default for AgentOptions {
             token_file: None,
             idle_s: 300.0,
             memory_mb: 4096,
+            max_processes: 256,
             without_reward: WithoutReward::Grade,
             tool_call_format: ToolCallFormat::Hermes,
             max_turns: 64,
@@ -208,15 +216,19 @@ impl Agent {
                     env,
                     stdin: Vec::new(),
                     memory_mb: Some(options.memory_mb).filter(|&m| m > 0),
+                    max_processes: options.max_processes,
                     workdir: options.workdir.as_deref(),
                 })
                 .map_err(|e| bad("service", format!("cannot start {}: {e}", command[0])))?;
                 let (hub, output) = (hub.clone(), service.output_handle());
+                let breaches = service.breaches();
                 runtime.get().spawn(async move {
-                    let how = match exit.await {
-                        Ok(Ok(status)) => program::describe(&status),
-                        Ok(Err(e)) => format!("could not be waited for: {e}"),
-                        Err(_) => "is gone".into(),
+                    let exit = exit.await;
+                    let how = match (breaches.get(), exit) {
+                        (Some(breach), _) => format!("{breach} and was killed"),
+                        (None, Ok(Ok(status))) => program::describe(&status),
+                        (None, Ok(Err(e))) => format!("could not be waited for: {e}"),
+                        (None, Err(_)) => "is gone".into(),
                     };
                     let output = program::final_output(&output);
                     let why = with_output(format!("the agent service {how}"), &output);
@@ -306,6 +318,13 @@ impl Agent {
                 return Err(session.broken.take().expect("broken sessions say why"));
             }
             Ended::Exited(None) | Ended::Closed => None,
+            Ended::Exited(Some(_)) if program.as_ref().and_then(Program::breach).is_some() => {
+                let breach = program.as_ref().and_then(Program::breach);
+                Some(format!(
+                    "the agent program {} and was killed",
+                    breach.unwrap_or_default()
+                ))
+            }
             Ended::Exited(Some(Ok(s))) if s.success() => None,
             Ended::Exited(Some(Ok(s))) => {
                 Some(format!("the agent program {}", program::describe(&s)))
@@ -460,6 +479,7 @@ impl Episode for Agent {
             env,
             stdin: item,
             memory_mb: Some(self.options.memory_mb).filter(|&m| m > 0),
+            max_processes: self.options.max_processes,
             workdir: self.options.workdir.as_deref(),
         })
         .map_err(|e| PluginError::failed(AGENT, format!("cannot start {}: {e}", command[0])))?;
