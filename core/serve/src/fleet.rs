@@ -116,6 +116,17 @@ pub(crate) fn default_probe_interval_s() -> f64 {
 pub(crate) const STREAM_WINDOW: u32 = 8 << 20;
 /// The window of a whole connection (every stream on it).
 pub(crate) const CONNECTION_WINDOW: u32 = 32 << 20;
+/// Streams a client resets (a sample abandoned mid-way) that HTTP/2 remembers, so that what
+/// the server had already sent on them is dropped quietly. A frame on a stream it has
+/// forgotten (past h2's default of 50 in 30 s, which a fleet abandoning a batch passes) is
+/// answered with a reset of its own, and h2 ends the connection at the 1 024th of those
+/// (`locally-reset streams reached limit (1024)`, a connection to a healthy server lost on a
+/// long run).
+pub(crate) const REMEMBERED_RESETS: usize = 4096;
+/// Streams a client may reset before the server has taken them (a batch abandoned at once)
+/// before a server ends the connection: h2's default of 20, its guard against the "rapid
+/// reset" flood, is less than one batch of a fleet's samples; this still bounds a flood.
+pub(crate) const PENDING_ACCEPT_RESETS: usize = 1024;
 
 pub(crate) use crate::errors::{CallError, OptionError};
 use crate::errors::{EndpointError, FleetError, SampleError, SampleFailure};
@@ -222,6 +233,7 @@ pub(crate) fn channel(given: &str, connect: &Connect) -> Result<Channel, Endpoin
         .tcp_nodelay(true)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
+        .http2_max_concurrent_reset_streams(REMEMBERED_RESETS)
         .connect_lazy())
 }
 

@@ -20,7 +20,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::Router;
 
-use crate::fleet::{CONNECTION_WINDOW, STREAM_WINDOW};
+use crate::fleet::{CONNECTION_WINDOW, PENDING_ACCEPT_RESETS, STREAM_WINDOW};
 use crate::security::{Listen, RequireToken, ServeError, bind};
 
 /// How long a new connection may stay silent before it is closed unread.
@@ -119,7 +119,8 @@ pub(crate) async fn serve_on(
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .http2_keepalive_interval(Some(KEEPALIVE))
-        .http2_keepalive_timeout(Some(KEEPALIVE));
+        .http2_keepalive_timeout(Some(KEEPALIVE))
+        .http2_max_pending_accept_reset_streams(Some(PENDING_ACCEPT_RESETS));
     if let Some(tls) = &listen.tls {
         server = server
             .tls_config(tls.config())

@@ -580,3 +580,122 @@ async fn shutdown_and_silent_connections_are_bounded_whatever_clients_do() {
     drop(tx);
     let _ = stalled.await;
 }
+
+/// A TCP relay to `to` that hands what the server sends to the client a few bytes at a
+/// time, so that each HTTP/2 frame arrives on its own (as on a busy or distant link: a
+/// sample's last event reaches the client before the trailers that end its stream), and
+/// counts the streams the client resets (its `RST_STREAM` frames).
+async fn trickling_relay(to: String) -> (String, Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let to = to.trim_start_matches("http://").to_owned();
+    let resets = Arc::new(AtomicU64::new(0));
+    let counted = resets.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::TcpStream::connect(&to).await.unwrap();
+            client.set_nodelay(true).unwrap();
+            let (mut client_in, mut client_out) = client.into_split();
+            let (mut server_in, mut server_out) = server.into_split();
+            let resets = counted.clone();
+            tokio::spawn(async move {
+                // the client's preface, then frames: 3 bytes of length, the type, ...
+                let mut preface = [0u8; 24];
+                client_in.read_exact(&mut preface).await?;
+                server_out.write_all(&preface).await?;
+                loop {
+                    let mut head = [0u8; 9];
+                    client_in.read_exact(&mut head).await?;
+                    let len = usize::from(head[0]) << 16
+                        | usize::from(head[1]) << 8
+                        | usize::from(head[2]);
+                    let mut payload = vec![0u8; len];
+                    client_in.read_exact(&mut payload).await?;
+                    if head[3] == 0x3 {
+                        resets.fetch_add(1, Ordering::SeqCst);
+                    }
+                    server_out.write_all(&head).await?;
+                    server_out.write_all(&payload).await?;
+                }
+                #[expect(unreachable_code, reason = "the loop ends with the connection")]
+                Ok::<(), std::io::Error>(())
+            });
+            tokio::spawn(async move {
+                let mut buf = [0u8; 16];
+                loop {
+                    match server_in.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if client_out.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{addr}"), resets)
+}
+
+/// Thousands of generations on one connection, each read to its last event while the
+/// server's trailers are still on the way: the client resets none of their streams, so the
+/// connection lives on however long the run (a stream dropped before its end is reset, and h2
+/// ends a connection after 1 024 of the resets it has to make itself for frames that then
+/// reach a stream it has forgotten: `locally-reset streams reached limit (1024)`). Samples
+/// abandoned mid-way are reset, as they must be (the server stops sampling them), and the
+/// connection still serves every sample after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_generations_reset_no_stream_and_wear_out_no_connection() {
+    use std::sync::atomic::Ordering;
+    let server = Server::start(0);
+    let (relay, resets) = trickling_relay(server.url()).await;
+    let generator = Arc::new(remote(vec![relay], json!({})));
+    let policy = policy();
+    generator
+        .update_weights(WeightUpdate::new(1, policy.weights()))
+        .await
+        .unwrap();
+    let mut next = 0u64;
+    let mut generate = async |abandon: bool| {
+        let mut calls = tokio::task::JoinSet::new();
+        for k in 0..100u64 {
+            next += 1;
+            let (generator, request) = (generator.clone(), request(next, 8));
+            calls.spawn(async move {
+                if abandon {
+                    let sample = generator.generate(request);
+                    let _ =
+                        tokio::time::timeout(Duration::from_micros(50 * (k % 10)), sample).await;
+                } else {
+                    let completion = generator.generate(request).await.expect("every sample");
+                    assert_eq!(completion.token_ids.len(), 8);
+                }
+            });
+        }
+        while let Some(done) = calls.join_next().await {
+            done.unwrap();
+        }
+    };
+    for _ in 0..30 {
+        generate(false).await;
+    }
+    assert_eq!(
+        resets.load(Ordering::SeqCst),
+        0,
+        "3 000 samples read to their end"
+    );
+    for _ in 0..5 {
+        generate(true).await;
+    }
+    for _ in 0..5 {
+        generate(false).await;
+    }
+    // (a server's guard against floods of resets ended the connection here: 20 reset before
+    // it took them, and every sample after was cut and sent again)
+    assert_eq!(generator.endpoint_failures(), 0);
+    assert_eq!(generator.reissued(), 0);
+}

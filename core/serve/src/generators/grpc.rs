@@ -258,7 +258,15 @@ impl ServerApi for Grpc {
                 .push(event)
                 .map_err(|e| CallError::Refused(format!("sent a malformed answer: {e}")))?;
             if let Some(completion) = done {
-                return Ok(Sampled::Tagged(completion));
+                // read on to the stream's end (its trailers): a stream dropped before it would
+                // be reset, and h2 ends a connection once it has had to reset 1 024 streams
+                // whose frames came after it forgot them
+                return match stream.message().await.map_err(status)? {
+                    None => Ok(Sampled::Tagged(completion)),
+                    Some(_) => Err(CallError::Refused(
+                        "sent events after the sample's last one".into(),
+                    )),
+                };
             }
         }
         Err(CallError::Fault(
