@@ -224,3 +224,24 @@ fn sympy_and_mpmath_compute_in_the_guest() {
         String::from_utf8_lossy(&report.stderr)
     );
 }
+
+/// Pickling numpy's scalars, dtypes and arrays (every scalar type, every protocol, the C
+/// pickler and the pure-Python one) round-trips, as natively: each used to trap the
+/// interpreter ("indirect call type mismatch": a getter of numpy's DType classes took one
+/// parameter where CPython passes two), which ended a tool session or a reward
+/// (`fixtures/numpy_pickles.py`).
+#[test]
+fn every_numpy_scalar_dtype_and_array_pickles_and_comes_back() {
+    let program = std::fs::read_to_string(crate::fixture("numpy_pickles.py")).unwrap();
+    let report = run_with(&program, "", &roomy());
+    let printed = String::from_utf8_lossy(&report.stdout);
+    assert_eq!(
+        report.outcome,
+        areal_sandbox::Outcome::Exited(0),
+        "{printed}\n{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    let last = printed.lines().last().unwrap_or_default();
+    // numpy 1.26.4 on 64-bit Linux: 24 scalar types (natively: the same line)
+    assert_eq!(last, "24 scalar types: 924 round trips, 0 differ", "{printed}");
+}
