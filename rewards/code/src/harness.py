@@ -79,8 +79,12 @@ threading.Thread.join = lambda self, timeout=None: None
 threading.stack_size = lambda size=0: 0
 
 # numpy is linked into the interpreter; imported here, once, a program's `import numpy` costs
-# it nothing. It is not in the program's globals: a program imports it as natively.
+# it nothing. sympy (and mpmath, which it imports) likewise: ~0.3 s of CPU per test otherwise,
+# which a program importing it pays in every test. Neither is in the program's globals: a
+# program imports them as natively.
 import numpy  # noqa: E402
+import sympy  # noqa: E402
+import sympy.core.random  # noqa: E402
 
 # What a stdin program can read without binding it (program.py).
 _KNOWN = known_names(_TEMPLATE)  # noqa: F821 (program.py, prepended by the host)
@@ -335,6 +339,9 @@ def areal_main():
     # numpy's global generator likewise, from 32 bits of that source: seeding it from a
     # whole entropy pool (`numpy.random.seed()`) costs 0.5 ms, a test's start-up twice over
     numpy.random.seed(random.getrandbits(32))
+    # and sympy's two generators (each a `random.Random` of its own)
+    sympy.core.random.rng.seed(random.getrandbits(64))
+    sympy.core.random._assumptions_rng.seed(random.getrandbits(64))
     g = _TEMPLATE  # every run is a fresh instance: no copy needed (a copy touches every value)
     if kind == "stdin":
         g["__name__"] = "__main__"

@@ -225,6 +225,24 @@ fn sympy_and_mpmath_compute_in_the_guest() {
     );
 }
 
+/// sympy is imported with the snapshot, as numpy is: a test's `import sympy` (and `mpmath`)
+/// runs none of their modules (it took ~0.3 s of CPU in every test), and each test's sympy
+/// draws from a generator of its own, as in a fresh process.
+#[test]
+fn sympy_is_imported_with_the_snapshot_and_draws_afresh_in_each_test() {
+    let code = "import sys\nbefore = set(sys.modules)\nimport sympy, mpmath\n\
+                from sympy.core.random import rng, _assumptions_rng\n\
+                print(len(set(sys.modules) - before), rng.random(), _assumptions_rng.random())\n";
+    let runs: Vec<String> = (0..4)
+        .map(|_| String::from_utf8_lossy(&run_with(code, "", &roomy()).stdout).into_owned())
+        .collect();
+    for run in &runs {
+        assert!(run.starts_with("0 "), "modules imported by the test: {run}");
+    }
+    let draws: std::collections::HashSet<&String> = runs.iter().collect();
+    assert_eq!(draws.len(), 4, "{runs:?}");
+}
+
 /// Pickling numpy's scalars, dtypes and arrays (every scalar type, every protocol, the C
 /// pickler and the pure-Python one) round-trips, as natively: each used to trap the
 /// interpreter ("indirect call type mismatch": a getter of numpy's DType classes took one
