@@ -21,15 +21,18 @@
 #
 # guest/numpy-wasi.patch makes numpy compute here as on 64-bit Linux: wasm32 is a CPU numpy
 # knows; its default integer (np.int_, what Python ints, sums and arange become) is the 64-bit
-# long long instead of C long, 32 bits on wasm32; an integer array that would cast safely to a
-# 64-bit intp is taken as indices (bincount, repeat, take); the legacy RandomState writes its
-# C longs into arrays of C longs and returns them as the default integer; mtrand's own
-# copy of the random distributions takes names of its own, since both it and libnpyrandom's
-# are linked into one interpreter; and every function numpy calls through a pointer of
-# another type takes the parameters of that type (the DType classes' getters, `_abstract`
-# and the like, took one where `getter` passes two; `_get_castingimpl` two where its
-# METH_KEYWORDS entry passes three): native code ignores the difference, WebAssembly traps
-# ("indirect call type mismatch"), which pickling any numpy scalar, dtype or array did.
+# long long instead of C long, 32 bits on wasm32; the index arrays it makes (intp, 32 bits
+# here) reach Python as 64-bit integers (`wide_indices.h`: argmax, argsort, nonzero,
+# searchsorted, bincount, unique's and histogram's counts...); an integer array that would
+# cast safely to a 64-bit intp is taken as indices (bincount, repeat, take); the legacy
+# RandomState writes its C longs into arrays of C longs and returns them as the default
+# integer; mtrand's own copy of the random distributions takes names of its own, since both
+# it and libnpyrandom's are linked into one interpreter; and every function numpy calls
+# through a pointer of another type takes the parameters of that type (the DType classes'
+# getters, `_abstract` and the like, took one where `getter` passes two; `_get_castingimpl`
+# two where its METH_KEYWORDS entry passes three): native code ignores the difference,
+# WebAssembly traps ("indirect call type mismatch"), which pickling any numpy scalar, dtype
+# or array did.
 set -euo pipefail
 
 SRC="$1" BUILD="$2" WORK="$3"

@@ -24,7 +24,7 @@ WORK="${WORK:-$ROOT/.cache/python-wasi-build}"
 SUITE="${DEBIAN_SUITE:-bookworm}"
 STACK_BYTES=$((64 * 1024 * 1024))
 # Bump when the recipe changes what is built: an older build is then rebuilt.
-RECIPE=8
+RECIPE=9
 PACKAGES=(clang-16 lld-16 wasi-libc libclang-rt-16-dev-wasm32 libc++-16-dev-wasm32
           libc++abi-16-dev-wasm32 python3.11 python3.11-venv patch)
 # Pure-Python packages for the guest's maths, as wheels: name, URL, sha256.

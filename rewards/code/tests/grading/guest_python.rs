@@ -85,6 +85,36 @@ fn numpy_computes_as_on_64_bit_linux() {
     );
 }
 
+/// Every integer numpy's index-returning API hands a program (argmax/argmin, argsort,
+/// argpartition, searchsorted, digitize, nonzero, where, argwhere, flatnonzero, lexsort,
+/// unique's indices, inverse and counts, bincount, histogram counts, count_nonzero,
+/// ravel_multi_index, unravel_index and the index helpers, as functions and as methods) is
+/// 64-bit, as on 64-bit Linux: each result's type, dtype, values, and arithmetic on it that
+/// wraps past 2**31 in 32 bits, line for line against numpy 1.26.4 on 64-bit Linux
+/// (`fixtures/numpy_indices.py`, its native output in `numpy_indices.out`).
+#[test]
+fn numpys_index_results_compute_as_on_64_bit_linux() {
+    let program = std::fs::read_to_string(crate::fixture("numpy_indices.py")).unwrap();
+    let native = std::fs::read_to_string(crate::fixture("numpy_indices.out")).unwrap();
+    let report = run_with(&program, "", &roomy());
+    let printed = String::from_utf8_lossy(&report.stdout);
+    let differ: Vec<String> = printed
+        .lines()
+        .zip(native.lines())
+        .filter(|(guest, native)| guest != native)
+        .map(|(guest, native)| format!("{guest}\n  (native: {native})"))
+        .collect();
+    assert!(
+        differ.is_empty() && printed.lines().count() == native.lines().count(),
+        "{} of {} lines differ from numpy on 64-bit Linux ({:?}):\n{}\n{}",
+        differ.len(),
+        native.lines().count(),
+        report.outcome,
+        differ.join("\n"),
+        String::from_utf8_lossy(&report.stderr)
+    );
+}
+
 /// A returned value is judged as LiveCodeBench judges it, `value == json.loads(expected)`:
 /// subclasses of built-in types that keep the built-in `==` (an IntEnum, a namedtuple, a
 /// Counter, an OrderedDict), numpy's scalars and complex numbers are accepted where that is
