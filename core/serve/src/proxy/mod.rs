@@ -310,6 +310,8 @@ impl Agent {
             }
         };
         self.hub.close(&opened.key);
+        // (what the warden killed the program for, if it did)
+        let breach = program.as_ref().and_then(Program::breach);
         let failure = match status {
             Ended::Broken => {
                 if let Some(p) = &program {
@@ -318,12 +320,8 @@ impl Agent {
                 return Err(session.broken.take().expect("broken sessions say why"));
             }
             Ended::Exited(None) | Ended::Closed => None,
-            Ended::Exited(Some(_)) if program.as_ref().and_then(Program::breach).is_some() => {
-                let breach = program.as_ref().and_then(Program::breach);
-                Some(format!(
-                    "the agent program {} and was killed",
-                    breach.unwrap_or_default()
-                ))
+            Ended::Exited(Some(_)) if breach.is_some() => {
+                breach.map(|why| format!("the agent program {why} and was killed"))
             }
             Ended::Exited(Some(Ok(s))) if s.success() => None,
             Ended::Exited(Some(Ok(s))) => {

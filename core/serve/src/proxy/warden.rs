@@ -142,14 +142,14 @@ fn watch_all() {
             let below = descendants(tree.root, false);
             let count = below.len();
             let memory: u64 = below.iter().map(|p| p.rss_bytes).sum();
-            let breach =
-                if count > tree.bounds.processes {
-                    Some(format!(
-                        "ran more than {} processes at once (max_processes)",
-                        tree.bounds.processes
-                    ))
-                } else {
-                    tree.bounds.memory_bytes.filter(|&max| memory > max).map(|max| {
+            let over_memory = tree.bounds.memory_bytes.filter(|&max| memory > max);
+            let breach = if count > tree.bounds.processes {
+                Some(format!(
+                    "ran more than {} processes at once (max_processes)",
+                    tree.bounds.processes
+                ))
+            } else {
+                over_memory.map(|max| {
                     format!(
                         "held {} MiB with the processes it started, more than memory_mb = {} \
                          in all",
@@ -157,9 +157,14 @@ fn watch_all() {
                         max >> 20
                     )
                 })
-                };
+            };
             if let Some(why) = breach {
-                tracing::warn!(target: "areal::proxy", processes = count, memory_mib = memory >> 20, "an agent program {why}: killing it with every process it started");
+                tracing::warn!(
+                    target: "areal::proxy",
+                    processes = count,
+                    memory_mib = memory >> 20,
+                    "an agent program {why}: killing it with every process it started"
+                );
                 status.breach = Some(why);
                 kill_tree(tree.root);
             }

@@ -291,5 +291,8 @@ fn every_numpy_scalar_dtype_and_array_pickles_and_comes_back() {
     );
     let last = printed.lines().last().unwrap_or_default();
     // numpy 1.26.4 on 64-bit Linux: 24 scalar types (natively: the same line)
-    assert_eq!(last, "24 scalar types: 924 round trips, 0 differ", "{printed}");
+    assert_eq!(
+        last, "24 scalar types: 924 round trips, 0 differ",
+        "{printed}"
+    );
 }
