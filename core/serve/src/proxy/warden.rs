@@ -241,7 +241,11 @@ fn parents() -> HashMap<u32, Vec<u32>> {
 /// (cheap, but it may miss a child forked while it is read), or, `exact`, from every process's
 /// parent.
 fn descendants(root: u32, exact: bool) -> Vec<Proc> {
-    let all = (exact || children(std::process::id()).is_none()).then(parents);
+    // (whether this kernel has `children` files, read once: this process has many threads)
+    static HAS_CHILDREN_FILES: OnceLock<bool> = OnceLock::new();
+    let has_children_files =
+        *HAS_CHILDREN_FILES.get_or_init(|| children(std::process::id()).is_some());
+    let all = (exact || !has_children_files).then(parents);
     let mut seen = HashSet::from([root]);
     let mut queue = vec![root];
     let mut out = Vec::new();
