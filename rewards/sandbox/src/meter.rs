@@ -77,6 +77,12 @@ impl MemoryCap {
     pub(crate) fn charge_to(&mut self, budget: &MemoryBudget) {
         self.budget = Some((budget.clone(), 0, 0));
     }
+
+    /// The budget, in words, when it is what stopped the guest.
+    pub(crate) fn budget_that_stopped(&self) -> Option<String> {
+        let (budget, _, _) = self.budget.as_ref().filter(|_| self.over_budget)?;
+        Some(budget.describe())
+    }
 }
 
 impl Drop for MemoryCap {

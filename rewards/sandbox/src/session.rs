@@ -173,7 +173,6 @@ pub struct Session {
     mode: Mode,
     limits: Limits,
     ended: Option<Outcome>,
-    budget: MemoryBudget,
     calls: u64,
     started: Instant,
 }
@@ -259,7 +258,6 @@ impl Session {
             mode: sandbox.mode(),
             limits: limits.clone(),
             ended: None,
-            budget: budget.clone(),
             calls: 0,
             started: Instant::now(),
         })
@@ -324,8 +322,9 @@ impl Session {
 
     fn over_budget(&self) -> Option<String> {
         let memory = &self.store.data().memory;
-        (self.ended == Some(Outcome::MemoryLimit) && memory.over_budget)
-            .then(|| self.budget.describe())
+        memory
+            .budget_that_stopped()
+            .filter(|_| self.ended == Some(Outcome::MemoryLimit))
     }
 
     /// Whether the session still takes calls (no call of it was stopped or trapped).

@@ -255,10 +255,9 @@ impl ToolInstance {
             other => other,
         };
         let memory = &self.store.data().memory;
-        let over_budget = (outcome == ToolCallOutcome::Stopped(Outcome::MemoryLimit)
-            && memory.over_budget)
-            .then(|| MemoryBudget::process().map(MemoryBudget::describe))
-            .and_then(Result::ok);
+        let over_budget = memory
+            .budget_that_stopped()
+            .filter(|_| outcome == ToolCallOutcome::Stopped(Outcome::MemoryLimit));
         ToolCallReport {
             outcome,
             stdout,
