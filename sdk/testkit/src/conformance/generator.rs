@@ -131,16 +131,26 @@ async fn check_interruption(generator: Arc<dyn Generator>, weights: WeightUpdate
         seed: 5,
     };
     let long = request(prompt, 1_000_000, sampled, Vec::new());
-    // A generator with a short context may finish the "endless" request before the pause
-    // arrives on a fast machine; then resume and try again, pausing sooner.
+    // Pause while the request decodes: once the generator's token count moves (one that
+    // counts as it decodes says so at the first token), or after a fixed wait for one that
+    // counts later or not at all. A generator with a short context may still finish the
+    // "endless" request before the pause arrives on a fast machine; then resume and try
+    // again, pausing sooner.
     let mut wait_ms = 20;
     let first = loop {
+        let before = generator.stats().tokens;
         let g = generator.clone();
         let in_flight = tokio::spawn({
             let long = long.clone();
             async move { g.generate(long).await }
         });
-        tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+        let waited = tokio::time::Instant::now();
+        while generator.stats().tokens == before
+            && !in_flight.is_finished()
+            && waited.elapsed() < Duration::from_millis(wait_ms)
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         match generator.pause().await {
             Err(e) if e.is_unsupported() => {
                 in_flight.abort();
@@ -166,7 +176,8 @@ async fn check_interruption(generator: Arc<dyn Generator>, weights: WeightUpdate
     assert_eq!(
         first.finish_reason,
         FinishReason::Interrupted,
-        "{name}: not interrupted (a request for 1e6 tokens finished within 1 ms before pause)"
+        "{name}: not interrupted: a request for 1e6 tokens ran to its end before pause, three \
+         times (check with a context that takes longer to fill)"
     );
     first
         .check()
