@@ -69,6 +69,26 @@ fn numpy_computes_as_on_64_bit_linux() {
     assert_prints_as_natively(&program, &native);
 }
 
+/// Matrix products (`@`, `np.matmul` into a transposed `out=`, `np.dot` and `.dot` of two
+/// matrices, over stacks, strided and Fortran-ordered operands, float32 and float64) are, bit
+/// for bit, each element's products summed in order from zero, as numpy's loop without BLAS
+/// sums them: the guest's blocked SIMD loop (`numpy-wasi.patch`) changes their speed, not
+/// their values, over shapes that leave every remainder of its blocks
+/// (`fixtures/matrix_products.py`; natively OpenBLAS sums in another order).
+#[test]
+fn matrix_products_are_numpys_sums_in_order() {
+    let program = std::fs::read_to_string(crate::fixture("matrix_products.py")).unwrap();
+    let report = run_with(&program, "", &roomy());
+    let printed = String::from_utf8_lossy(&report.stdout);
+    assert_eq!(
+        printed,
+        "products 2744 differ 0\n",
+        "{:?}\n{}",
+        report.outcome,
+        String::from_utf8_lossy(&report.stderr)
+    );
+}
+
 /// `program` run in the guest prints `native` (what it printed on 64-bit Linux), line for
 /// line; the assertion names each line that differs.
 fn assert_prints_as_natively(program: &str, native: &str) {
