@@ -133,6 +133,28 @@ impl Source {
         ))
     }
 
+    /// A `[rows, cols]` tensor as the `[cols, rows]` matrix it is the transpose of, laid out
+    /// as a fresh one: a transposed view would multiply in another order of sums, and a
+    /// loaded model would compute other bits than the one that was saved.
+    fn matrix_transposed(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Tensor<2>, PluginError> {
+        let t = self.take(name, &[rows, cols])?;
+        let mut data = vec![0.0f32; rows * cols];
+        for (i, row) in t.data.chunks(cols).enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                data[j * rows + i] = v;
+            }
+        }
+        Ok(Tensor::from_data(
+            TensorData::new(data, [cols, rows]),
+            &self.device,
+        ))
+    }
+
     fn vector(&mut self, name: &str, n: usize) -> Result<Tensor<1>, PluginError> {
         let t = self.take(name, &[n])?;
         Ok(Tensor::from_data(
@@ -149,9 +171,7 @@ impl Source {
         d_out: usize,
         bias: bool,
     ) -> Result<Proj, PluginError> {
-        let weight = self
-            .matrix(&format!("{prefix}.weight"), d_out, d_in)?
-            .transpose();
+        let weight = self.matrix_transposed(&format!("{prefix}.weight"), d_out, d_in)?;
         let bias = if bias {
             Some(self.vector(&format!("{prefix}.bias"), d_out)?)
         } else {
