@@ -104,6 +104,19 @@ pub fn export(model: &Transformer) -> Vec<NamedTensor> {
     out
 }
 
+/// The `[cols, rows]` transpose of row-major `[rows, cols]` data, laid out as a fresh tensor:
+/// a transposed view would multiply in another order of sums, and a loaded model or adapter
+/// would compute other bits than the one that was saved.
+pub(crate) fn transposed(data: &[f32], [rows, cols]: [usize; 2], device: &Device) -> Tensor<2> {
+    let mut out = vec![0.0f32; rows * cols];
+    for (i, row) in data.chunks(cols).enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            out[j * rows + i] = v;
+        }
+    }
+    Tensor::from_data(TensorData::new(out, [cols, rows]), device)
+}
+
 /// Tensors by name, taken one by one; what is left at the end was not expected.
 struct Source {
     tensors: BTreeMap<String, NamedTensor>,
@@ -133,9 +146,8 @@ impl Source {
         ))
     }
 
-    /// A `[rows, cols]` tensor as the `[cols, rows]` matrix it is the transpose of, laid out
-    /// as a fresh one: a transposed view would multiply in another order of sums, and a
-    /// loaded model would compute other bits than the one that was saved.
+    /// A `[rows, cols]` tensor as the `[cols, rows]` matrix it is the transpose of
+    /// ([`transposed`]).
     fn matrix_transposed(
         &mut self,
         name: &str,
@@ -143,16 +155,7 @@ impl Source {
         cols: usize,
     ) -> Result<Tensor<2>, PluginError> {
         let t = self.take(name, &[rows, cols])?;
-        let mut data = vec![0.0f32; rows * cols];
-        for (i, row) in t.data.chunks(cols).enumerate() {
-            for (j, &v) in row.iter().enumerate() {
-                data[j * rows + i] = v;
-            }
-        }
-        Ok(Tensor::from_data(
-            TensorData::new(data, [cols, rows]),
-            &self.device,
-        ))
+        Ok(transposed(&t.data, [rows, cols], &self.device))
     }
 
     fn vector(&mut self, name: &str, n: usize) -> Result<Tensor<1>, PluginError> {

@@ -386,19 +386,7 @@ impl Transformer {
                                     t.shape
                                 )));
                             }
-                            // transposed here, so that the tensor is laid out as a fresh
-                            // one (a transposed view multiplies in another order of sums)
-                            let [rows, cols] = shape;
-                            let mut data = vec![0.0f32; rows * cols];
-                            for (i, row) in t.data.chunks(cols).enumerate() {
-                                for (j, &v) in row.iter().enumerate() {
-                                    data[j * rows + i] = v;
-                                }
-                            }
-                            Ok(Tensor::<2>::from_data(
-                                TensorData::new(data, [cols, rows]),
-                                &device,
-                            ))
+                            Ok(crate::hf::transposed(&t.data, shape, &device))
                         };
                         (take("A", [r, d_in])?, take("B", [d_out, r])?)
                     }
