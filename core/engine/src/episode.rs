@@ -89,7 +89,7 @@ pub(crate) async fn sample_turn(
     completion: &mut Completion,
     budget: usize,
     sampling: &SamplingParams,
-    mut on_part: impl FnMut(&Completion) + Send,
+    mut on_part: impl FnMut(&Completion, Option<TurnEnd>) + Send,
 ) -> Result<(), PluginError> {
     loop {
         let left = budget.saturating_sub(completion.len());
@@ -113,7 +113,15 @@ pub(crate) async fn sample_turn(
             FinishReason::Length => n < max_new_tokens || n >= left,
         };
         input.extend(&part.token_ids);
-        on_part(&part);
+        // the turn's end goes with its last part
+        let end = last.then(|| TurnEnd {
+            end: completion.len() + n,
+            finish_reason: match reason {
+                FinishReason::Interrupted => FinishReason::Length,
+                reason => reason,
+            },
+        });
+        on_part(&part, end);
         completion.extend(part);
         if reason == FinishReason::Interrupted {
             runner
@@ -159,7 +167,7 @@ impl GroupRunner {
             &mut completion,
             max_new_tokens,
             sampling,
-            |_| {},
+            |_, _| {},
         )
         .await?;
         Ok(completion)
@@ -694,8 +702,9 @@ impl EpisodeRun<'_> {
             self.completion.finish_reason = FinishReason::Length;
             return self.turn(start);
         }
-        if stop.is_empty() {
+        let told = if stop.is_empty() {
             let (progress, j) = (self.progress, self.j);
+            let mut told = false;
             sample_turn(
                 self.runner,
                 self.sampler,
@@ -704,32 +713,39 @@ impl EpisodeRun<'_> {
                 &mut self.completion,
                 cap,
                 sampling,
-                |part| progress.extended(j, part),
+                |part, end| {
+                    told |= end.is_some();
+                    progress.extended(j, part, end);
+                },
             )
             .await?;
+            told
         } else {
-            self.sample_until(start, cap, sampling, stop).await?;
-        }
+            self.sample_until(start, cap, sampling, stop).await?
+        };
         let end = TurnEnd {
             end: self.completion.len(),
             finish_reason: self.completion.finish_reason,
         };
         self.turns.push(end);
-        self.progress.turn_ended(self.j, end);
+        if !told {
+            self.progress.turn_ended(self.j, end);
+        }
         self.turn(start)
     }
 
     /// The rest of the turn that started at `start`, up to `cap`, ended where its text first
     /// holds one of `stop`: sampled [`STOP_CHUNK`] tokens at a time, the text checked after
     /// each part, the tokens after the one that completes the stop text dropped (never shown,
-    /// never trained). The turn's tokens are recorded for checkpoints once it has ended.
+    /// never trained). The turn's tokens are recorded for checkpoints once it has ended, with
+    /// its end; whether there were any (else the end is still to be told).
     async fn sample_until(
         &mut self,
         start: usize,
         cap: usize,
         sampling: &SamplingParams,
         stop: &[String],
-    ) -> Result<(), PluginError> {
+    ) -> Result<bool, PluginError> {
         let recorded = self.completion.len();
         loop {
             let step = cap.min(self.completion.len().saturating_add(STOP_CHUNK));
@@ -741,7 +757,7 @@ impl EpisodeRun<'_> {
                 &mut self.completion,
                 step,
                 sampling,
-                |_| {},
+                |_, _| {},
             )
             .await?;
             let ids = &self.completion.token_ids[start..];
@@ -760,14 +776,19 @@ impl EpisodeRun<'_> {
             }
         }
         let c = &self.completion;
-        if c.len() > recorded {
-            let mut part = Completion::empty(c.finish_reason);
-            for i in recorded..c.len() {
-                part.push(c.token_ids[i], c.behaviour_logprobs[i], c.versions[i]);
-            }
-            self.progress.extended(self.j, &part);
+        if c.len() == recorded {
+            return Ok(false);
         }
-        Ok(())
+        let mut part = Completion::empty(c.finish_reason);
+        for i in recorded..c.len() {
+            part.push(c.token_ids[i], c.behaviour_logprobs[i], c.versions[i]);
+        }
+        let end = TurnEnd {
+            end: c.len(),
+            finish_reason: c.finish_reason,
+        };
+        self.progress.extended(self.j, &part, Some(end));
+        Ok(true)
     }
 
     /// The sample as it stands is where a refused turn goes back to.
@@ -839,7 +860,7 @@ impl EpisodeRun<'_> {
         if recorded < ids.len() {
             let mut new = Completion::empty(self.completion.finish_reason);
             new.push_environment(&ids[recorded..]);
-            self.progress.extended(self.j, &new);
+            self.progress.extended(self.j, &new, None);
         }
         Ok(ids.len())
     }

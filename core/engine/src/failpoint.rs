@@ -7,8 +7,9 @@
 //! - `checkpoint`: a resume checkpoint's files are written, not yet put in place.
 //!
 //! `AREAL_STALL=NAME:MS` instead makes the run wait `MS` milliseconds (blocking its thread, as
-//! a descheduled thread on a busy machine waits) each time it is about to reach `NAME`: a
-//! test's way to make the slow moments of a loaded machine happen every time.
+//! a descheduled thread on a busy machine waits) each time it reaches `NAME` (for `rollout`,
+//! after the part and before the turn's end is recorded): a test's way to make the slow
+//! moments of a loaded machine happen every time.
 //!
 //! Without the variables a point costs one atomic load.
 

@@ -608,9 +608,11 @@ impl Segment {
 /// Told of each step of a group's samples (the controller records them, so that a checkpoint
 /// holds the partial episodes).
 pub(crate) trait Progress: Send + Sync {
-    /// Sample `j` got `part` (sampled or environment tokens).
-    fn extended(&self, j: usize, part: &Completion);
-    /// A turn of sample `j` ended.
+    /// Sample `j` got `part` (sampled or environment tokens), and `end` when the part ends a
+    /// turn (told together, so that a record never holds a turn's last tokens without its
+    /// end).
+    fn extended(&self, j: usize, part: &Completion, end: Option<TurnEnd>);
+    /// A turn of sample `j` ended (one whose end came with no part of its own).
     fn turn_ended(&self, j: usize, end: TurnEnd);
     /// Sample `j`'s episode ended with `reward`.
     fn finished(&self, j: usize, reward: &Reward);
@@ -638,7 +640,7 @@ pub(crate) trait Progress: Send + Sync {
 pub(crate) struct NoProgress;
 
 impl Progress for NoProgress {
-    fn extended(&self, _: usize, _: &Completion) {}
+    fn extended(&self, _: usize, _: &Completion, _: Option<TurnEnd>) {}
     fn turn_ended(&self, _: usize, _: TurnEnd) {}
     fn finished(&self, _: usize, _: &Reward) {}
 }
@@ -647,7 +649,7 @@ impl Progress for NoProgress {
 pub(crate) struct Evaluating;
 
 impl Progress for Evaluating {
-    fn extended(&self, _: usize, _: &Completion) {}
+    fn extended(&self, _: usize, _: &Completion, _: Option<TurnEnd>) {}
     fn turn_ended(&self, _: usize, _: TurnEnd) {}
     fn finished(&self, _: usize, _: &Reward) {}
     fn counted(&self) -> bool {

@@ -72,6 +72,9 @@ impl Lockstep {
                 return Ok(Some(groups));
             }
             if interrupt.is_requested() {
+                // the run saves the rollout state as it stops: the answers of the last round
+                // are recorded first, so that it is whole (as between batches)
+                self.rounds.settled().await;
                 return Ok(None);
             }
             while inner.admit().is_some() {}

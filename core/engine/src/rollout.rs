@@ -162,11 +162,23 @@ impl RolloutState {
         self.running.values()
     }
 
-    /// Sample `j` of group `group_id` got `part` (sampled or environment tokens). (Nothing
+    /// Sample `j` of group `group_id` got `part` (sampled or environment tokens), and `end`
+    /// when the part ends a turn: recorded together, so that no snapshot holds a turn's last
+    /// tokens without its end (a resumed episode would sample on past them). (Nothing
     /// happens for a group no longer in flight: a task that outlived its group.)
-    pub(crate) fn extended(&mut self, group_id: u64, j: usize, part: &Completion) {
+    pub(crate) fn extended(
+        &mut self,
+        group_id: u64,
+        j: usize,
+        part: &Completion,
+        end: Option<TurnEnd>,
+    ) {
         if let Some(sample) = self.sample(group_id, j) {
             sample.completion.extend(part.clone());
+            if let Some(end) = end {
+                sample.completion.finish_reason = end.finish_reason;
+                sample.turns.push(end);
+            }
         }
         crate::failpoint::hit("rollout");
     }
@@ -496,7 +508,7 @@ mod tests {
         assert_eq!(groups.len(), 3, "max_concurrent");
         let mut part = Completion::empty(FinishReason::Interrupted);
         part.push(4, -0.25, 0);
-        state.extended(1, 2, &part);
+        state.extended(1, 2, &part, None);
         let mut env = Completion::empty(FinishReason::Stop);
         env.push_environment(&[7, 8]);
         state.turn_ended(
@@ -507,7 +519,7 @@ mod tests {
                 finish_reason: FinishReason::Stop,
             },
         );
-        state.extended(1, 1, &env);
+        state.extended(1, 1, &env, None);
         state.finished(1, 0, &Reward::new(0.5, Verdict::WrongAnswer));
         assert_eq!(state.settle(0, accepted(&groups[0], 2)), 0);
         assert_eq!(state.settle(2, Outcome::Failed), 1);
@@ -606,7 +618,7 @@ mod tests {
         state.settle(1, with_versions(&groups[1], &[3]));
         let mut part = Completion::empty(FinishReason::Interrupted);
         part.push(4, -0.25, 2);
-        state.extended(0, 0, &part);
+        state.extended(0, 0, &part, None);
         assert!(
             state.take(1).is_none(),
             "group 0 (a token of version 2) would lag by 2 after this step: wait for it"

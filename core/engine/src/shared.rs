@@ -135,9 +135,10 @@ pub(crate) struct Recorder {
 }
 
 impl Progress for Recorder {
-    fn extended(&self, j: usize, part: &Completion) {
+    fn extended(&self, j: usize, part: &Completion, end: Option<TurnEnd>) {
+        self.inner.state().extended(self.group_id, j, part, end);
+        // between a part and what follows it (the turn's end, the reward)
         crate::failpoint::stall("rollout");
-        self.inner.state().extended(self.group_id, j, part);
     }
 
     fn turn_ended(&self, j: usize, end: TurnEnd) {

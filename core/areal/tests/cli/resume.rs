@@ -613,12 +613,87 @@ fn resuming_refuses_a_config_that_differs_unless_told() {
     );
 }
 
+/// An asynchronous run's checkpoints copy the rollout state while episodes record their
+/// answers (each part waits 5 ms after it is recorded, as a descheduled thread does): a
+/// turn's last tokens are recorded with its end, so no checkpoint holds a sample that ended
+/// with a stop token, or at its budget, as a turn still going on (a resumed episode would
+/// sample past its stop token).
+#[test]
+fn a_checkpoint_never_holds_a_turns_last_tokens_without_its_end() {
+    STALL.set(Some("rollout:5"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit(
+        dir.path(),
+        &[
+            "checkpoint.every=1",
+            "checkpoint.keep=100",
+            "train.steps=12",
+            "generator.token_delay_us=300",
+            "generator.jitter=0.5",
+        ],
+    );
+    let run = dir.path().join("run");
+    straight(&run, &config);
+    let (mut checked, mut ended) = (0, 0);
+    for entry in std::fs::read_dir(run.join("checkpoints")).unwrap() {
+        let state: Value = serde_json::from_slice(
+            &std::fs::read(entry.unwrap().path().join("state.json")).unwrap(),
+        )
+        .unwrap();
+        for group in state["stage"]["rollout"]["running"].as_array().unwrap() {
+            for sample in group["samples"].as_array().unwrap() {
+                let completion = &sample["completion"];
+                let len = completion["token_ids"].as_array().unwrap().len() as u64;
+                let last_turn_end = sample["turns"]
+                    .as_array()
+                    .unwrap()
+                    .last()
+                    .map(|t| t["end"].as_u64().unwrap());
+                let whole = completion["finish_reason"] == "stop" || len == 8;
+                checked += 1;
+                if whole {
+                    ended += 1;
+                    assert_eq!(
+                        last_turn_end,
+                        Some(len),
+                        "a turn's last tokens without its end: {sample}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 0 && ended > 0,
+        "{checked} samples in flight, {ended} ended"
+    );
+}
+
 /// SIGTERM stops a run with a checkpoint of where it was; resumed, it ends as the run left
 /// alone does.
 #[test]
 fn a_run_stopped_by_a_signal_resumes_where_it_stopped() {
+    stopped_by_a_signal_and_resumed("", 1000);
+}
+
+/// The same when recording what the generator answered is slow (each part waits 5 ms before
+/// it is recorded, as a descheduled thread does on a busy machine): the run stops between
+/// rounds only once every episode has recorded its answers, so the checkpoint it saves holds
+/// them and resuming regenerates nothing.
+#[test]
+fn a_run_recording_slowly_stopped_by_a_signal_resumes_where_it_stopped() {
+    stopped_by_a_signal_and_resumed("AREAL_STALL=rollout:5", 20_000);
+}
+
+/// A deterministic run (its process started with the environment `env`) stopped by SIGTERM
+/// after step 5 and resumed ends as the same run left alone.
+fn stopped_by_a_signal_and_resumed(env: &str, token_delay_us: u64) {
     let dir = tempfile::tempdir().unwrap();
-    let sets = ["deterministic=true", "generator.token_delay_us=1000"];
+    let delay = format!("generator.token_delay_us={token_delay_us}");
+    let sets = [
+        "deterministic=true",
+        &delay,
+        "reward_service.deadline_ms=600000",
+    ];
     let (alone, stopped) = (dir.path().join("alone"), dir.path().join("stopped"));
     straight(&alone, &testkit(dir.path(), &sets));
     let args: Vec<String> = sets
@@ -626,7 +701,7 @@ fn a_run_stopped_by_a_signal_resumes_where_it_stopped() {
         .flat_map(|s| ["--set".to_owned(), (*s).to_owned()])
         .collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let run = Background::train(dir.path(), &stopped, "", &args);
+    let run = Background::train(dir.path(), &stopped, env, &args);
     wait_for_line(&stopped.join("metrics.jsonl"), "\"step\":5,");
     run.signal("TERM");
     let (code, stderr) = run.finish();
