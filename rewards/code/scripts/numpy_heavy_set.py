@@ -10,11 +10,16 @@ then grade them in the sandbox with LiveCodeBench's limit and the default time s
 
     areal grade code heavy.jsonl
 
+Run with the interpreter of rewards/code/scripts/setup-lcb-grader.sh's environment, it also
+grades each program with LiveCodeBench's own `run_test` (its 6 s limit) and prints the verdict:
+the one the sandbox must hold.
+
 Matrices hold small integers, so every product is exact and the output does not depend on
 the order in which a BLAS sums.
 """
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -65,8 +70,21 @@ print(t)
 }
 
 
+def grader():
+    """LiveCodeBench's verdict as lcb_agreement.py takes it, where its grader is installed."""
+    try:
+        import livecodebench  # noqa: F401
+    except ImportError:
+        return None
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from lcb_agreement import lcb_verdict
+
+    return lcb_verdict
+
+
 def main():
     out = sys.argv[1]
+    lcb_verdict = grader()
     with open(out, "w") as f:
         for name, (n, code) in PROGRAMS.items():
             start = time.perf_counter()
@@ -75,8 +93,14 @@ def main():
                 text=True, check=True,
             )
             seconds = time.perf_counter() - start
-            print(f"{name}: {seconds:.2f} s natively", file=sys.stderr)
             tests = [{"input": f"{n}\n", "output": done.stdout, "testtype": "stdin"}]
+            verdict = ""
+            if lcb_verdict is not None:
+                start = time.perf_counter()
+                said, why = lcb_verdict({}, code, tests, sys.executable)
+                verdict = f"; LiveCodeBench's grader: {said} in {time.perf_counter() - start:.2f} s"
+                verdict += f" ({why})" if why else ""
+            print(f"{name}: {seconds:.2f} s natively{verdict}", file=sys.stderr)
             record = {
                 "question_id": f"numpy-heavy: {name}",
                 "question_content": "",
