@@ -234,10 +234,11 @@ fn a_deterministic_run_killed_anywhere_ends_with_the_same_samples_and_weights() 
     }
 }
 
-/// The same when recording what the generator answered is slow (each part waits 5 ms before
-/// it is recorded, as a descheduled thread does on a busy machine): a batch is handed to the
-/// trainer only once every episode has recorded its answers, so no checkpoint copies the
-/// rollout state while one is still being recorded, and resuming regenerates nothing.
+/// The same when recording what the generator answered is slow (each part waits 5 ms once it
+/// is recorded, before its turn's end is, as a descheduled thread does on a busy machine): a
+/// batch is handed to the trainer only once every episode has recorded its answers, so no
+/// checkpoint copies the rollout state while one is still being recorded, and resuming
+/// regenerates nothing.
 #[test]
 fn a_deterministic_run_recording_slowly_resumes_with_the_same_samples_and_weights() {
     STALL.set(Some("rollout:5"));
@@ -628,6 +629,7 @@ fn a_checkpoint_never_holds_a_turns_last_tokens_without_its_end() {
             "checkpoint.every=1",
             "checkpoint.keep=100",
             "train.steps=12",
+            "rollout.max_new_tokens=8",
             "generator.token_delay_us=300",
             "generator.jitter=0.5",
         ],
@@ -649,6 +651,7 @@ fn a_checkpoint_never_holds_a_turns_last_tokens_without_its_end() {
                     .unwrap()
                     .last()
                     .map(|t| t["end"].as_u64().unwrap());
+                // ended with a stop token, or at the budget above
                 let whole = completion["finish_reason"] == "stop" || len == 8;
                 checked += 1;
                 if whole {
@@ -675,8 +678,9 @@ fn a_run_stopped_by_a_signal_resumes_where_it_stopped() {
     stopped_by_a_signal_and_resumed("", 1000);
 }
 
-/// The same when recording what the generator answered is slow (each part waits 5 ms before
-/// it is recorded, as a descheduled thread does on a busy machine): the run stops between
+/// The same when recording what the generator answered is slow (each part waits 5 ms once it
+/// is recorded, before its turn's end is, as a descheduled thread does on a busy machine):
+/// the run stops between
 /// rounds only once every episode has recorded its answers, so the checkpoint it saves holds
 /// them and resuming regenerates nothing.
 #[test]
