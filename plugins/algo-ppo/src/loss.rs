@@ -190,28 +190,66 @@ pub(crate) fn loss(
         };
         let weight = log_w.exp();
         stats.add("behav_weight", masked_sum(weight.clone(), &mask), tokens);
-        let weight = match o.behav_weight_cap {
-            Some(cap) => {
-                let over = weight
-                    .clone()
-                    .greater_elem(cap)
-                    .bool_and(mask.clone().greater_elem(0.0));
-                stats.add(
-                    "behav_capped_fraction",
-                    masked_sum(over.clone().float(), &mask),
-                    tokens,
-                );
-                match o.behav_weight_mode {
-                    CapMode::Mask => {
-                        loss_mask = loss_mask.mask_fill(over, 0.0);
-                        weight
-                    }
-                    CapMode::Clamp => weight.clamp_max(cap),
+        let live = mask.clone().greater_elem(0.0);
+        let over = o.behav_weight_cap.map(|cap| {
+            let over = weight.clone().greater_elem(cap).bool_and(live.clone());
+            stats.add(
+                "behav_capped_fraction",
+                masked_sum(over.clone().float(), &mask),
+                tokens,
+            );
+            (cap, over)
+        });
+        let under = o.behav_weight_floor.map(|floor| {
+            let under = weight.clone().lower_elem(floor).bool_and(live.clone());
+            stats.add(
+                "behav_floored_fraction",
+                masked_sum(under.clone().float(), &mask),
+                tokens,
+            );
+            (floor, under)
+        });
+        let weight = match o.behav_weight_mode {
+            CapMode::Mask => {
+                for (_, outside) in over.into_iter().chain(under) {
+                    loss_mask = loss_mask.mask_fill(outside, 0.0);
+                }
+                weight
+            }
+            CapMode::Clamp => {
+                let weight = match over {
+                    Some((cap, _)) => weight.clamp_max(cap),
+                    None => weight,
+                };
+                match under {
+                    Some((floor, _)) => weight.clamp_min(floor),
+                    None => weight,
                 }
             }
-            None => weight,
         };
         per_token = per_token * weight;
+    }
+
+    if let Some(bound) = o.max_token_lag {
+        let keep: Vec<f32> = input
+            .versions
+            .iter()
+            .map(|&v| {
+                let lag = input.trainer_version.saturating_sub(v);
+                if v == areal_sdk::PROMPT_VERSION || lag <= bound {
+                    1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let keep = tensor(keep, &device);
+        stats.add(
+            "lag_masked_fraction",
+            masked_sum(keep.clone().neg() + 1.0, &mask),
+            tokens,
+        );
+        loss_mask = loss_mask * keep;
     }
 
     if let Some(reference) = &input.reference {

@@ -115,6 +115,10 @@ pub struct Options {
     pub proximal: Proximal,
     /// Upper bound on the behaviour importance weight π_prox/π_behav.
     pub behav_weight_cap: Option<f64>,
+    /// Lower bound on the behaviour importance weight: with `behav_weight_mode = "mask"`,
+    /// tokens whose weight falls outside [floor, cap] leave the loss (IcePop's two-sided
+    /// mask); with `"clamp"` the weight is clamped into it.
+    pub behav_weight_floor: Option<f64>,
     /// What happens above the cap.
     pub behav_weight_mode: CapMode,
     /// Whether the cap looks at tokens or sequences.
@@ -160,6 +164,10 @@ pub struct Options {
     pub tau_neg: f64,
     /// M2PO's bound on the mean of (log π_θ/π_behav)² over kept tokens.
     pub m2_threshold: f64,
+    /// Token-level staleness cut: tokens whose lag (the trainer's version minus the version
+    /// that sampled them) exceeds this leave the loss; their sample stays (its reward in the
+    /// baseline, its other tokens trained). None by default.
+    pub max_token_lag: Option<u64>,
 }
 
 impl Default for Options {
@@ -170,6 +178,7 @@ impl Default for Options {
             dual_clip: None,
             proximal: Proximal::Behaviour,
             behav_weight_cap: None,
+            behav_weight_floor: None,
             behav_weight_mode: CapMode::Mask,
             behav_weight_level: Level::Token,
             loss_agg: LossAgg::TokenMean,
@@ -192,6 +201,7 @@ impl Default for Options {
             tau_pos: 1.0,
             tau_neg: 1.05,
             m2_threshold: 0.04,
+            max_token_lag: None,
         }
     }
 }

@@ -117,12 +117,29 @@ fn check(variant: Variant, o: &Options, config: &PluginConfig) -> Result<(), Plu
             ),
         );
     }
+    if o.behav_weight_floor.is_some() && o.proximal == Proximal::Behaviour {
+        return bad(
+            "behav_weight_floor",
+            format!(
+                "needs the decoupled loss (kind = \"decoupled-ppo\", or proximal = \"recompute\"): \
+                 {name} has π_prox = π_behav here, so the behaviour weight is always 1"
+            ),
+        );
+    }
     if let Some(cap) = o.behav_weight_cap
         && cap <= 1.0
     {
         return bad(
             "behav_weight_cap",
             format!("must be greater than 1, found {cap}"),
+        );
+    }
+    if let Some(floor) = o.behav_weight_floor
+        && !(floor > 0.0 && floor < 1.0)
+    {
+        return bad(
+            "behav_weight_floor",
+            format!("must be in (0, 1), found {floor}"),
         );
     }
 

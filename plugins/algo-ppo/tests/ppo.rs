@@ -511,6 +511,18 @@ fn options_are_checked_with_their_key() {
         e.contains("`algorithm.behav_weight_cap`") && e.contains("decoupled-ppo"),
         "{e}"
     );
+    let e = build("ppo", "behav_weight_floor", 0.5.into());
+    assert!(
+        e.contains("`algorithm.behav_weight_floor`") && e.contains("decoupled-ppo"),
+        "{e}"
+    );
+    let e = build("decoupled-ppo", "behav_weight_floor", 1.2.into());
+    assert!(
+        e.contains("`algorithm.behav_weight_floor`") && e.contains("(0, 1)"),
+        "{e}"
+    );
+    let e = build("decoupled-ppo", "max_token_lag", (-1).into());
+    assert!(e.contains("`algorithm.max_token_lag`"), "{e}");
     let e = build("ppo", "proximal", "log-linear".into());
     assert!(e.contains("`algorithm.proximal`"), "{e}");
     let e = build("decoupled-ppo", "eps_clipp", 0.1.into());
@@ -720,5 +732,5 @@ fn losses_and_advantages_match_the_numpy_reference() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 29, "every case of the fixture");
+    assert_eq!(checked, 34, "every case of the fixture");
 }
