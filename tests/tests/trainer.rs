@@ -79,6 +79,7 @@ fn settings(token_budget: usize, minibatches: usize) -> TrainerSettings {
         token_budget,
         min_microbatches: 1,
         temperature: 1.0,
+        withhold_past_lag: None,
     }
 }
 
@@ -393,4 +394,85 @@ fn environment_tokens_are_read_but_never_trained_on() {
             "{name}: the step changed nothing"
         );
     }
+}
+
+/// `rollout.max_lag_policy = "withhold"`: a sample with a token past the bound trains none of
+/// its tokens, but its reward stays in its group's baseline. Its step is the step in which its
+/// tokens are the environment's (read, never trained), not the step without it.
+#[test]
+fn a_withheld_sample_trains_no_token_but_keeps_its_reward_in_the_baseline() {
+    let version = 3;
+    // the last sample of every group was sampled by version 0 (lag 3), the others by 3
+    let stale = |j: usize, _t: usize| if j == 3 { 0 } else { version };
+    let withhold = TrainerSettings {
+        withhold_past_lag: Some(2),
+        ..settings(10_000, 2)
+    };
+    let run = |data: &dyn Fn(&dyn Policy) -> Vec<TrajectoryGroup>, s: &TrainerSettings| {
+        let mut policy = policy();
+        let data = data(&policy);
+        let algorithm = build("decoupled-ppo", &[]);
+        let mut optimizer = AdamWConfig::new().init();
+        let report = train_step(
+            &mut policy,
+            None,
+            &mut optimizer,
+            algorithm.as_ref(),
+            &data,
+            version,
+            s,
+        )
+        .unwrap();
+        (policy.weights()[0].data.clone(), report)
+    };
+    let (withheld, r) = run(&|p| groups(p, stale), &withhold);
+    assert_eq!(r.withheld_samples, 3);
+    let trained = |data: &[TrajectoryGroup]| -> usize {
+        data.iter()
+            .flat_map(|g| &g.samples)
+            .filter(|s| s.completion.versions[0] == version)
+            .map(|s| s.completion.len())
+            .sum()
+    };
+    let data = groups(&policy(), stale);
+    assert_eq!(r.trained_tokens, trained(&data));
+
+    // the same step with those samples' tokens made the environment's
+    let environment = |p: &dyn Policy| {
+        let mut data = groups(p, stale);
+        for g in &mut data {
+            let s = &mut g.samples[3];
+            s.completion.versions = vec![areal_sdk::PROMPT_VERSION; s.completion.len()];
+        }
+        data
+    };
+    let (same, r2) = run(&environment, &settings(10_000, 2));
+    assert_eq!(r2.withheld_samples, 0);
+    assert!(
+        max_diff(&withheld, &same) < 1e-7,
+        "weights differ by {}",
+        max_diff(&withheld, &same)
+    );
+    // not the step without the samples (their rewards moved the baseline) ...
+    let without = |p: &dyn Policy| {
+        let mut data = groups(p, stale);
+        for g in &mut data {
+            g.samples.pop();
+        }
+        data
+    };
+    let (dropped, _) = run(&without, &settings(10_000, 2));
+    assert!(max_diff(&withheld, &dropped) > 1e-4);
+    // ... nor the step that trains them
+    let (kept, r3) = run(&|p| groups(p, stale), &settings(10_000, 2));
+    assert_eq!(r3.withheld_samples, 0);
+    assert!(max_diff(&withheld, &kept) > 1e-4);
+    // their tokens are still measured: lag 3 is staleness, version 3 mismatch
+    let o = r.off_policy.expect("measured with the proximal recompute");
+    assert_eq!(
+        o.staleness_by_lag["3"].tokens as usize,
+        r3.trained_tokens - r.trained_tokens
+    );
+    assert_eq!(o.mismatch.tokens as usize, r.trained_tokens);
+    assert!(o.mismatch.abs_max < 1e-5, "{o:?}");
 }

@@ -81,6 +81,7 @@ pub use run::run;
 pub use runlog::{LAUNCH_DIR, prepare_run_folder};
 pub use staleness::{AdmissionCounts, StalenessManager};
 pub use summary::RunSummary;
+pub use trainer::{LogprobGap, OffPolicyStats};
 
 use areal_sdk::PluginInfo;
 

@@ -8,6 +8,7 @@ use areal_sdk::{PolicyVersion, TrajectoryGroup};
 use serde::{Deserialize, Serialize};
 
 use crate::atomic::AppendFile;
+use crate::trainer::{LogprobGap, OffPolicyStats};
 
 /// How stale the trained data was, relative to the trainer's version k.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -176,6 +177,15 @@ pub struct StepMetrics {
     /// Mean |logπ_prox − logπ_behav| over tokens sampled by the trainer's version: 0 up to
     /// rounding when generator and trainer agree (only with proximal recompute).
     pub on_policy_logprob_gap: f64,
+    /// Mismatch (generator against trainer on tokens of the trainer's version) apart from
+    /// staleness (π_behav against π_prox on older tokens), with the proximal recompute only;
+    /// `docs/metrics.md` has the formulas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_policy: Option<OffPolicyStats>,
+    /// Samples of the batch that trained no token for their lag (`rollout.max_lag_policy =
+    /// "withhold"`); their rewards were in their groups' baselines.
+    #[serde(default)]
+    pub samples_withheld: usize,
     /// Statistics reported by the algorithm (clip fraction, ...).
     pub algorithm: BTreeMap<String, f64>,
     /// The ids of the samples trained, as ranges `[start, end)`.
@@ -302,6 +312,40 @@ pub(crate) struct RlTotals {
     /// Re-issued samples and failed endpoints of the earlier processes.
     pub(crate) reissued_samples: u64,
     pub(crate) endpoint_failures: u64,
+    /// Mismatch and staleness over the steps that measured them.
+    #[serde(default)]
+    pub(crate) mismatch: GapTotals,
+    #[serde(default)]
+    pub(crate) staleness: GapTotals,
+    #[serde(default)]
+    pub(crate) samples_withheld: u64,
+}
+
+/// Token-weighted sums of the steps' [`LogprobGap`]s.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct GapTotals {
+    pub(crate) tokens: u64,
+    pub(crate) abs_sum: f64,
+    pub(crate) abs_max: f64,
+    pub(crate) kl_k3_sum: f64,
+}
+
+impl GapTotals {
+    fn add(&mut self, g: &LogprobGap) {
+        let n = g.tokens as f64;
+        self.tokens += g.tokens;
+        self.abs_sum += g.abs_mean * n;
+        self.abs_max = self.abs_max.max(g.abs_max);
+        self.kl_k3_sum += g.kl_k3 * n;
+    }
+
+    /// Mean |Δ log π| and mean k3 over the tokens counted (`None` when none was).
+    pub(crate) fn means(&self) -> Option<(f64, f64)> {
+        (self.tokens > 0).then(|| {
+            let n = self.tokens as f64;
+            (self.abs_sum / n, self.kl_k3_sum / n)
+        })
+    }
 }
 
 impl RlTotals {
@@ -319,6 +363,11 @@ impl RlTotals {
         self.reward_failures += m.reward_failures;
         self.reward_mean_last = m.reward_mean;
         self.policy_version = m.policy_version;
+        if let Some(o) = &m.off_policy {
+            self.mismatch.add(&o.mismatch);
+            self.staleness.add(&o.staleness);
+        }
+        self.samples_withheld += m.samples_withheld as u64;
     }
 }
 

@@ -354,6 +354,8 @@ pub(crate) fn step_metrics(
         grad_norm: report.grad_norm,
         microbatches: report.microbatches,
         on_policy_logprob_gap: report.on_policy_logprob_gap,
+        off_policy: report.off_policy,
+        samples_withheld: report.withheld_samples,
         algorithm: report.stats,
         sample_ids: samples
             .iter()

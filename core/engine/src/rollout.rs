@@ -275,7 +275,11 @@ impl RolloutState {
     /// generation runs at most `max_lag` versions ahead), nothing is taken while a group still
     /// generating would be trained too late if not in this batch.
     pub(crate) fn take(&mut self, n: usize) -> Option<Vec<TrajectoryGroup>> {
-        if let Some(bound) = self.max_lag {
+        // with `withhold` the trainer masks the samples past the bound
+        if let Some(bound) = self
+            .max_lag
+            .filter(|_| self.lag_policy != LagPolicy::Withhold)
+        {
             let version = self.admission.counts().version;
             let stale: Vec<u64> = self
                 .buffer

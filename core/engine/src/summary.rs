@@ -88,9 +88,29 @@ pub struct RunSummary {
     /// Of which left out for `rollout.max_lag` (in this process: not kept across a resume).
     #[serde(default)]
     pub samples_past_max_lag: u64,
+    /// Samples that trained no token for their lag (`rollout.max_lag_policy = "withhold"`).
+    #[serde(default)]
+    pub samples_withheld: u64,
     /// Samples generated or generating but not trained when the run ended (generation runs
     /// ahead of training).
     pub samples_pending: u64,
+    /// Mismatch over the run: mean |log π_trainer − log π_generator| over the tokens sampled
+    /// by the trainer's version of their step (with the proximal recompute only).
+    #[serde(default)]
+    pub mismatch_abs_mean: Option<f64>,
+    /// The largest such difference.
+    #[serde(default)]
+    pub mismatch_abs_max: Option<f64>,
+    /// Mean k3 estimate of KL(π_generator ‖ π_trainer) over those tokens.
+    #[serde(default)]
+    pub mismatch_kl_k3: Option<f64>,
+    /// Staleness over the run: mean |log π_prox − log π_behav| over the tokens trained with a
+    /// lag of 1 or more.
+    #[serde(default)]
+    pub staleness_abs_mean: Option<f64>,
+    /// Mean k3 estimate of KL(π_behav ‖ π_prox) over those tokens.
+    #[serde(default)]
+    pub staleness_kl_k3: Option<f64>,
     /// How many times the run was resumed (`areal train --resume`).
     pub resumes: u64,
     /// Resume checkpoints written (`checkpoint.every`).
@@ -156,7 +176,13 @@ pub(crate) fn summarise(
         samples_admitted: ledger.admitted,
         samples_dropped: ledger.dropped,
         samples_past_max_lag: ledger.lag_dropped,
+        samples_withheld: t.samples_withheld,
         samples_pending: ledger.pending,
+        mismatch_abs_mean: t.mismatch.means().map(|m| m.0),
+        mismatch_abs_max: t.mismatch.means().map(|_| t.mismatch.abs_max),
+        mismatch_kl_k3: t.mismatch.means().map(|m| m.1),
+        staleness_abs_mean: t.staleness.means().map(|m| m.0),
+        staleness_kl_k3: t.staleness.means().map(|m| m.1),
         resumes: ctx.resumes,
         checkpoints_written: c.written,
         checkpoint_ms_mean: c.ms_sum / c.written.max(1) as f64,

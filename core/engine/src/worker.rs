@@ -15,7 +15,7 @@ use areal_sdk_train::burn::optim::{AdamWConfig, ModuleOptimizer};
 use areal_sdk_train::{Algorithm, Policy};
 use tokio::sync::oneshot;
 
-use crate::config::{Config, TrainConfig};
+use crate::config::{Config, LagPolicy, TrainConfig};
 use crate::error::EngineError;
 use crate::trainer::sft::{self, Example};
 use crate::trainer::{StepReport, TrainerSettings, train_step};
@@ -145,6 +145,10 @@ impl ComputeWorker {
                 token_budget: t.token_budget,
                 min_microbatches: t.min_microbatches,
                 temperature: config.rollout.temperature,
+                withhold_past_lag: config
+                    .rollout
+                    .max_lag
+                    .filter(|_| config.rollout.max_lag_policy == LagPolicy::Withhold),
             },
         };
         let (commands, inbox) = crossbeam_channel::unbounded::<Command>();

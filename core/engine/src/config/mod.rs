@@ -207,7 +207,9 @@ pub struct RolloutConfig {
     /// `max_lag` versions ahead (η is lowered to it), and the trainer waits for a group
     /// still generating that would otherwise be trained too late, so that it is trained in
     /// this step; what is past the bound all the same is dropped. (verl's
-    /// `max_off_policy_threshold` offers the same two.)
+    /// `max_off_policy_threshold` offers the same two.) `withhold` trains the group but
+    /// none of the tokens of its samples past the bound: their rewards stay in the group's
+    /// baseline (prime-rl's choice), and they count as withheld, not dropped.
     pub max_lag_policy: LagPolicy,
     /// Most groups generating at once. By default 16.
     pub max_concurrent: usize,
@@ -252,6 +254,9 @@ pub enum LagPolicy {
     Drop,
     /// Wait for groups still generating that would otherwise be trained too late.
     Wait,
+    /// Train the group, but no token of its samples past the bound (their rewards stay in
+    /// the group's baseline).
+    Withhold,
 }
 
 /// `[reward_service]`: the threads (or processes) verifiers run on.

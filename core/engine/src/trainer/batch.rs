@@ -18,6 +18,9 @@ pub(super) struct Sequence {
     pub(super) prompt_len: usize,
     pub(super) behaviour: Vec<f32>,
     pub(super) versions: Vec<PolicyVersion>,
+    /// Past `rollout.max_lag` with `max_lag_policy = "withhold"`: its reward stays in its
+    /// group's baseline, none of its tokens is trained.
+    pub(super) withheld: bool,
     /// Filled in once the algorithm has computed advantages (0 on prompt tokens).
     pub(super) advantages: Vec<f32>,
     /// Value targets, when the algorithm trains a critic (0 on prompt tokens).
@@ -29,16 +32,26 @@ impl Sequence {
         self.prompt_len..self.tokens.len()
     }
 
-    /// 1 on the tokens trained on (sampled by a policy), 0 elsewhere.
+    /// 1 on the tokens trained on (sampled by a policy, the sequence not withheld), 0
+    /// elsewhere.
     pub(super) fn loss_mask(&self) -> Vec<f32> {
         self.versions
             .iter()
-            .map(|&v| if v == PROMPT_VERSION { 0.0 } else { 1.0 })
+            .map(|&v| {
+                if v == PROMPT_VERSION || self.withheld {
+                    0.0
+                } else {
+                    1.0
+                }
+            })
             .collect()
     }
 
     /// How many tokens are trained on.
     pub(super) fn trained_tokens(&self) -> usize {
+        if self.withheld {
+            return 0;
+        }
         self.versions
             .iter()
             .filter(|&&v| v != PROMPT_VERSION)
@@ -71,6 +84,7 @@ pub(super) fn sequences(groups: &[TrajectoryGroup]) -> (Vec<Sequence>, Vec<Optio
                 prompt_len: p,
                 behaviour,
                 versions,
+                withheld: false,
                 advantages: Vec::new(),
                 returns: Vec::new(),
             });

@@ -18,7 +18,10 @@ use batch::{
 };
 
 mod batch;
+mod off_policy;
 pub(crate) mod sft;
+
+pub use off_policy::{LogprobGap, OffPolicyStats};
 
 /// Trainer settings taken from the config.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,6 +38,10 @@ pub struct TrainerSettings {
     pub min_microbatches: usize,
     /// Sampling temperature of the rollouts (logprobs are computed at it).
     pub temperature: f32,
+    /// `rollout.max_lag` with `max_lag_policy = "withhold"`: a sample with a token whose lag
+    /// (this step's version minus the token's) is past it trains no token, its reward kept
+    /// in its group's baseline.
+    pub withhold_past_lag: Option<u64>,
 }
 
 /// What a step did.
@@ -54,6 +61,10 @@ pub struct StepReport {
     pub oversized: usize,
     /// Mean |logπ_prox − logπ_behav| over tokens sampled by version k (recompute only).
     pub on_policy_logprob_gap: f64,
+    /// Mismatch and staleness of the batch (recompute only).
+    pub off_policy: Option<OffPolicyStats>,
+    /// Samples withheld from training for their lag (`max_lag_policy = "withhold"`).
+    pub withheld_samples: usize,
     /// Algorithm statistics (means).
     pub stats: BTreeMap<String, f64>,
 }
@@ -73,6 +84,15 @@ pub fn train_step(
     let mut report = StepReport::default();
     if seqs.is_empty() {
         return Ok(report);
+    }
+    if let Some(bound) = settings.withhold_past_lag {
+        for s in &mut seqs {
+            s.withheld = s
+                .versions
+                .iter()
+                .any(|&v| v != PROMPT_VERSION && version.saturating_sub(v) > bound);
+            report.withheld_samples += usize::from(s.withheld);
+        }
     }
     let device = policy.device();
     let needs = algorithm.requirements();
@@ -122,7 +142,6 @@ pub fn train_step(
     let mut proximal: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
     let mut reference_lp: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
     let mut old_values: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
-    let (mut gap_sum, mut gap_n) = (0.0f64, 0usize);
     for mb in minibatches.iter().flatten() {
         let scatter = |values: Vec<f32>, into: &mut Vec<Vec<f32>>| {
             for (&i, range) in mb.members.iter().zip(mb.batch.ranges()) {
@@ -149,19 +168,9 @@ pub fn train_step(
         }
     }
     if mode == ProximalMode::Recompute {
-        for (s, p) in seqs.iter().zip(&proximal) {
-            for t in s.completion() {
-                if s.versions[t] == version {
-                    gap_sum += f64::from((p[t] - s.behaviour[t]).abs());
-                    gap_n += 1;
-                }
-            }
-        }
-        report.on_policy_logprob_gap = if gap_n > 0 {
-            gap_sum / gap_n as f64
-        } else {
-            0.0
-        };
+        let measured = off_policy::measure(&seqs, &proximal, version);
+        report.on_policy_logprob_gap = measured.mismatch.abs_mean;
+        report.off_policy = Some(measured);
     }
 
     // Advantages (and value targets) from rewards and the numbers of the no-grad pass.
@@ -220,7 +229,7 @@ pub fn train_step(
     for mbs in &minibatches {
         let members = mbs.iter().flat_map(|m| &m.members);
         let minibatch_tokens: usize = members.clone().map(|&i| seqs[i].trained_tokens()).sum();
-        let minibatch_sequences = members.count();
+        let minibatch_sequences = members.filter(|&&i| !seqs[i].withheld).count();
         for mb in mbs {
             let n = mb.batch.num_tokens();
             let gather = |per: &dyn Fn(&Sequence, usize) -> Vec<f32>| -> Vec<f32> {
