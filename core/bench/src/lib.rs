@@ -8,6 +8,7 @@
 use clap::Subcommand;
 
 mod async_vs_sync;
+mod audit;
 mod controller;
 mod fleet;
 mod handover;
@@ -56,6 +57,11 @@ enum BenchCommand {
     /// final accuracy, how busy each side is, for η = 0 (synchronous) and η > 0 over seeds,
     /// plus the naive-PPO staleness ablation; writes results.json, plots and a table.
     AsyncVsSync(async_vs_sync::AsyncVsSyncArgs),
+    /// Real batches of the built-in job with several mini-batches and η > 0, recorded as the
+    /// algorithm receives them, for `plugins/algo-ppo/tests/fixtures/audit.py` to check each
+    /// PPO variant's loss and gradient against numpy's Eq. 5; checks the proximal recompute
+    /// (π_θ = π_prox in each step's first mini-batch, not after).
+    AuditObjective(audit::BenchAuditArgs),
     /// The maths verifier on MATH-500 answers: verifications per second at each thread count
     /// on pairs that are equal but written differently and on perturbed (unequal) pairs, with
     /// Math-Verify (Python) on the same pairs when it is installed.
@@ -93,6 +99,7 @@ fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Smoke(args) => smoke::run(args),
         BenchCommand::Model(args) => model::run(args),
         BenchCommand::AsyncVsSync(args) => async_vs_sync::run(args),
+        BenchCommand::AuditObjective(args) => audit::run(args),
         BenchCommand::Math(args) => math::run(args),
         BenchCommand::Resume(args) => resume::run(args),
         BenchCommand::Reward(args) => reward::run(args),
