@@ -192,6 +192,43 @@ async fn max_lag_bounds_the_lag_of_every_token_trained() {
     }
 }
 
+/// `withhold`: the same jittered run trains every group, and exactly its samples with a token
+/// past the bound are withheld (they train no token); nothing is dropped for its lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_lag_withholds_exactly_the_samples_past_it() {
+    let config = config(&[
+        "rollout.max_staleness=4",
+        "rollout.max_lag=1",
+        "rollout.max_lag_policy=\"withhold\"",
+        "train.steps=16",
+        "generator.token_delay_us=200",
+        "generator.jitter=0.9",
+        "eval.enabled=false",
+    ]);
+    let (summary, recorder) = run_recorded(config, None).await;
+    let summary = summary.unwrap();
+    assert_eq!(summary.steps, 16);
+    assert_eq!(summary.samples_past_max_lag, 0, "{summary:?}");
+    let trained = recorder.trained.lock().unwrap();
+    let steps = recorder.steps.lock().unwrap();
+    let mut withheld = 0;
+    for ((version, groups), m) in trained.iter().zip(steps.iter()) {
+        let past = groups
+            .iter()
+            .flat_map(|g| &g.samples)
+            .filter(|s| s.completion.sampled_versions().any(|v| version - v > 1))
+            .count();
+        assert_eq!(m.samples_withheld, past, "step {}", m.step);
+        let stale = m.off_policy.as_ref().expect("decoupled-ppo recomputes");
+        assert!(stale.mismatch.abs_max < 1e-4, "{stale:?}");
+        withheld += past;
+    }
+    assert!(withheld > 0, "the jitter put samples past the bound");
+    assert_eq!(summary.samples_withheld, withheld as u64);
+    assert!(summary.staleness_abs_mean.unwrap() > 0.0, "{summary:?}");
+    assert!(summary.mismatch_abs_max.unwrap() < 1e-4, "{summary:?}");
+}
+
 /// η = 0 is synchronous RL through the same code path: every trained token was sampled by
 /// the version being trained, even when samples finish in random order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
