@@ -77,6 +77,11 @@ pub(crate) struct AsyncVsSyncArgs {
     /// Values of `rollout.max_staleness` for decoupled PPO [default: 0,2,4,8; --quick: 0,4].
     #[arg(long, value_delimiter = ',')]
     staleness: Option<Vec<u64>>,
+    /// Values of `train.minibatches` (optimizer steps per batch): every setting runs at each
+    /// [default: 1]. With one mini-batch, decoupled PPO's ratio π_θ/π_prox is exactly 1 at
+    /// its only gradient evaluation, so its clip never acts.
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u64).range(1..))]
+    minibatches: Vec<u64>,
     /// Seeds [default: 1,2,3; --quick: 1].
     #[arg(long, value_delimiter = ',')]
     seeds: Option<Vec<u64>>,
@@ -129,6 +134,20 @@ fn algorithm_sets(algorithm: &str) -> Vec<String> {
     reason = "results on stdout, progress on stderr"
 )]
 pub(crate) fn run(args: AsyncVsSyncArgs) -> anyhow::Result<()> {
+    for set in &args.set {
+        let key = set.split('=').next().unwrap_or_default().trim();
+        if let Some(flag) = [
+            ("train.minibatches", "--minibatches"),
+            ("rollout.max_staleness", "--staleness"),
+            ("seed", "--seeds"),
+            ("algorithm.kind", "--ablation / --log-linear"),
+        ]
+        .iter()
+        .find_map(|(k, flag)| (key == *k).then_some(flag))
+        {
+            bail!("--set {set}: {key} is a dimension of the bench; use {flag}");
+        }
+    }
     let plan = Plan::from(&args);
     let [gen_threads, train_threads] = <[usize; 2]>::try_from(args.async_threads.clone())
         .map_err(|_| anyhow::anyhow!("--async-threads takes two numbers"))?;
@@ -184,11 +203,12 @@ pub(crate) fn run(args: AsyncVsSyncArgs) -> anyhow::Result<()> {
             (gen_threads, train_threads)
         };
         eprintln!(
-            "[{}/{}] {} {} η = {} seed {} (threads: generation {}, training {})",
+            "[{}/{}] {} {} mini-batches {} η = {} seed {} (threads: generation {}, training {})",
             i + 1,
             todo.len(),
             key.workload.name(),
             key.algorithm,
+            key.minibatches,
             key.max_staleness,
             key.seed,
             show_threads(threads.0),

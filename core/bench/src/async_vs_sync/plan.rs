@@ -6,6 +6,7 @@ use super::{AsyncVsSyncArgs, DECOUPLED, LOG_LINEAR, NAIVE, Workload};
 pub(super) struct Plan {
     pub(super) workloads: Vec<Workload>,
     pub(super) staleness: Vec<u64>,
+    pub(super) minibatches: Vec<usize>,
     pub(super) seeds: Vec<u64>,
     pub(super) ablation: Vec<u64>,
     pub(super) log_linear: Vec<u64>,
@@ -26,6 +27,7 @@ impl Plan {
                 .staleness
                 .clone()
                 .unwrap_or_else(|| if quick { vec![0, 4] } else { vec![0, 2, 4, 8] }),
+            minibatches: args.minibatches.iter().map(|&m| m as usize).collect(),
             seeds: args
                 .seeds
                 .clone()
@@ -41,32 +43,34 @@ impl Plan {
         }
     }
 
-    /// Every run, synchronous ones first (they fix the target), then by seed.
+    /// Every run, synchronous ones first (they fix the target), then by seed; every setting
+    /// at each number of mini-batches.
     pub(super) fn runs(&self) -> Vec<RunKey> {
         let mut keys = Vec::new();
         for &workload in &self.workloads {
-            let mut etas = self.staleness.clone();
-            etas.sort_by_key(|&e| e != 0);
-            for &eta in &etas {
-                for &seed in &self.seeds {
-                    keys.push(RunKey {
-                        workload,
-                        algorithm: DECOUPLED.into(),
-                        max_staleness: eta,
-                        seed,
-                    });
+            for &minibatches in &self.minibatches {
+                let key = |algorithm: &str, max_staleness, seed| RunKey {
+                    workload,
+                    algorithm: algorithm.into(),
+                    minibatches,
+                    max_staleness,
+                    seed,
+                };
+                let mut etas = self.staleness.clone();
+                etas.sort_by_key(|&e| e != 0);
+                for &eta in &etas {
+                    for &seed in &self.seeds {
+                        keys.push(key(DECOUPLED, eta, seed));
+                    }
                 }
-            }
-            if Some(&workload) == self.workloads.first() {
-                for (algorithm, etas) in [(NAIVE, &self.ablation), (LOG_LINEAR, &self.log_linear)] {
-                    for &eta in etas {
-                        for &seed in &self.seeds {
-                            keys.push(RunKey {
-                                workload,
-                                algorithm: algorithm.into(),
-                                max_staleness: eta,
-                                seed,
-                            });
+                if Some(&workload) == self.workloads.first() {
+                    for (algorithm, etas) in
+                        [(NAIVE, &self.ablation), (LOG_LINEAR, &self.log_linear)]
+                    {
+                        for &eta in etas {
+                            for &seed in &self.seeds {
+                                keys.push(key(algorithm, eta, seed));
+                            }
                         }
                     }
                 }

@@ -30,27 +30,40 @@ pub(super) fn plot(results: &Results, workload: Workload, dir: &Path) -> anyhow:
     if runs.is_empty() {
         return Ok(());
     }
-    let mut kinds: Vec<(String, u64)> = runs
+    let mut kinds: Vec<(String, usize, u64)> = runs
         .iter()
-        .map(|r| (r.key.algorithm.clone(), r.key.max_staleness))
+        .map(|r| {
+            (
+                r.key.algorithm.clone(),
+                r.key.minibatches,
+                r.key.max_staleness,
+            )
+        })
         .collect();
     let order = |a: &str| [DECOUPLED, NAIVE, LOG_LINEAR].iter().position(|x| *x == a);
-    kinds.sort_by_key(|k| (order(&k.0), k.1));
+    kinds.sort_by_key(|k| (k.1, order(&k.0), k.2));
     kinds.dedup();
     let mut series: Vec<Series> = runs
         .iter()
         .map(|r| {
             let k = kinds
                 .iter()
-                .position(|k| k.0 == r.key.algorithm && k.1 == r.key.max_staleness)
+                .position(|k| {
+                    k.0 == r.key.algorithm && k.1 == r.key.minibatches && k.2 == r.key.max_staleness
+                })
                 .expect("listed");
             let short = match r.key.algorithm.as_str() {
                 DECOUPLED => "dppo",
                 LOG_LINEAR => "dppo-loglin",
                 other => other,
             };
+            let mb = if r.key.minibatches == 1 {
+                String::new()
+            } else {
+                format!(" mb={}", r.key.minibatches)
+            };
             Series {
-                label: format!("{short} eta={}", r.key.max_staleness),
+                label: format!("{short}{mb} eta={}", r.key.max_staleness),
                 color: COLOURS[k % COLOURS.len()],
                 points: r.curve.iter().map(|p| (p.wall_s, p.accuracy)).collect(),
             }
@@ -96,44 +109,57 @@ pub(super) fn table(results: &Results) -> String {
     workloads.sort_unstable();
     workloads.dedup();
     for workload in workloads {
-        let runs = |algorithm: &str, eta: u64| -> Vec<&RunRecord> {
+        let runs = |algorithm: &str, mb: usize, eta: u64| -> Vec<&RunRecord> {
             results
                 .runs
                 .iter()
                 .filter(|r| {
                     r.key.workload == workload
                         && r.key.algorithm == algorithm
+                        && r.key.minibatches == mb
                         && r.key.max_staleness == eta
                 })
                 .collect()
         };
-        let etas = |algorithm: &str| -> Vec<u64> {
-            let mut e: Vec<u64> = results
+        // the (mini-batches, η) settings an algorithm ran at
+        let settings = |algorithm: &str| -> Vec<(usize, u64)> {
+            let mut e: Vec<(usize, u64)> = results
                 .runs
                 .iter()
                 .filter(|r| r.key.workload == workload && r.key.algorithm == algorithm)
-                .map(|r| r.key.max_staleness)
+                .map(|r| (r.key.minibatches, r.key.max_staleness))
                 .collect();
             e.sort_unstable();
             e.dedup();
             e
         };
+        let mut minibatches: Vec<usize> = results
+            .runs
+            .iter()
+            .filter(|r| r.key.workload == workload)
+            .map(|r| r.key.minibatches)
+            .collect();
+        minibatches.sort_unstable();
+        minibatches.dedup();
+        let reference_mb = minibatches.first().copied().unwrap_or(1);
         let target = results.targets.get(workload.name()).copied();
         out.push_str(&format!(
-            "\n**{}** — target accuracy {} (90 % of the synchronous decoupled-ppo runs' mean final accuracy)\n\n",
+            "\n**{}** — target accuracy {} (90 % of the synchronous decoupled-ppo runs' mean final accuracy, {reference_mb} mini-batch{}); *sync ÷ this* against those runs\n\n",
             workload.name(),
-            target.map_or("-".into(), |t| format!("{t:.3}"))
+            target.map_or("-".into(), |t| format!("{t:.3}")),
+            if reference_mb == 1 { "" } else { "es" },
         ));
-        out.push_str("| algorithm | η | seeds | time to target (s) | reached | sync ÷ this | best sync ÷ this | final accuracy | min – max | last 50 steps | s / step | generation busy | training busy | trained tokens/s | token lag (mean) | resume after interruption (ms) |\n");
-        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("| algorithm | mini-batches | η | seeds | time to target (s) | reached | sync ÷ this | best sync ÷ this | final accuracy | min – max | last 50 steps | s / step | generation busy | training busy | trained tokens/s | token lag (mean) | resume after interruption (ms) |\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         let ttt_of = |rs: &[&RunRecord]| -> Vec<f64> {
             rs.iter().filter_map(|r| r.time_to_target_s).collect()
         };
         // the synchronous reference, and the fastest synchronous setting of any algorithm
-        let sync_ttt = ttt_of(&runs(DECOUPLED, 0));
+        let sync_ttt = ttt_of(&runs(DECOUPLED, reference_mb, 0));
         let best_sync = [DECOUPLED, NAIVE, LOG_LINEAR]
             .iter()
-            .map(|a| ttt_of(&runs(a, 0)))
+            .flat_map(|a| minibatches.iter().map(move |&mb| (a, mb)))
+            .map(|(a, mb)| ttt_of(&runs(a, mb, 0)))
             .filter(|t| !t.is_empty())
             .map(|t| mean(&t))
             .fold(f64::INFINITY, f64::min);
@@ -145,8 +171,8 @@ pub(super) fn table(results: &Results) -> String {
             }
         };
         for algorithm in [DECOUPLED, NAIVE, LOG_LINEAR] {
-            for eta in etas(algorithm) {
-                let rs = runs(algorithm, eta);
+            for (mb, eta) in settings(algorithm) {
+                let rs = runs(algorithm, mb, eta);
                 let col = |f: &dyn Fn(&RunRecord) -> Option<f64>| -> Vec<f64> {
                     rs.iter().filter_map(|r| f(r)).collect()
                 };
@@ -172,7 +198,7 @@ pub(super) fn table(results: &Results) -> String {
                     }
                 };
                 out.push_str(&format!(
-                    "| {algorithm} | {eta} | {} | {} | {reached}/{} | {speedup} | {best} | {} | {lo:.3} – {hi:.3} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {algorithm} | {mb} | {eta} | {} | {} | {reached}/{} | {speedup} | {best} | {} | {lo:.3} – {hi:.3} | {} | {} | {} | {} | {} | {} | {} |\n",
                     rs.len(),
                     mean_sd(&ttt, 1),
                     rs.len(),
@@ -187,24 +213,24 @@ pub(super) fn table(results: &Results) -> String {
                 ));
             }
         }
-        let ablation = etas(NAIVE);
+        let ablation = settings(NAIVE);
         if !ablation.is_empty() {
             out.push_str(&format!(
                 "\n**{}: staleness ablation** — final accuracy and the mean of the last 50 steps' evaluations, mean ± sd over seeds; differences paired by seed\n\n",
                 workload.name()
             ));
-            out.push_str("| η | ppo (π_prox = π_behav) | decoupled-ppo | decoupled − ppo | last 50 steps: ppo | decoupled-ppo | decoupled − ppo |\n|---|---|---|---|---|---|---|\n");
-            for eta in ablation {
+            out.push_str("| mini-batches | η | ppo (π_prox = π_behav) | decoupled-ppo | decoupled − ppo | last 50 steps: ppo | decoupled-ppo | decoupled − ppo |\n|---|---|---|---|---|---|---|---|\n");
+            for (mb, eta) in ablation {
                 let late = |r: &RunRecord| r.late_accuracy(50);
                 let last = |r: &RunRecord| r.final_accuracy;
                 let of = |a: &str, f: &dyn Fn(&RunRecord) -> f64| -> Vec<f64> {
-                    runs(a, eta).iter().map(|r| f(r)).collect()
+                    runs(a, mb, eta).iter().map(|r| f(r)).collect()
                 };
                 let paired = |f: &dyn Fn(&RunRecord) -> f64| -> String {
-                    let diffs: Vec<f64> = runs(DECOUPLED, eta)
+                    let diffs: Vec<f64> = runs(DECOUPLED, mb, eta)
                         .iter()
                         .filter_map(|d| {
-                            runs(NAIVE, eta)
+                            runs(NAIVE, mb, eta)
                                 .iter()
                                 .find(|p| p.key.seed == d.key.seed)
                                 .map(|p| f(d) - f(p))
@@ -217,7 +243,7 @@ pub(super) fn table(results: &Results) -> String {
                     }
                 };
                 out.push_str(&format!(
-                    "| {eta} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {mb} | {eta} | {} | {} | {} | {} | {} | {} |\n",
                     mean_sd(&of(NAIVE, &last), 3),
                     mean_sd(&of(DECOUPLED, &last), 3),
                     paired(&last),

@@ -15,8 +15,16 @@ pub(super) struct RunKey {
     pub(super) workload: Workload,
     /// `decoupled-ppo`, `ppo`, or `decoupled-ppo-log-linear`.
     pub(super) algorithm: String,
+    /// `train.minibatches`: optimizer steps per batch (results written before it was a
+    /// dimension had 1).
+    #[serde(default = "one")]
+    pub(super) minibatches: usize,
     pub(super) max_staleness: u64,
     pub(super) seed: u64,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// One evaluated point of a run's learning curve.
@@ -65,7 +73,7 @@ pub(super) struct Results {
     /// The default workload's target (also in `targets`).
     pub(super) target_accuracy: Option<f64>,
     /// Each workload's target: 90 % of its synchronous decoupled-PPO runs' mean final
-    /// accuracy.
+    /// accuracy (those with the fewest mini-batches, when several were run).
     pub(super) targets: BTreeMap<String, f64>,
     /// What every run shares; a second call must agree.
     pub(super) settings: serde_json::Value,
@@ -95,18 +103,23 @@ impl Results {
     /// Targets from the synchronous runs, and every run's time to target.
     pub(super) fn settle(&mut self) {
         self.targets.clear();
-        let mut finals: BTreeMap<Workload, Vec<f64>> = BTreeMap::new();
+        let mut finals: BTreeMap<Workload, (usize, Vec<f64>)> = BTreeMap::new();
         for r in &self.runs {
             if r.key.max_staleness == 0 && r.key.algorithm == DECOUPLED {
-                finals
+                let entry = finals
                     .entry(r.key.workload)
-                    .or_default()
-                    .push(r.final_accuracy);
+                    .or_insert((r.key.minibatches, Vec::new()));
+                if r.key.minibatches < entry.0 {
+                    *entry = (r.key.minibatches, Vec::new());
+                }
+                if r.key.minibatches == entry.0 {
+                    entry.1.push(r.final_accuracy);
+                }
             }
         }
         let targets: BTreeMap<Workload, f64> = finals
             .into_iter()
-            .map(|(w, a)| (w, 0.9 * mean(&a)))
+            .map(|(w, (_, a))| (w, 0.9 * mean(&a)))
             .collect();
         for (w, t) in &targets {
             self.targets.insert(w.name().to_owned(), *t);

@@ -69,8 +69,13 @@ pub(super) fn one_run(
     (gen_threads, train_threads): (usize, usize),
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<RunRecord> {
+    let minibatches = if key.minibatches == 1 {
+        String::new()
+    } else {
+        format!("-mb{}", key.minibatches)
+    };
     let name = format!(
-        "{}-{}-eta{}-seed{}",
+        "{}-{}{minibatches}-eta{}-seed{}",
         key.workload.name(),
         key.algorithm,
         key.max_staleness,
@@ -85,6 +90,7 @@ pub(super) fn one_run(
     sets.extend([
         format!("seed={}", key.seed),
         format!("rollout.max_staleness={}", key.max_staleness),
+        format!("train.minibatches={}", key.minibatches),
         format!("generator.threads={gen_threads}"),
         format!("train.threads={train_threads}"),
         format!("train.max_seconds={}", args.budget_s),

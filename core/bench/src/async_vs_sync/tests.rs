@@ -16,6 +16,7 @@ fn record(
         key: RunKey {
             workload,
             algorithm: algorithm.into(),
+            minibatches: 1,
             max_staleness: eta,
             seed,
         },
@@ -114,12 +115,12 @@ fn target_is_ninety_percent_of_the_synchronous_mean_and_times_come_from_the_curv
     // sync mean 15 s, η = 4 took 5 s
     assert!(
         table.contains(
-            "| decoupled-ppo | 4 | 1 | 5.0 ± 0.0 | 1/1 | 3.00× | 3.00× | 0.700 ± 0.000 | 0.700 – 0.700 | 0.480 ± 0.000 |"
+            "| decoupled-ppo | 1 | 4 | 1 | 5.0 ± 0.0 | 1/1 | 3.00× | 3.00× | 0.700 ± 0.000 | 0.700 – 0.700 | 0.480 ± 0.000 |"
         ),
         "{table}"
     );
     assert!(
-        table.contains("| 4 | 0.400 ± 0.000 | 0.700 ± 0.000 | +0.300 ± 0.000 | 0.267 ± 0.000 | 0.480 ± 0.000 | +0.213 ± 0.000 |"),
+        table.contains("| 1 | 4 | 0.400 ± 0.000 | 0.700 ± 0.000 | +0.300 ± 0.000 | 0.267 ± 0.000 | 0.480 ± 0.000 | +0.213 ± 0.000 |"),
         "{table}"
     );
 }
@@ -129,6 +130,7 @@ fn plan_runs_synchronous_runs_first_and_the_ablation_on_the_first_workload() {
     let plan = Plan {
         workloads: vec![Workload::Default, Workload::LongTail],
         staleness: vec![4, 0],
+        minibatches: vec![1],
         seeds: vec![1, 2],
         ablation: vec![8],
         log_linear: vec![4],
@@ -156,5 +158,65 @@ fn plan_runs_synchronous_runs_first_and_the_ablation_on_the_first_workload() {
             d(L, "decoupled-ppo", 4, 1),
             d(L, "decoupled-ppo", 4, 2),
         ]
+    );
+}
+
+/// With several mini-batch counts every setting runs at each, and the target comes from the
+/// synchronous runs with the fewest; the tables show each count apart.
+#[test]
+fn minibatches_are_a_dimension_of_the_plan_and_the_tables() {
+    let plan = Plan {
+        workloads: vec![Workload::Default],
+        staleness: vec![0, 4],
+        minibatches: vec![1, 4],
+        seeds: vec![1],
+        ablation: vec![4],
+        log_linear: vec![],
+    };
+    let keys: Vec<(usize, String, u64)> = plan
+        .runs()
+        .into_iter()
+        .map(|k| (k.minibatches, k.algorithm, k.max_staleness))
+        .collect();
+    let d = |m, a: &str, e| (m, a.to_owned(), e);
+    assert_eq!(
+        keys,
+        [
+            d(1, "decoupled-ppo", 0),
+            d(1, "decoupled-ppo", 4),
+            d(1, "ppo", 4),
+            d(4, "decoupled-ppo", 0),
+            d(4, "decoupled-ppo", 4),
+            d(4, "ppo", 4),
+        ]
+    );
+    let with = |mb: usize, algorithm: &str, eta: u64, curve: &[(f64, f64)]| {
+        let mut r = record(Workload::Default, algorithm, eta, 1, curve);
+        r.key.minibatches = mb;
+        r
+    };
+    let mut results = Results {
+        runs: vec![
+            with(1, "decoupled-ppo", 0, &[(0.0, 0.1), (10.0, 0.5)]),
+            with(4, "decoupled-ppo", 0, &[(0.0, 0.1), (10.0, 0.9)]),
+            with(1, "ppo", 4, &[(0.0, 0.1), (10.0, 0.3)]),
+            with(4, "ppo", 4, &[(0.0, 0.1), (10.0, 0.6)]),
+            with(1, "decoupled-ppo", 4, &[(0.0, 0.1), (10.0, 0.4)]),
+            with(4, "decoupled-ppo", 4, &[(0.0, 0.1), (10.0, 0.8)]),
+        ],
+        ..Results::default()
+    };
+    results.settle();
+    // 90 % of the one-mini-batch synchronous run's 0.5
+    assert!((results.target_accuracy.unwrap() - 0.45).abs() < 1e-12);
+    let table = table(&results);
+    assert!(table.contains("| decoupled-ppo | 4 | 0 | 1 |"), "{table}");
+    assert!(
+        table.contains("| 4 | 4 | 0.600 ± 0.000 | 0.800 ± 0.000 | +0.200 ± 0.000 |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| 1 | 4 | 0.300 ± 0.000 | 0.400 ± 0.000 | +0.100 ± 0.000 |"),
+        "{table}"
     );
 }
