@@ -742,6 +742,7 @@ fn losses_and_advantages_match_the_numpy_reference() {
 /// match, token by token. `AREAL_AUDIT=FILE` checks another `audit.py` output (a whole
 /// recording) and prints the largest differences per case.
 #[test]
+#[allow(clippy::print_stderr, reason = "the test prints what it measured")]
 fn recorded_batches_match_numpy() {
     let path = std::env::var_os("AREAL_AUDIT").map_or_else(
         || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/recorded.json"),
