@@ -294,6 +294,23 @@ fn environment_tokens_change_nothing_under_every_option() {
             "ppo-critic",
             vec![("value_clip", 0.2.into()), ("gamma", 0.9.into())],
         ),
+        (
+            "decoupled-ppo",
+            vec![
+                ("behav_weight_cap", 1.3.into()),
+                ("behav_weight_floor", 0.8.into()),
+            ],
+        ),
+        (
+            "decoupled-ppo",
+            vec![
+                ("behav_weight_floor", 0.9.into()),
+                ("behav_weight_mode", "clamp".into()),
+                ("behav_weight_level", "sequence".into()),
+            ],
+        ),
+        ("decoupled-ppo", vec![("max_token_lag", 1.into())]),
+        ("grpo", vec![("max_token_lag", 0.into())]),
     ];
     for (kind, options) in cases {
         conformance::check_algorithm(algo(kind, &options).as_ref(), &groups);

@@ -240,7 +240,13 @@ pub fn check_algorithm(algorithm: &dyn Algorithm, groups: &[TrajectoryGroup]) {
         minibatch_tokens: mask.iter().filter(|m| **m > 0.0).count(),
         minibatch_sequences: completions.len(),
         completions,
-        trainer_version: versions.iter().copied().max().unwrap_or(0),
+        // on policy: the version that sampled the tokens (not the prompt's marker)
+        trainer_version: versions
+            .iter()
+            .copied()
+            .filter(|&v| v != PROMPT_VERSION)
+            .max()
+            .unwrap_or(0),
         reference: needs
             .reference
             .then(|| ReferenceLogprobs(tensor(&behaviour))),
