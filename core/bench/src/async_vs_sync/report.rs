@@ -149,8 +149,8 @@ pub(super) fn table(results: &Results) -> String {
             target.map_or("-".into(), |t| format!("{t:.3}")),
             if reference_mb == 1 { "" } else { "es" },
         ));
-        out.push_str("| algorithm | mini-batches | η | seeds | time to target (s) | reached | sync ÷ this | best sync ÷ this | final accuracy | min – max | last 50 steps | s / step | generation busy | training busy | trained tokens/s | token lag (mean) | resume after interruption (ms) |\n");
-        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("| algorithm | mini-batches | η | seeds | time to target (s) | reached | sync ÷ this | best sync ÷ this | final accuracy | min – max | last 50 steps | s / step | generation busy | training busy | trained tokens/s | token lag (mean) | staleness \\|Δ log π\\| | resume after interruption (ms) |\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         let ttt_of = |rs: &[&RunRecord]| -> Vec<f64> {
             rs.iter().filter_map(|r| r.time_to_target_s).collect()
         };
@@ -198,7 +198,7 @@ pub(super) fn table(results: &Results) -> String {
                     }
                 };
                 out.push_str(&format!(
-                    "| {algorithm} | {mb} | {eta} | {} | {} | {reached}/{} | {speedup} | {best} | {} | {lo:.3} – {hi:.3} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    "| {algorithm} | {mb} | {eta} | {} | {} | {reached}/{} | {speedup} | {best} | {} | {lo:.3} – {hi:.3} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                     rs.len(),
                     mean_sd(&ttt, 1),
                     rs.len(),
@@ -209,6 +209,7 @@ pub(super) fn table(results: &Results) -> String {
                     percent(col(&|r| Some(100.0 * r.train_busy))),
                     mean_sd(&col(&|r| Some(r.tokens_per_s)), 0),
                     mean_sd(&col(&|r| Some(r.token_lag_mean)), 2),
+                    mean_sd(&col(&|r| r.staleness_abs_mean), 4),
                     mean_sd(&col(&|r| r.resume_ms), 1),
                 ));
             }

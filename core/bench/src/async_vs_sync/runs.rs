@@ -146,6 +146,7 @@ pub(super) fn one_run(
         token_lag_max: summary.token_lag_max,
         weight_sync_ms: summary.weight_sync_ms_mean,
         resume_ms: summary.resume_ms_mean,
+        staleness_abs_mean: summary.staleness_abs_mean,
         curve,
     })
 }

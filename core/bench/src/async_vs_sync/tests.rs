@@ -35,6 +35,7 @@ fn record(
         token_lag_max: 2,
         weight_sync_ms: 1.0,
         resume_ms: None,
+        staleness_abs_mean: None,
         curve: curve
             .iter()
             .enumerate()
