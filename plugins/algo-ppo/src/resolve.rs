@@ -108,23 +108,20 @@ fn check(variant: Variant, o: &Options, config: &PluginConfig) -> Result<(), Plu
         }
         _ => {}
     }
-    if o.behav_weight_cap.is_some() && o.proximal == Proximal::Behaviour {
-        return bad(
-            "behav_weight_cap",
-            format!(
-                "needs the decoupled loss (kind = \"decoupled-ppo\", or proximal = \"recompute\"): \
-                 {name} has π_prox = π_behav here, so the behaviour weight is always 1"
-            ),
-        );
-    }
-    if o.behav_weight_floor.is_some() && o.proximal == Proximal::Behaviour {
-        return bad(
-            "behav_weight_floor",
-            format!(
-                "needs the decoupled loss (kind = \"decoupled-ppo\", or proximal = \"recompute\"): \
-                 {name} has π_prox = π_behav here, so the behaviour weight is always 1"
-            ),
-        );
+    // bounds on the behaviour weight, which is 1 in the coupled loss
+    for (k, set) in [
+        ("behav_weight_cap", o.behav_weight_cap.is_some()),
+        ("behav_weight_floor", o.behav_weight_floor.is_some()),
+    ] {
+        if set && o.proximal == Proximal::Behaviour {
+            return bad(
+                k,
+                format!(
+                    "needs the decoupled loss (kind = \"decoupled-ppo\", or proximal = \"recompute\"): \
+                     {name} has π_prox = π_behav here, so the behaviour weight is always 1"
+                ),
+            );
+        }
     }
     if let Some(cap) = o.behav_weight_cap
         && cap <= 1.0

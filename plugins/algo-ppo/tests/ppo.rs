@@ -565,6 +565,27 @@ fn options_are_checked_with_their_key() {
     );
 }
 
+/// A fixture's token versions: the fixtures write a prompt token's version as -1.
+fn fixture_versions(v: &serde_json::Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| match v.as_i64().unwrap() {
+            -1 => areal_sdk::PROMPT_VERSION,
+            v => v as u64,
+        })
+        .collect()
+}
+
+/// A fixture's completion ranges, written as `[start, end]`.
+fn fixture_ranges(v: &serde_json::Value) -> Vec<std::ops::Range<usize>> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[0].as_u64().unwrap() as usize..r[1].as_u64().unwrap() as usize)
+        .collect()
+}
+
 /// `tests/fixtures/reference.json`, written by `reference.py` (numpy, from the published
 /// formulas): every case's advantages, loss and statistics on one fixed batch, at 1e-5.
 #[test]
@@ -581,12 +602,7 @@ fn losses_and_advantages_match_the_numpy_reference() {
             .map(|v| v.as_f64().unwrap() as f32)
             .collect()
     };
-    let completions: Vec<std::ops::Range<usize>> = fixture["completions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r[0].as_u64().unwrap() as usize..r[1].as_u64().unwrap() as usize)
-        .collect();
+    let completions = fixture_ranges(&fixture["completions"]);
     // The groups, with completion lengths as in the packed batch.
     let mut lengths = completions.iter().map(|r| r.len());
     let groups: Vec<TrajectoryGroup> = fixture["group_rewards"]
@@ -703,16 +719,7 @@ fn losses_and_advantages_match_the_numpy_reference() {
             behaviour: BehaviourLogprobs(t(&floats("behaviour"), &d)),
             advantages: t(&per_token, &d),
             loss_mask: t(&mask, &d),
-            versions: fixture["versions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                // the fixture writes prompt tokens' version as -1
-                .map(|v| match v.as_i64().unwrap() {
-                    -1 => areal_sdk::PROMPT_VERSION,
-                    v => v as u64,
-                })
-                .collect(),
+            versions: fixture_versions(&fixture["versions"]),
             completions: completions.clone(),
             minibatch_tokens: tokens,
             minibatch_sequences: completions.len(),
@@ -794,15 +801,7 @@ fn recorded_batches_match_numpy() {
         let mut case_losses = Vec::new();
         for (call, want) in calls.iter().zip(case["calls"].as_array().unwrap()) {
             let current = t(&floats(&call["current"]), &d).require_grad();
-            let versions: Vec<u64> = call["versions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| match v.as_i64().unwrap() {
-                    -1 => areal_sdk::PROMPT_VERSION,
-                    v => v as u64,
-                })
-                .collect();
+            let versions = fixture_versions(&call["versions"]);
             let trainer_version = call["trainer_version"].as_u64().unwrap();
             stale_tokens += versions
                 .iter()
@@ -815,12 +814,7 @@ fn recorded_batches_match_numpy() {
                 advantages: t(&floats(&call["advantages"]), &d),
                 loss_mask: t(&floats(&call["loss_mask"]), &d),
                 versions,
-                completions: call["completions"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|r| r[0].as_u64().unwrap() as usize..r[1].as_u64().unwrap() as usize)
-                    .collect(),
+                completions: fixture_ranges(&call["completions"]),
                 minibatch_tokens: call["minibatch_tokens"].as_u64().unwrap() as usize,
                 minibatch_sequences: call["minibatch_sequences"].as_u64().unwrap() as usize,
                 trainer_version,
