@@ -6,7 +6,10 @@
 //! groups that are complete, oldest first, and hands the turns waiting to the generator
 //! together, at most `rollout.chunk_tokens` tokens each, with the weights it holds
 //! ([`Rounds`]). Rounds run until `rollout.batch_size` groups are buffered; the trainer then
-//! trains on them and publishes new weights, which the next round uses. A turn longer than a
+//! trains on them and publishes new weights, which the next round uses. With
+//! `rollout.generate_ahead`, rounds run instead until nothing more may be admitted and every
+//! group admitted has ended, as if generation took no time: each batch is then the oldest
+//! of `(max_staleness + 1) · batch_size` groups, its samples `max_staleness` versions old. A turn longer than a
 //! chunk spans rounds, and so versions, exactly as an interrupted turn does by default.
 //!
 //! Nothing here depends on timing: which tokens a version samples follows from the rounds
@@ -67,8 +70,15 @@ impl Lockstep {
         interrupt: &StopRequest,
     ) -> Result<Option<Vec<TrajectoryGroup>>, EngineError> {
         let batch = inner.config.rollout.batch_size;
+        let ahead = inner.config.rollout.generate_ahead;
         loop {
-            if let Some(groups) = inner.state().take(batch) {
+            // ahead: a batch is taken only once nothing more may be admitted and every group
+            // admitted has ended
+            if ahead {
+                while inner.admit().is_some() {}
+            }
+            let caught_up = !ahead || inner.state().running().next().is_none();
+            if caught_up && let Some(groups) = inner.state().take(batch) {
                 return Ok(Some(groups));
             }
             if interrupt.is_requested() {
@@ -97,8 +107,12 @@ impl Lockstep {
             // a batch is buffered: hand it over now, with every episode waiting for a turn or
             // ended, and not after one more round whose answers the episodes would still be
             // recording while the trainer's checkpoint copies the rollout state
-            if let Some(groups) = inner.state().take(batch) {
+            if !ahead && let Some(groups) = inner.state().take(batch) {
                 return Ok(Some(groups));
+            }
+            if ahead && inner.state().running().next().is_none() {
+                // every group admitted has ended: admit more, or hand a batch over
+                continue;
             }
             let turns = self.rounds.run_round(&inner.runner).await;
             if turns == 0 && !self.started.is_empty() {

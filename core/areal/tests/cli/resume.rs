@@ -234,6 +234,33 @@ fn a_deterministic_run_killed_anywhere_ends_with_the_same_samples_and_weights() 
     }
 }
 
+/// With `rollout.generate_ahead`, deterministic rounds generate all the staleness rule admits
+/// before each batch, as an infinitely fast generator would: step `s` trains samples exactly
+/// `min(s − 1, η)` versions old, every token of them, and a run killed in generation and in
+/// training ends with the same samples and weights as the run left alone.
+#[test]
+fn a_deterministic_run_generating_ahead_trains_samples_eta_versions_old_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = testkit(
+        dir.path(),
+        &[
+            "deterministic=true",
+            "rollout.generate_ahead=true",
+            "rollout.max_staleness=3",
+            "checkpoint.every=4",
+            "train.steps=20",
+            "reward_service.deadline_ms=600000",
+        ],
+    );
+    let (alone, _) = killed_ends_as_alone(dir.path(), &config, &["rollout:300", "train:9"], 20);
+    for s in records(&alone, "step") {
+        let step = s["step"].as_u64().unwrap();
+        let lag = (step - 1).min(3);
+        assert_eq!(s["token_lag_max"].as_u64().unwrap(), lag, "{s}");
+        assert_eq!(s["token_lag_mean"].as_f64().unwrap(), lag as f64, "{s}");
+    }
+}
+
 /// The same when recording what the generator answered is slow (each part waits 5 ms once it
 /// is recorded, before its turn's end is, as a descheduled thread does on a busy machine): a
 /// batch is handed to the trainer only once every episode has recorded its answers, so no

@@ -225,6 +225,11 @@ pub struct RolloutConfig {
     /// In deterministic mode, each round of generation gives every running sample at most
     /// this many tokens; new weights reach the samples between rounds. By default 16.
     pub chunk_tokens: usize,
+    /// In deterministic mode, generate everything the staleness rule admits, to its end,
+    /// before each batch is taken, as a generator infinitely faster than the trainer would:
+    /// in steady state every sample is `max_staleness` versions old. By default false
+    /// (generation runs only while a batch is missing: samples about one version old).
+    pub generate_ahead: bool,
 }
 
 impl Default for RolloutConfig {
@@ -239,6 +244,7 @@ impl Default for RolloutConfig {
             top_p: 1.0,
             max_consecutive_failures: 32,
             chunk_tokens: 16,
+            generate_ahead: false,
             max_lag: None,
             max_lag_policy: LagPolicy::Drop,
         }

@@ -146,6 +146,13 @@ impl Config {
         }
         p.in_range("rollout.chunk_tokens", r.chunk_tokens, MAX_NEW_TOKENS);
         p.check(
+            self.deterministic || !r.generate_ahead,
+            "rollout.generate_ahead",
+            || {
+                "needs deterministic mode (`deterministic = true`): asynchronous, the generator already runs as far ahead as the staleness rule and its speed allow".to_owned()
+            },
+        );
+        p.check(
             !self.deterministic || t.max_seconds == 0.0,
             "train.max_seconds",
             || {
