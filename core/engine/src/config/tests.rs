@@ -147,6 +147,21 @@ fn every_validation_problem_is_reported() {
 }
 
 #[test]
+fn generating_ahead_is_refused_outside_deterministic_mode() {
+    let load = |sets: &[&str]| ConfigLoader::new().set_all(sets).unwrap().load();
+    let e = load(&["rollout.generate_ahead=true"]).unwrap_err();
+    let p = problems(e);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].key, "rollout.generate_ahead");
+    assert!(
+        p[0].message.contains("deterministic = true"),
+        "{}",
+        p[0].message
+    );
+    assert!(load(&["rollout.generate_ahead=true", "deterministic=true"]).is_ok());
+}
+
+#[test]
 fn non_finite_numbers_and_huge_integers_are_named_not_mangled() {
     // nan and inf once became `null` ("invalid type: null"); a seed past 2^63 a "string".
     for value in ["nan", "inf", "-inf", "+nan"] {
