@@ -171,7 +171,22 @@ pub fn fraction_plot(
     series: &[Series],
     marker: Option<(f64, &str)>,
 ) -> std::io::Result<()> {
-    let c = draw(title, y_label, series, marker);
+    write_png(path, &draw(title, "wall time (s)", y_label, series, marker))
+}
+
+/// Fractions in [0, 1] (`y_label`) against any x from 0 (`x_label`), as [`fraction_plot`]
+/// draws them against seconds.
+pub fn xy_plot(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> std::io::Result<()> {
+    write_png(path, &draw(title, x_label, y_label, series, None))
+}
+
+fn write_png(path: &Path, c: &Canvas) -> std::io::Result<()> {
     let mut png_bytes = Vec::new();
     {
         let mut encoder = png::Encoder::new(&mut png_bytes, c.width as u32, c.height as u32);
@@ -191,7 +206,13 @@ pub fn fraction_plot(
 const TITLE_Y: i64 = 14;
 const Y_LABEL_Y: i64 = TITLE_Y + 7 * 3 + 10;
 
-fn draw(title: &str, y_label: &str, series: &[Series], marker: Option<(f64, &str)>) -> Canvas {
+fn draw(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    marker: Option<(f64, &str)>,
+) -> Canvas {
     let (w, h) = (900usize, 560usize);
     let (left, right, top, bottom) = (90i64, 30i64, Y_LABEL_Y + 7 * 2 + 18, 70i64);
     let mut c = Canvas::new(w, h);
@@ -269,11 +290,10 @@ fn draw(title: &str, y_label: &str, series: &[Series], marker: Option<(f64, &str
         }
     }
     c.text(left, TITLE_Y, title, 3, ink);
-    let xlabel = "wall time (s)";
     c.text(
-        left + (pw as i64 - Canvas::text_width(xlabel, 2)) / 2,
+        left + (pw as i64 - Canvas::text_width(x_label, 2)) / 2,
         h as i64 - 30,
-        xlabel,
+        x_label,
         2,
         ink,
     );
@@ -320,6 +340,7 @@ mod tests {
         ];
         let c = draw(
             "held-out accuracy, greedy",
+            "wall time (s)",
             "held-out accuracy",
             &series,
             Some((220.0, "rl")),

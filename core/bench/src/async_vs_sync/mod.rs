@@ -234,6 +234,7 @@ pub(crate) fn run(args: AsyncVsSyncArgs) -> anyhow::Result<()> {
     results.write(&args.out)?;
     for &workload in &plan.workloads {
         plot(&results, workload, &args.out)?;
+        report::staleness_plot(&results, workload, &args.out)?;
     }
     let table = table(&results);
     std::fs::write(args.out.join("table.md"), &table)

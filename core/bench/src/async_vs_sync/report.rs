@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::Context;
-use areal_core::plot::{Series, accuracy_plot};
+use areal_core::plot::{Series, accuracy_plot, xy_plot};
 
 use super::results::{Results, RunRecord};
 use super::{DECOUPLED, LOG_LINEAR, NAIVE, Workload};
@@ -89,6 +89,86 @@ pub(super) fn plot(results: &Results, workload: Workload, dir: &Path) -> anyhow:
         &format!("{}: accuracy against rl time", workload.name()),
         &series,
         None,
+    )
+    .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// The staleness ablation as a plot: the mean over seeds of each run's last 50 steps'
+/// evaluations against η, one line per algorithm and number of mini-batches (each seed's
+/// value a small mark beside it), when `workload` ran at more than one η.
+pub(super) fn staleness_plot(
+    results: &Results,
+    workload: Workload,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let runs: Vec<&RunRecord> = results
+        .runs
+        .iter()
+        .filter(|r| r.key.workload == workload)
+        .collect();
+    let mut etas: Vec<u64> = runs.iter().map(|r| r.key.max_staleness).collect();
+    etas.sort_unstable();
+    etas.dedup();
+    if etas.len() < 2 {
+        return Ok(());
+    }
+    let mut kinds: Vec<(usize, usize)> = runs
+        .iter()
+        .filter_map(|r| {
+            let order = [DECOUPLED, NAIVE, LOG_LINEAR]
+                .iter()
+                .position(|x| *x == r.key.algorithm)?;
+            Some((r.key.minibatches, order))
+        })
+        .collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    let mut series = Vec::new();
+    for (k, &(mb, order)) in kinds.iter().enumerate() {
+        let algorithm = [DECOUPLED, NAIVE, LOG_LINEAR][order];
+        let color = COLOURS[(k + 1) % COLOURS.len()];
+        let label = format!("{algorithm} mb={mb}");
+        let mut line = Vec::new();
+        for &eta in &etas {
+            // η = 0 is synchronous decoupled PPO: every algorithm's line starts from it
+            let at: Vec<f64> = runs
+                .iter()
+                .filter(|r| {
+                    r.key.minibatches == mb
+                        && r.key.max_staleness == eta
+                        && (r.key.algorithm == algorithm
+                            || (eta == 0 && r.key.algorithm == DECOUPLED))
+                })
+                .map(|r| r.late_accuracy(50))
+                .collect();
+            if at.is_empty() {
+                continue;
+            }
+            line.push((eta as f64, mean(&at)));
+            // the seeds, a little to the side of the line
+            let x = eta as f64 + 0.15 * (order as f64 - 1.0);
+            series.push(Series {
+                label: label.clone(),
+                color,
+                points: at.iter().map(|&y| (x, y)).collect(),
+            });
+        }
+        series.push(Series {
+            label,
+            color,
+            points: line,
+        });
+    }
+    let path = dir.join(format!("staleness-{}.png", workload.name()));
+    xy_plot(
+        &path,
+        &format!(
+            "{}: accuracy over the last 50 steps against staleness",
+            workload.name()
+        ),
+        "max_staleness (eta)",
+        "held-out accuracy",
+        &series,
     )
     .with_context(|| format!("cannot write {}", path.display()))
 }

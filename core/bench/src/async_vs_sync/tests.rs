@@ -221,3 +221,36 @@ fn minibatches_are_a_dimension_of_the_plan_and_the_tables() {
         "{table}"
     );
 }
+
+/// The staleness plot is drawn when a workload ran at several η, from the runs' late
+/// accuracy, and not at all for one η.
+#[test]
+fn the_staleness_plot_is_drawn_for_several_values_of_eta_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = Results {
+        runs: vec![record(
+            Workload::Default,
+            "decoupled-ppo",
+            0,
+            1,
+            &[(0.0, 0.1), (10.0, 0.5)],
+        )],
+        ..Results::default()
+    };
+    super::report::staleness_plot(&one, Workload::Default, dir.path()).unwrap();
+    let path = dir.path().join("staleness-default.png");
+    assert!(!path.exists());
+    let mut several = one.clone();
+    for (algorithm, eta) in [("decoupled-ppo", 4), ("ppo", 4), ("ppo", 8)] {
+        several.runs.push(record(
+            Workload::Default,
+            algorithm,
+            eta,
+            1,
+            &[(0.0, 0.1), (10.0, 0.3)],
+        ));
+    }
+    super::report::staleness_plot(&several, Workload::Default, dir.path()).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(&bytes[1..4], b"PNG");
+}
