@@ -127,7 +127,12 @@ pub(super) fn staleness_plot(
     for (k, &(mb, order)) in kinds.iter().enumerate() {
         let algorithm = [DECOUPLED, NAIVE, LOG_LINEAR][order];
         let color = COLOURS[(k + 1) % COLOURS.len()];
-        let label = format!("{algorithm} mb={mb}");
+        let short = match algorithm {
+            DECOUPLED => "dppo",
+            LOG_LINEAR => "dppo-loglin",
+            other => other,
+        };
+        let label = format!("{short} mb={mb}");
         let mut line = Vec::new();
         for &eta in &etas {
             // η = 0 is synchronous decoupled PPO: every algorithm's line starts from it
@@ -145,13 +150,13 @@ pub(super) fn staleness_plot(
                 continue;
             }
             line.push((eta as f64, mean(&at)));
-            // the seeds, a little to the side of the line
+            // each seed a mark of its own, a little to the side of the line
             let x = eta as f64 + 0.15 * (order as f64 - 1.0);
-            series.push(Series {
+            series.extend(at.iter().map(|&y| Series {
                 label: label.clone(),
                 color,
-                points: at.iter().map(|&y| (x, y)).collect(),
-            });
+                points: vec![(x, y)],
+            }));
         }
         series.push(Series {
             label,
@@ -162,12 +167,9 @@ pub(super) fn staleness_plot(
     let path = dir.join(format!("staleness-{}.png", workload.name()));
     xy_plot(
         &path,
-        &format!(
-            "{}: accuracy over the last 50 steps against staleness",
-            workload.name()
-        ),
+        &format!("{}: late accuracy by staleness", workload.name()),
         "max_staleness (eta)",
-        "held-out accuracy",
+        "held-out accuracy, mean of the last 50 steps",
         &series,
     )
     .with_context(|| format!("cannot write {}", path.display()))
