@@ -9,8 +9,9 @@
 //! trains on them and publishes new weights, which the next round uses. With
 //! `rollout.generate_ahead`, rounds run instead until nothing more may be admitted and every
 //! group admitted has ended, as if generation took no time: each batch is then the oldest
-//! of `(max_staleness + 1) · batch_size` groups, its samples `max_staleness` versions old. A turn longer than a
-//! chunk spans rounds, and so versions, exactly as an interrupted turn does by default.
+//! of `(max_staleness + 1) · batch_size` groups, its samples `max_staleness` versions old. A
+//! turn longer than a chunk spans rounds, and so versions, exactly as an interrupted turn
+//! does by default.
 //!
 //! Nothing here depends on timing: which tokens a version samples follows from the rounds
 //! alone, and each round's chunks reach the generator together, in sample order
