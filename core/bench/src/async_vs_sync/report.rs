@@ -20,6 +20,23 @@ pub(super) const COLOURS: [[u8; 3]; 8] = [
     [240, 120, 160],
 ];
 
+/// The algorithms in the order the plots and tables list them.
+const ALGORITHMS: [&str; 3] = [DECOUPLED, NAIVE, LOG_LINEAR];
+
+/// `algorithm`'s place in [`ALGORITHMS`].
+fn rank(algorithm: &str) -> Option<usize> {
+    ALGORITHMS.iter().position(|a| *a == algorithm)
+}
+
+/// `algorithm`'s name in a plot's legend.
+fn short(algorithm: &str) -> &str {
+    match algorithm {
+        DECOUPLED => "dppo",
+        LOG_LINEAR => "dppo-loglin",
+        other => other,
+    }
+}
+
 /// Accuracy against RL wall time, every run of `workload`, coloured by algorithm and η.
 pub(super) fn plot(results: &Results, workload: Workload, dir: &Path) -> anyhow::Result<()> {
     let runs: Vec<&RunRecord> = results
@@ -40,8 +57,7 @@ pub(super) fn plot(results: &Results, workload: Workload, dir: &Path) -> anyhow:
             )
         })
         .collect();
-    let order = |a: &str| [DECOUPLED, NAIVE, LOG_LINEAR].iter().position(|x| *x == a);
-    kinds.sort_by_key(|k| (k.1, order(&k.0), k.2));
+    kinds.sort_by_key(|k| (k.1, rank(&k.0), k.2));
     kinds.dedup();
     let mut series: Vec<Series> = runs
         .iter()
@@ -52,18 +68,17 @@ pub(super) fn plot(results: &Results, workload: Workload, dir: &Path) -> anyhow:
                     k.0 == r.key.algorithm && k.1 == r.key.minibatches && k.2 == r.key.max_staleness
                 })
                 .expect("listed");
-            let short = match r.key.algorithm.as_str() {
-                DECOUPLED => "dppo",
-                LOG_LINEAR => "dppo-loglin",
-                other => other,
-            };
             let mb = if r.key.minibatches == 1 {
                 String::new()
             } else {
                 format!(" mb={}", r.key.minibatches)
             };
             Series {
-                label: format!("{short}{mb} eta={}", r.key.max_staleness),
+                label: format!(
+                    "{}{mb} eta={}",
+                    short(&r.key.algorithm),
+                    r.key.max_staleness
+                ),
                 color: COLOURS[k % COLOURS.len()],
                 points: r.curve.iter().map(|p| (p.wall_s, p.accuracy)).collect(),
             }
@@ -114,25 +129,15 @@ pub(super) fn staleness_plot(
     }
     let mut kinds: Vec<(usize, usize)> = runs
         .iter()
-        .filter_map(|r| {
-            let order = [DECOUPLED, NAIVE, LOG_LINEAR]
-                .iter()
-                .position(|x| *x == r.key.algorithm)?;
-            Some((r.key.minibatches, order))
-        })
+        .filter_map(|r| Some((r.key.minibatches, rank(&r.key.algorithm)?)))
         .collect();
     kinds.sort_unstable();
     kinds.dedup();
     let mut series = Vec::new();
     for (k, &(mb, order)) in kinds.iter().enumerate() {
-        let algorithm = [DECOUPLED, NAIVE, LOG_LINEAR][order];
+        let algorithm = ALGORITHMS[order];
         let color = COLOURS[(k + 1) % COLOURS.len()];
-        let short = match algorithm {
-            DECOUPLED => "dppo",
-            LOG_LINEAR => "dppo-loglin",
-            other => other,
-        };
-        let label = format!("{short} mb={mb}");
+        let label = format!("{} mb={mb}", short(algorithm));
         let mut line = Vec::new();
         for &eta in &etas {
             // η = 0 is synchronous decoupled PPO: every algorithm's line starts from it
@@ -238,7 +243,7 @@ pub(super) fn table(results: &Results) -> String {
         };
         // the synchronous reference, and the fastest synchronous setting of any algorithm
         let sync_ttt = ttt_of(&runs(DECOUPLED, reference_mb, 0));
-        let best_sync = [DECOUPLED, NAIVE, LOG_LINEAR]
+        let best_sync = ALGORITHMS
             .iter()
             .flat_map(|a| minibatches.iter().map(move |&mb| (a, mb)))
             .map(|(a, mb)| ttt_of(&runs(a, mb, 0)))
@@ -252,7 +257,7 @@ pub(super) fn table(results: &Results) -> String {
                 format!("{:.2}×", reference / mean(ttt))
             }
         };
-        for algorithm in [DECOUPLED, NAIVE, LOG_LINEAR] {
+        for algorithm in ALGORITHMS {
             for (mb, eta) in settings(algorithm) {
                 let rs = runs(algorithm, mb, eta);
                 let col = |f: &dyn Fn(&RunRecord) -> Option<f64>| -> Vec<f64> {
