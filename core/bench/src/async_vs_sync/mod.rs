@@ -75,7 +75,8 @@ pub(crate) struct AsyncVsSyncArgs {
     #[arg(long, value_delimiter = ',')]
     workloads: Option<Vec<Workload>>,
     /// Values of `rollout.max_staleness` for decoupled PPO [default: 0,2,4,8; --quick: 0,4].
-    #[arg(long, value_delimiter = ',')]
+    /// `--staleness` with no value for none (to run only the ablation's other algorithms).
+    #[arg(long, value_delimiter = ',', num_args = 0..)]
     staleness: Option<Vec<u64>>,
     /// Values of `train.minibatches` (optimizer steps per batch): every setting runs at each
     /// [default: 1]. With one mini-batch, decoupled PPO's ratio π_θ/π_prox is exactly 1 at
