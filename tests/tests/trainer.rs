@@ -181,6 +181,60 @@ fn proximal_modes_agree_on_policy_and_differ_when_stale() {
     assert!(r.stats.contains_key("behav_weight"));
 }
 
+/// Mismatch and staleness are measured without the proximal recompute too: from the first
+/// mini-batch's forward pass, which runs with the weights the step starts from. With one
+/// mini-batch that is every token, and the same numbers the recompute gives; with several,
+/// the first mini-batch's tokens.
+#[test]
+fn off_policy_gaps_are_measured_without_the_recompute_from_the_first_minibatch() {
+    let one = settings(10_000, 1);
+    let (_, recompute) = step("decoupled-ppo", &[], &one, 2, false);
+    let (_, coupled) = step("ppo", &[], &one, 2, false);
+    let (_, loglinear) = step(
+        "decoupled-ppo",
+        &[("proximal", "log-linear")],
+        &one,
+        2,
+        false,
+    );
+    let r = recompute.off_policy.expect("measured by the recompute");
+    for report in [&coupled, &loglinear] {
+        let o = report
+            .off_policy
+            .as_ref()
+            .expect("measured by the first mini-batch");
+        assert_eq!(o.mismatch.tokens, r.mismatch.tokens);
+        assert!(o.mismatch.tokens > 0 && o.staleness.tokens > 0, "{o:?}");
+        assert_eq!(o.staleness.tokens, r.staleness.tokens);
+        let lags = |o: &areal_core::trainer::OffPolicyStats| -> Vec<(String, u64)> {
+            o.staleness_by_lag
+                .iter()
+                .map(|(k, g)| (k.clone(), g.tokens))
+                .collect()
+        };
+        assert_eq!(lags(o), lags(&r));
+        // the behaviour logprobs came from the same weights: both gaps are rounding
+        assert!(
+            o.mismatch.abs_max < 1e-5 && o.staleness.abs_max < 1e-5,
+            "{o:?}"
+        );
+        assert_eq!(
+            report.trained_tokens as u64,
+            o.mismatch.tokens + o.staleness.tokens
+        );
+    }
+    let (_, several) = step("ppo", &[], &settings(10_000, 3), 2, false);
+    let o = several
+        .off_policy
+        .expect("measured by the first mini-batch");
+    let measured = o.mismatch.tokens + o.staleness.tokens;
+    assert!(
+        measured > 0 && measured < several.trained_tokens as u64,
+        "{measured} of {} tokens",
+        several.trained_tokens
+    );
+}
+
 fn build(
     kind: &str,
     options: &[(&str, serde_json::Value)],

@@ -175,11 +175,12 @@ pub struct StepMetrics {
     /// previous step that interrupted something (`None` when none did or not measured).
     pub resume_ms: Option<f64>,
     /// Mean |logπ_prox − logπ_behav| over tokens sampled by the trainer's version: 0 up to
-    /// rounding when generator and trainer agree (only with proximal recompute).
+    /// rounding when generator and trainer agree.
     pub on_policy_logprob_gap: f64,
     /// Mismatch (generator against trainer on tokens of the trainer's version) apart from
-    /// staleness (π_behav against π_prox on older tokens), with the proximal recompute only;
-    /// `docs/metrics.md` has the formulas.
+    /// staleness (π_behav against the trainer's version on older tokens): every token with
+    /// the proximal recompute, the first mini-batch's without it; `docs/architecture.md` has
+    /// the formulas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub off_policy: Option<OffPolicyStats>,
     /// Samples of the batch that trained no token for their lag (`rollout.max_lag_policy =

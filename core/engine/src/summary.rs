@@ -95,7 +95,7 @@ pub struct RunSummary {
     /// ahead of training).
     pub samples_pending: u64,
     /// Mismatch over the run: mean |log π_trainer − log π_generator| over the tokens sampled
-    /// by the trainer's version of their step (with the proximal recompute only).
+    /// by the trainer's version of their step (every step's first mini-batch at least).
     #[serde(default)]
     pub mismatch_abs_mean: Option<f64>,
     /// The largest such difference.

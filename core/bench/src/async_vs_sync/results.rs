@@ -64,8 +64,8 @@ pub(super) struct RunRecord {
     pub(super) weight_sync_ms: f64,
     /// Mean milliseconds from an interruption to decoding running again.
     pub(super) resume_ms: Option<f64>,
-    /// Mean |log π_prox − log π_behav| over the tokens trained with a lag of 1 or more (with
-    /// the proximal recompute only).
+    /// Mean |log π_trainer − log π_behav| over the tokens trained with a lag of 1 or more,
+    /// under the weights each step starts from.
     #[serde(default)]
     pub(super) staleness_abs_mean: Option<f64>,
     pub(super) curve: Vec<CurvePoint>,

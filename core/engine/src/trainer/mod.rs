@@ -59,9 +59,10 @@ pub struct StepReport {
     pub trained_tokens: usize,
     /// Sequences longer than the token budget.
     pub oversized: usize,
-    /// Mean |logπ_prox − logπ_behav| over tokens sampled by version k (recompute only).
+    /// Mean |logπ_trainer − logπ_behav| over tokens sampled by version k (see `off_policy`).
     pub on_policy_logprob_gap: f64,
-    /// Mismatch and staleness of the batch (recompute only).
+    /// Mismatch and staleness of the batch: every token with the proximal recompute, the
+    /// first mini-batch's without it.
     pub off_policy: Option<OffPolicyStats>,
     /// Samples withheld from training for their lag (`max_lag_policy = "withhold"`).
     pub withheld_samples: usize,
@@ -172,6 +173,10 @@ pub fn train_step(
         report.on_policy_logprob_gap = measured.mismatch.abs_mean;
         report.off_policy = Some(measured);
     }
+    // Without the recompute, the first mini-batch's forward pass runs with the same weights
+    // (version k, before any update): its logprobs measure the same gaps on its tokens (all
+    // of them with one mini-batch), at no extra cost.
+    let mut first_pass: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
 
     // Advantages (and value targets) from rewards and the numbers of the no-grad pass.
     let old: Vec<Vec<f32>> = if mode == ProximalMode::Recompute {
@@ -226,7 +231,8 @@ pub fn train_step(
     }
 
     let mut stats = LossStats::default();
-    for mbs in &minibatches {
+    for (k, mbs) in minibatches.iter().enumerate() {
+        let measure_here = k == 0 && mode != ProximalMode::Recompute;
         let members = mbs.iter().flat_map(|m| &m.members);
         let minibatch_tokens: usize = members.clone().map(|&i| seqs[i].trained_tokens()).sum();
         let minibatch_sequences = members.filter(|&&i| !seqs[i].withheld).count();
@@ -254,6 +260,12 @@ pub fn train_step(
                 .logprobs(&mb.batch)
                 .map_err(|e| EngineError::plugin("computing current logprobs", e))?;
             let current = checked(current, &mb.batch, policy)?;
+            if measure_here {
+                let values = to_vec(current.clone().detach());
+                for (&i, range) in mb.members.iter().zip(mb.batch.ranges()) {
+                    first_pass[i] = values[range].to_vec();
+                }
+            }
             let behaviour_t = tensor(behaviour, &device);
             let proximal_t = match mode {
                 ProximalMode::Recompute => tensor(gather(&|_, i| proximal[i].clone()), &device),
@@ -321,6 +333,11 @@ pub fn train_step(
                 .map_err(|e| EngineError::plugin("backward pass", e))?;
             report.microbatches += 1;
             report.packed_tokens += n;
+        }
+        if measure_here {
+            let measured = off_policy::measure(&seqs, &first_pass, version);
+            report.on_policy_logprob_gap = measured.mismatch.abs_mean;
+            report.off_policy = Some(measured);
         }
         report.trained_tokens += minibatch_tokens;
         let step = policy

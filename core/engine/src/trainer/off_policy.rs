@@ -2,8 +2,10 @@
 //! recomputation of the same tokens with the weights the step starts from.
 //!
 //! Every trained token has a behaviour logprob (the generator's, under the version that
-//! sampled it) and, with the proximal recompute, the trainer's logprob under version k (the
-//! weights the step starts from). For a token sampled by version k itself the two differ only
+//! sampled it) and the trainer's logprob under version k (the weights the step starts from):
+//! with the proximal recompute, every token of the batch from its no-grad pass; without it,
+//! the tokens of the step's first mini-batch from that mini-batch's forward pass, which runs
+//! before any update (all tokens with one mini-batch). For a token sampled by version k itself the two differ only
 //! by *mismatch* (the generator and the trainer computing the same distribution differently:
 //! kernels, precision, batching); for a token sampled by version k − lag they also differ by
 //! *staleness* (the policy moved lag versions since). Both are summarised with the same
@@ -39,7 +41,8 @@ pub struct LogprobGap {
     pub log_ppl_diff: f64,
 }
 
-/// Mismatch and staleness of one step's batch (with the proximal recompute only).
+/// Mismatch and staleness of one step's batch (every token with the proximal recompute, the
+/// first mini-batch's without it).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct OffPolicyStats {
     /// Tokens sampled by the trainer's version k: generator against trainer, same weights.
@@ -118,8 +121,9 @@ fn bucket(lag: u64) -> String {
     }
 }
 
-/// Mismatch and staleness of `seqs`, whose trained tokens' proximal logprobs (recomputed with
-/// version `version`) are `proximal[i]`, token for token.
+/// Mismatch and staleness of `seqs`, whose trained tokens' logprobs under the trainer's
+/// version `version` are `proximal[i]`, token for token; a sequence with none (not in the
+/// mini-batch measured) is left out.
 pub(super) fn measure(
     seqs: &[Sequence],
     proximal: &[Vec<f32>],
@@ -129,6 +133,9 @@ pub(super) fn measure(
     let mut staleness = Gap::default();
     let mut by_lag: BTreeMap<String, Gap> = BTreeMap::new();
     for (s, p) in seqs.iter().zip(proximal) {
+        if p.is_empty() {
+            continue;
+        }
         for t in s.completion() {
             let v = s.versions[t];
             if v == PROMPT_VERSION {
