@@ -188,6 +188,93 @@ fn gradients_match_finite_differences() {
     }
 }
 
+/// At a step's only gradient evaluation (one mini-batch) π_θ = π_prox, so decoupled PPO's
+/// ratio is 1 and its gradient is w·A·∇log π_θ with w = π_θ/π_behav on every token: naive
+/// PPO's gradient where naive PPO's clip does not act, and the full weight where it does.
+/// The two objectives differ on one mini-batch by exactly naive PPO's clip set (what the
+/// staleness ablation's split runs in `docs/benchmarks.md` take apart, half by half).
+#[test]
+#[allow(
+    clippy::single_range_in_vec_init,
+    reason = "one sequence: its completion range"
+)]
+fn on_one_minibatch_decoupled_ppo_is_naive_ppo_without_its_clip() {
+    let d = Device::flex().autodiff();
+    // a prompt token, then w = 1.1, 1.5 (A > 0) and 0.9, 0.5 (A < 0): ε = 0.2 clips the 2nd
+    // (moved up past 1.2 with A > 0) and the 4th (down past 0.8 with A < 0)
+    let theta = [0.0f32, -1.0, -0.7, -2.0, -1.5];
+    let weights = [1.0f32, 1.1, 1.5, 0.9, 0.5];
+    let behaviour: Vec<f32> = theta.iter().zip(weights).map(|(l, w)| l - w.ln()).collect();
+    let advantages = [0.0f32, 1.0, 1.0, -1.0, -1.0];
+    let grad_of = |kind: &str, options: &[(&str, serde_json::Value)]| -> Vec<f32> {
+        let current = t(&theta, &d).require_grad();
+        let i = LossInput {
+            current: CurrentLogprobs(current.clone()),
+            // what the engine gives each: ppo's proximal policy is the behaviour policy
+            proximal: ProximalLogprobs(t(if kind == "ppo" { &behaviour } else { &theta }, &d)),
+            behaviour: BehaviourLogprobs(t(&behaviour, &d)),
+            advantages: t(&advantages, &d),
+            loss_mask: t(&[0.0, 1.0, 1.0, 1.0, 1.0], &d),
+            versions: vec![areal_sdk::PROMPT_VERSION, 0, 0, 0, 0],
+            completions: vec![1..5],
+            minibatch_tokens: 4,
+            minibatch_sequences: 1,
+            trainer_version: 4,
+            reference: None,
+            critic: None,
+        };
+        let grads = algo(kind, options).loss(&i).unwrap().loss.backward();
+        current
+            .grad(&grads)
+            .unwrap()
+            .into_data()
+            .try_to_vec()
+            .unwrap()
+    };
+    let decoupled = grad_of("decoupled-ppo", &[]);
+    let naive = grad_of("ppo", &[]);
+    for k in 1..5 {
+        let full = -advantages[k] * weights[k] / 4.0;
+        assert!(
+            (decoupled[k] - full).abs() < 1e-6,
+            "token {k}: {decoupled:?}"
+        );
+        let clipped = k == 2 || k == 4;
+        let expected = if clipped { 0.0 } else { full };
+        assert!((naive[k] - expected).abs() < 1e-6, "token {k}: {naive:?}");
+    }
+    // naive PPO with neither side of its clip able to act is decoupled PPO
+    let unclipped = grad_of(
+        "ppo",
+        &[("eps_clip", 0.999.into()), ("eps_clip_high", 1000.0.into())],
+    );
+    for k in 1..5 {
+        assert!((unclipped[k] - decoupled[k]).abs() < 1e-6, "token {k}");
+    }
+    // each half of the clip alone: ε_high → ∞ keeps only the A < 0 side, ε_low → 1 with
+    // ε_high = 0.2 only the A > 0 side (ε_high defaults to ε_low: ε_low = 0.999 alone widens
+    // both sides)
+    let only_negative = grad_of("ppo", &[("eps_clip_high", 1000.0.into())]);
+    let only_positive = grad_of(
+        "ppo",
+        &[("eps_clip", 0.999.into()), ("eps_clip_high", 0.2.into())],
+    );
+    let both_wide = grad_of("ppo", &[("eps_clip", 0.999.into())]);
+    assert!((both_wide[2] - decoupled[2]).abs() < 1e-6, "{both_wide:?}");
+    for k in 1..5 {
+        let zero_neg = if k == 4 { 0.0 } else { decoupled[k] };
+        let zero_pos = if k == 2 { 0.0 } else { decoupled[k] };
+        assert!(
+            (only_negative[k] - zero_neg).abs() < 1e-6,
+            "token {k}: {only_negative:?}"
+        );
+        assert!(
+            (only_positive[k] - zero_pos).abs() < 1e-6,
+            "token {k}: {only_positive:?}"
+        );
+    }
+}
+
 fn group(id: u64, rewards: &[f64]) -> TrajectoryGroup {
     TrajectoryGroup {
         group_id: id,
