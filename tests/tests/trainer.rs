@@ -213,6 +213,13 @@ fn off_policy_gaps_are_measured_without_the_recompute_from_the_first_minibatch()
                 .collect()
         };
         assert_eq!(lags(o), lags(&r));
+        for (a, b) in [(&o.mismatch, &r.mismatch), (&o.staleness, &r.staleness)] {
+            assert!(
+                (a.abs_mean - b.abs_mean).abs() < 1e-7,
+                "{a:?} against {b:?}"
+            );
+            assert!((a.kl_k3 - b.kl_k3).abs() < 1e-9, "{a:?} against {b:?}");
+        }
         // the behaviour logprobs came from the same weights: both gaps are rounding
         assert!(
             o.mismatch.abs_max < 1e-5 && o.staleness.abs_max < 1e-5,

@@ -5,10 +5,10 @@
 //! sampled it) and the trainer's logprob under version k (the weights the step starts from):
 //! with the proximal recompute, every token of the batch from its no-grad pass; without it,
 //! the tokens of the step's first mini-batch from that mini-batch's forward pass, which runs
-//! before any update (all tokens with one mini-batch). For a token sampled by version k itself the two differ only
-//! by *mismatch* (the generator and the trainer computing the same distribution differently:
-//! kernels, precision, batching); for a token sampled by version k − lag they also differ by
-//! *staleness* (the policy moved lag versions since). Both are summarised with the same
+//! before any update (all tokens with one mini-batch). For a token sampled by version k
+//! itself the two differ only by *mismatch* (the generator and the trainer computing the same
+//! distribution differently: kernels, precision, batching); for a token sampled by version
+//! k − lag they also differ by *staleness* (the policy moved lag versions since). Both are summarised with the same
 //! numbers, on `log r = log π_trainer − log π_generator` per token:
 //! - `abs_mean`, `abs_max`: mean and largest |log r|;
 //! - `kl_k1`: mean −log r, the k1 estimate of KL(π_generator ‖ π_trainer) on the generator's
