@@ -16,7 +16,9 @@ for arg in sys.argv[1:]:
         key = (r['algorithm'], r['minibatches'], r['max_staleness'], r['seed'])
         runs[key] = r
 def last50(r):
-    c = [p for p in r['curve'] if p['step'] >= r['steps'] - 50]
+    # as the bench's own tables and plot count it: the evaluations within 50 steps of the last
+    last = r['curve'][-1]['step'] if r['curve'] else 0
+    c = [p for p in r['curve'] if p['step'] + 50 >= last]
     return sum(p['accuracy'] for p in c) / len(c)
 def ms(xs):
     if not xs: return '-'
@@ -26,7 +28,8 @@ def sms(xs):
     if not xs: return '-'
     sd = st.stdev(xs) if len(xs) > 1 else 0.0
     return f"{st.mean(xs):+.3f} ± {sd:.3f}"
-algos = sorted({k[0] for k in runs}, key=lambda a: (['decoupled-ppo','ppo','decoupled-ppo-log-linear']+[a]).index(a))
+known = ['decoupled-ppo', 'ppo', 'decoupled-ppo-log-linear']
+algos = sorted({k[0] for k in runs}, key=lambda a: (known.index(a) if a in known else len(known), a))
 mbs = sorted({k[1] for k in runs}); etas = sorted({k[2] for k in runs})
 seeds = sorted({k[3] for k in runs})
 print('| mini-batches | η | algorithm | seeds | final | last 50 steps | − sync (last 50, paired) | − ppo (last 50, paired) | staleness \\|Δ log π\\| | token lag |')

@@ -170,6 +170,16 @@ pub(super) struct Micro {
     pub(super) batch: PackedBatch,
 }
 
+impl Micro {
+    /// Per-token `values` of the packed batch, handed out to their sequences: `into[i]`
+    /// for each member `i`.
+    pub(super) fn scatter(&self, values: &[f32], into: &mut [Vec<f32>]) {
+        for (&i, range) in self.members.iter().zip(self.batch.ranges()) {
+            into[i] = values[range].to_vec();
+        }
+    }
+}
+
 pub(super) fn micro(seqs: &[Sequence], members: Vec<usize>, temperature: f32) -> Micro {
     let mut batch = PackedBatch::new(temperature);
     for &i in &members {

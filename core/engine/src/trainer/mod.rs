@@ -144,38 +144,29 @@ pub fn train_step(
     let mut reference_lp: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
     let mut old_values: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
     for mb in minibatches.iter().flatten() {
-        let scatter = |values: Vec<f32>, into: &mut Vec<Vec<f32>>| {
-            for (&i, range) in mb.members.iter().zip(mb.batch.ranges()) {
-                into[i] = values[range].to_vec();
-            }
-        };
         if mode == ProximalMode::Recompute {
             let lp = policy
                 .logprobs_no_grad(&mb.batch)
                 .map_err(|e| EngineError::plugin("recomputing proximal logprobs", e))?;
-            scatter(to_vec(checked(lp, &mb.batch, policy)?), &mut proximal);
+            mb.scatter(&to_vec(checked(lp, &mb.batch, policy)?), &mut proximal);
         }
         if let Some(r) = reference {
             let lp = r
                 .logprobs_no_grad(&mb.batch)
                 .map_err(|e| EngineError::plugin("computing reference logprobs", e))?;
-            scatter(to_vec(checked(lp, &mb.batch, r)?), &mut reference_lp);
+            mb.scatter(&to_vec(checked(lp, &mb.batch, r)?), &mut reference_lp);
         }
         if needs.values {
             let v = policy
                 .values_no_grad(&mb.batch)
                 .map_err(|e| EngineError::plugin("computing values", e))?;
-            scatter(to_vec(checked(v, &mb.batch, policy)?), &mut old_values);
+            mb.scatter(&to_vec(checked(v, &mb.batch, policy)?), &mut old_values);
         }
     }
-    if mode == ProximalMode::Recompute {
-        let measured = off_policy::measure(&seqs, &proximal, version);
-        report.on_policy_logprob_gap = measured.mismatch.abs_mean;
-        report.off_policy = Some(measured);
-    }
-    // Without the recompute, the first mini-batch's forward pass runs with the same weights
-    // (version k, before any update): its logprobs measure the same gaps on its tokens (all
-    // of them with one mini-batch), at no extra cost.
+    // Mismatch and staleness against the weights the step starts from: the recompute's
+    // logprobs, or without it the first mini-batch's forward pass, which runs with the same
+    // weights (before any update) and so measures the same gaps on its tokens (all of them
+    // with one mini-batch), at no extra cost.
     let mut first_pass: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
 
     // Advantages (and value targets) from rewards and the numbers of the no-grad pass.
@@ -232,7 +223,7 @@ pub fn train_step(
 
     let mut stats = LossStats::default();
     for (k, mbs) in minibatches.iter().enumerate() {
-        let measure_here = k == 0 && mode != ProximalMode::Recompute;
+        let record_first_pass = k == 0 && mode != ProximalMode::Recompute;
         let members = mbs.iter().flat_map(|m| &m.members);
         let minibatch_tokens: usize = members.clone().map(|&i| seqs[i].trained_tokens()).sum();
         let minibatch_sequences = members.filter(|&&i| !seqs[i].withheld).count();
@@ -260,11 +251,8 @@ pub fn train_step(
                 .logprobs(&mb.batch)
                 .map_err(|e| EngineError::plugin("computing current logprobs", e))?;
             let current = checked(current, &mb.batch, policy)?;
-            if measure_here {
-                let values = to_vec(current.clone().detach());
-                for (&i, range) in mb.members.iter().zip(mb.batch.ranges()) {
-                    first_pass[i] = values[range].to_vec();
-                }
+            if record_first_pass {
+                mb.scatter(&to_vec(current.clone().detach()), &mut first_pass);
             }
             let behaviour_t = tensor(behaviour, &device);
             let proximal_t = match mode {
@@ -334,8 +322,13 @@ pub fn train_step(
             report.microbatches += 1;
             report.packed_tokens += n;
         }
-        if measure_here {
-            let measured = off_policy::measure(&seqs, &first_pass, version);
+        if k == 0 {
+            let trainer_lp = if mode == ProximalMode::Recompute {
+                &proximal
+            } else {
+                &first_pass
+            };
+            let measured = off_policy::measure(&seqs, trainer_lp, version);
             report.on_policy_logprob_gap = measured.mismatch.abs_mean;
             report.off_policy = Some(measured);
         }
