@@ -6,15 +6,28 @@ file's runs (a variant run with --set).
 
     python3 core/bench/scripts/staleness_table.py runs/bench/ahead/results.json \
         "masked=runs/bench/ahead-mask/results.json"
+
+`--merge OUT FILE...` writes instead one results.json of the files' runs (the first file's
+header; a run already there is not added again), for the bench to redraw its plots from:
+given a folder whose results.json holds every run it asks for, the bench runs nothing.
 """
 import json, sys, statistics as st
+def key(r): return (r['algorithm'], r['minibatches'], r['max_staleness'], r['seed'])
+if sys.argv[1:2] == ['--merge']:
+    out, paths = sys.argv[2], sys.argv[3:]
+    merged = json.load(open(paths[0]))
+    seen = {key(r) for r in merged['runs']}
+    for path in paths[1:]:
+        for r in json.load(open(path))['runs']:
+            if key(r) not in seen: merged['runs'].append(r); seen.add(key(r))
+    json.dump(merged, open(out, 'w'), indent=1)
+    sys.exit(0)
 runs = {}
 for arg in sys.argv[1:]:
     label, _, path = arg.rpartition('=')
     for r in json.load(open(path))['runs']:
         if label: r['algorithm'] = label
-        key = (r['algorithm'], r['minibatches'], r['max_staleness'], r['seed'])
-        runs[key] = r
+        runs[key(r)] = r
 def last50(r):
     # as the bench's own tables and plot count it: the evaluations within 50 steps of the last
     last = r['curve'][-1]['step'] if r['curve'] else 0
