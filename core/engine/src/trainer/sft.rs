@@ -5,6 +5,7 @@ use areal_sdk_train::burn::optim::ModuleOptimizer;
 use areal_sdk_train::burn::tensor::{Tensor, TensorData};
 use areal_sdk_train::{PackedBatch, Policy};
 
+use super::batch::to_vec;
 use crate::error::EngineError;
 use crate::packing::pack;
 
@@ -56,13 +57,11 @@ pub(crate) fn validation_loss(
 ) -> Result<f64, EngineError> {
     let (mut sum, mut count) = (0.0f64, 0usize);
     for (members, batch) in microbatches(examples, token_budget) {
-        let values: Vec<f32> = policy
-            .logprobs_no_grad(&batch)
-            .map_err(|e| EngineError::plugin("warm-up validation pass", e))?
-            .into_data()
-            .convert::<f32>()
-            .try_to_vec::<f32>()
-            .expect("converted to f32");
+        let values = to_vec(
+            policy
+                .logprobs_no_grad(&batch)
+                .map_err(|e| EngineError::plugin("warm-up validation pass", e))?,
+        );
         for (&i, range) in members.iter().zip(batch.ranges()) {
             let e = &examples[i];
             let response = &values[range.start + e.prompt.len()..range.end];
