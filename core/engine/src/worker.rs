@@ -240,14 +240,26 @@ impl ComputeWorker {
             .await?
     }
 
-    async fn ask<T>(
+    async fn ask<T: Send + 'static>(
         &self,
         command: impl FnOnce(oneshot::Sender<T>) -> Command,
     ) -> Result<T, EngineError> {
         let (reply, answer) = oneshot::channel();
         self.commands.send(command(reply)).map_err(|_| gone())?;
-        answer.await.map_err(|_| gone())
+        answer_of_thread(answer).await.ok_or_else(gone)
     }
+}
+
+/// The answer of work running on a thread outside the runtime, waited for on tokio's blocking
+/// pool: while it is awaited, a paused clock (`tokio::time::pause`, current-thread runtime)
+/// does not jump to its next timer as if every task were idle, so a run on a virtual clock
+/// sees the thread's work take no virtual time instead of all the time until the next timer.
+/// `None` when the thread dropped its end.
+pub(crate) async fn answer_of_thread<T: Send + 'static>(answer: oneshot::Receiver<T>) -> Option<T> {
+    tokio::task::spawn_blocking(move || answer.blocking_recv().ok())
+        .await
+        .ok()
+        .flatten()
 }
 
 fn gone() -> EngineError {
@@ -420,5 +432,93 @@ impl State {
             weights,
             train_ms,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::sync::oneshot;
+    use tokio::time::{Instant, sleep};
+
+    use super::answer_of_thread;
+
+    fn paused() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a current-thread runtime")
+    }
+
+    /// Why the compute worker's answers are awaited on the blocking pool: awaited directly,
+    /// a thread's answer lets a paused clock jump to the next timer (here an hour away, and
+    /// the thread answers only once that timer has fired); awaited through
+    /// `answer_of_thread`, no virtual time passes while the thread works.
+    #[test]
+    fn a_threads_work_takes_no_virtual_time_on_a_paused_clock() {
+        paused().block_on(async {
+            let start = Instant::now();
+            let (fired, wait) = std::sync::mpsc::channel::<()>();
+            let hour = tokio::spawn(async move {
+                sleep(Duration::from_secs(3600)).await;
+                fired.send(()).ok();
+            });
+            let (reply, answer) = oneshot::channel();
+            std::thread::spawn(move || {
+                wait.recv().ok();
+                reply.send(7).ok();
+            });
+            assert_eq!(answer.await.ok(), Some(7));
+            assert_eq!(start.elapsed(), Duration::from_secs(3600));
+            hour.await.expect("the timer's task");
+        });
+        paused().block_on(async {
+            let start = Instant::now();
+            let hour = tokio::spawn(sleep(Duration::from_secs(3600)));
+            let (reply, answer) = oneshot::channel();
+            std::thread::spawn(move || {
+                // real time, in which a directly awaited answer would let the clock jump
+                std::thread::sleep(Duration::from_millis(50));
+                reply.send(7).ok();
+            });
+            assert_eq!(answer_of_thread(answer).await, Some(7));
+            assert_eq!(start.elapsed(), Duration::ZERO);
+            assert!(!hour.is_finished());
+            let (reply, answer) = oneshot::channel::<u32>();
+            drop(reply);
+            assert_eq!(answer_of_thread(answer).await, None);
+        });
+    }
+
+    /// The compute worker through that path: its real work (here the bigram policy's) costs
+    /// no virtual time, so a simulated device's cost is the only time a step takes.
+    #[test]
+    fn the_compute_workers_answers_take_no_virtual_time() {
+        use areal_algo_ppo as _;
+        use areal_sdk::{BuildContext, PluginConfig};
+        use areal_sdk_train::AlgorithmPlugin;
+        use areal_sdk_train::burn::tensor::Device;
+        use areal_testkit::{BigramPolicy, BigramPolicyOptions};
+
+        let options = BigramPolicyOptions {
+            letters: 8,
+            init_std: 0.5,
+        };
+        let policy = BigramPolicy::new(&options, 3, &Device::flex().autodiff());
+        let config = crate::config::Config::default();
+        let ppo = PluginConfig::new("algorithm", "ppo");
+        let algorithm = AlgorithmPlugin::build_from(&ppo, &BuildContext::new(0, 1)).unwrap();
+        paused().block_on(async {
+            let worker = super::ComputeWorker::start(&config, Box::new(policy), algorithm).unwrap();
+            let start = Instant::now();
+            let hour = tokio::spawn(sleep(Duration::from_secs(3600)));
+            worker.start_rl().await.unwrap();
+            let weights = worker.weights(5).await.unwrap();
+            assert_eq!(weights.version, 5);
+            assert_eq!(start.elapsed(), Duration::ZERO);
+            assert!(!hour.is_finished());
+        });
     }
 }
