@@ -255,7 +255,7 @@ impl ComputeWorker {
 /// does not jump to its next timer as if every task were idle, so a run on a virtual clock
 /// sees the thread's work take no virtual time instead of all the time until the next timer.
 /// `None` when the thread dropped its end.
-pub(crate) async fn answer_of_thread<T: Send + 'static>(answer: oneshot::Receiver<T>) -> Option<T> {
+async fn answer_of_thread<T: Send + 'static>(answer: oneshot::Receiver<T>) -> Option<T> {
     tokio::task::spawn_blocking(move || answer.blocking_recv().ok())
         .await
         .ok()
